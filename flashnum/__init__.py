@@ -1,0 +1,31 @@
+"""flashnum: the floating-point numerics of FlashAttention's online softmax.
+
+    import flashnum
+    res = flashnum.attention(q, k, v, precision="bf16", policy="fa2", block_n=64)
+    ref = flashnum.reference(q, k, v)            # certified, correctly rounded fp64
+    err = (res.out - ref.out).abs().max()
+
+Modules: formats (rounding), policy (sites and presets), tiling (blocks, orders,
+causal mask), engine (the emulated recurrence), reference (exact attention),
+distributions (adversarial inputs), metrics, bounds, attribution, search,
+kernels (Triton), store / run (experiments), figures (the paper's figures).
+"""
+
+from .formats import FORMATS, get_format
+from .policy import SITES, Policy, make_policy
+
+__version__ = "0.1.0"
+__all__ = ["attention", "reference", "get_format", "make_policy", "Policy", "SITES", "FORMATS"]
+
+
+def __getattr__(name):
+    # imported on first use so that `import flashnum` stays light (no flint, no triton)
+    if name == "attention":
+        from .engine import attention
+
+        return attention
+    if name == "reference":
+        from .reference import reference
+
+        return reference
+    raise AttributeError(f"module 'flashnum' has no attribute {name!r}")

@@ -1,0 +1,155 @@
+"""Sites and policies: which format each value of the algorithm is rounded to.
+
+A *site* is a place where attention rounds a value. A *policy* gives every site a
+format (a name from `flashnum.formats`). The engine rounds at exactly these
+places and nowhere else; everything between two sites is computed in the
+float64 carrier (or, for fp32 accumulations, in real fp32 arithmetic).
+
+Sites, in the order the data flows (FA2 recurrence, REFERENCES.md):
+
+    inputs   Q, K, V as stored in memory
+    qk_acc   accumulation of the dot S = Q K^T ('tf32': operands rounded to tf32,
+             products summed in fp32, as tensor cores do)
+    s        logits: the scaled dot scale * QK^T, and s - m before the exponential
+    m        running row max m_i (max is exact; rounding matters only when m is
+             narrower than s)
+    p        exponentials P = exp(s - m) and the rescale alpha = exp(m_old - m_new)
+    p_cast   P as it enters P @ V (FA2 casts P to the input dtype here)
+    pv_acc   accumulation of the dot P @ V
+    l_acc    accumulation of the block row sum rowsum(P)
+    l        the running normaliser l_i = l_{i-1} alpha + rowsum(P)
+    o        the accumulator o_i = o_{i-1} alpha + P V
+    div      the final division o / l
+    out      the output as stored
+
+`structure` says which algorithm the formats feed: "flash" (the blocked online
+softmax) or "standard" (S materialised, softmax normalised, then P @ V: what
+FlashAttention-3 calls standard attention).
+
+Presets (`make_policy(name, precision)`):
+
+    fa2    FlashAttention-2 and Triton's fused-attention tutorial: Q, K, V in the
+           precision; fp32 dots, logits, max, exponentials, l and o; l summed from
+           the fp32 P, then P cast to the input dtype for P @ V (`p.to(v.dtype)`
+           before `tl.dot(p, v, acc)`); o / l in fp32; output cast to the dtype.
+    naive  standard attention in the precision (FlashAttention-3's baseline,
+           torch `softmax(q @ k.T * scale) @ v` in fp16/bf16): S rounded to the
+           dtype; softmax computed in fp32 internally and its normalised result
+           rounded to the dtype; P @ V accumulated in fp32, output rounded.
+    lowp   every storage site in the precision, as in pure-PyTorch ports of FA2
+           (Qiu & Yao's attention.py): matmuls and sums accumulate in fp32 (what
+           torch does for bf16 on CPU and GPU) but m, P, l, o and every
+           elementwise update are rounded to the dtype.
+    exact  no rounding anywhere (the precision only names the inputs' origin):
+           isolates the algorithm from the arithmetic.
+
+For precision 'tf32' the presets mean fp32 tensors with tf32 dots. For fp8 the
+output is bf16 (FlashAttention-3's fp8 forward writes bf16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from .formats import FORMAT_NAMES, PRECISIONS, get_format
+
+SITES = (
+    "inputs", "qk_acc", "s", "m", "p", "p_cast", "pv_acc", "l_acc", "l", "o", "div", "out",
+)
+STRUCTURES = ("flash", "standard")
+PRESETS = ("fa2", "naive", "lowp", "exact")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A format name for every site. `Policy(**{site: 'bf16', ...})`; see SITES."""
+
+    inputs: str = "exact"
+    qk_acc: str = "exact"
+    s: str = "exact"
+    m: str = "exact"
+    p: str = "exact"
+    p_cast: str = "exact"
+    pv_acc: str = "exact"
+    l_acc: str = "exact"
+    l: str = "exact"
+    o: str = "exact"
+    div: str = "exact"
+    out: str = "exact"
+    structure: str = "flash"
+    name: str = "custom"
+
+    def __post_init__(self):
+        for site in SITES:
+            f = getattr(self, site)
+            try:
+                get_format(f)
+            except ValueError:
+                raise ValueError(
+                    f"policy site {site}={f!r} is not a format; valid: {', '.join(FORMAT_NAMES)}"
+                ) from None
+        if self.structure not in STRUCTURES:
+            raise ValueError(
+                f"unknown structure {self.structure!r}; valid: {', '.join(STRUCTURES)}"
+            )
+
+    def fmt(self, site: str):
+        """The Format object of a site."""
+        return get_format(getattr(self, site))
+
+    def with_sites(self, **sites) -> Policy:
+        """A copy with some sites changed (name becomes 'custom' unless given)."""
+        sites.setdefault("name", "custom")
+        return replace(self, **sites)
+
+    def only(self, site: str) -> Policy:
+        """This policy with every site but `site` exact (for error attribution)."""
+        kw = {s: "exact" for s in SITES if s != site}
+        return replace(self, name=f"{self.name}[only {site}]", **kw)
+
+    def without(self, site: str) -> Policy:
+        """This policy with `site` exact and every other site as it is."""
+        return replace(self, name=f"{self.name}[no {site}]", **{site: "exact"})
+
+    def sites(self) -> dict[str, str]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in SITES}
+
+    def asdict(self) -> dict:
+        return asdict(self)
+
+
+def make_policy(name: str | Policy, precision: str = "bf16") -> Policy:
+    """The preset `name` ('fa2', 'naive', 'lowp', 'exact') in `precision`."""
+    if isinstance(name, Policy):
+        return name
+    if name not in PRESETS:
+        raise ValueError(f"unknown policy {name!r}; valid: {', '.join(PRESETS)}")
+    if precision not in PRECISIONS or precision == "mp":
+        valid = ", ".join(p for p in PRECISIONS if p != "mp")
+        raise ValueError(f"unknown precision {precision!r} for a policy; valid: {valid}")
+    x = precision
+    dot = "fp32"
+    if precision == "tf32":
+        x, dot = "fp32", "tf32"  # fp32 tensors, tensor-core tf32 dots
+    if precision == "fp64":
+        dot = "fp64"
+    out = "bf16" if precision.startswith("fp8") else x
+    wide = "fp64" if precision == "fp64" else "fp32"  # fp32 softmax state, fp64 in fp64
+    if name == "exact":
+        return Policy(name="exact")
+    if name == "fa2":
+        return Policy(
+            inputs=x, qk_acc=dot, s=wide, m=wide, p=wide, p_cast=x, pv_acc=dot,
+            l_acc=wide, l=wide, o=wide, div=wide, out=out, name="fa2",
+        )
+    if name == "naive":
+        return Policy(
+            inputs=x, qk_acc=dot, s=x, m=wide, p=wide, p_cast=x, pv_acc=dot,
+            l_acc=wide, l=wide, o=wide, div=wide, out=out, structure="standard",
+            name="naive",
+        )
+    # lowp: reductions accumulate in fp32, every stored value is in the dtype
+    return Policy(
+        inputs=x, qk_acc=dot, s=x, m=x, p=x, p_cast=x, pv_acc=dot,
+        l_acc=wide, l=x, o=x, div=x, out=out, name="lowp",
+    )

@@ -1,0 +1,84 @@
+"""Tiling: block sizes, the causal mask, and the order key blocks are visited in.
+
+Shared by every backend so that the engine, the kernel and the reference agree
+on which keys a query sees and in which order the key blocks arrive.
+
+Causal convention (FlashAttention >= 2.1, bottom-right aligned): query i sees
+key j iff j <= i + (Nk - Nq). With Nq > Nk the first Nq - Nk rows see no key at
+all; they are *fully masked* rows: every backend returns 0 for them and flags them.
+
+Orders (`order=`): "forward" (key blocks 0, 1, ...), "reverse", "random" (a
+seeded permutation, the same for every query block), "max_ascending" /
+"max_descending" (per query block, by the block's largest logit over that query
+block's rows, ties by block index), or an explicit permutation of range(n_kb)
+(a list or 1-D tensor).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+ORDERS = ("forward", "reverse", "random", "max_ascending", "max_descending")
+
+
+def n_blocks(n: int, block: int) -> int:
+    return max(1, math.ceil(n / block))
+
+
+def check_block(name: str, block) -> int:
+    if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {block!r}")
+    return block
+
+
+def causal_visible(nq: int, nk: int, device=None) -> torch.Tensor:
+    """(Nq, Nk) bool: True where query i may attend key j (bottom-right aligned)."""
+    i = torch.arange(nq, device=device)[:, None]
+    j = torch.arange(nk, device=device)[None, :]
+    return j <= i + (nk - nq)
+
+
+def needs_block_max(order) -> bool:
+    return isinstance(order, str) and order.startswith("max_")
+
+
+def key_block_order(order, n_qb: int, n_kb: int, seed: int = 0, block_max=None) -> torch.Tensor:
+    """(n_qb, n_kb) long: the key block each query block processes at each step.
+
+    block_max: (n_qb, n_kb) float, the largest logit of each (query block, key
+    block) tile (-inf for fully masked tiles); needed only for max_* orders.
+    """
+    if isinstance(order, str):
+        if order == "forward":
+            perm = torch.arange(n_kb)
+        elif order == "reverse":
+            perm = torch.arange(n_kb - 1, -1, -1)
+        elif order == "random":
+            g = torch.Generator().manual_seed(int(seed))
+            perm = torch.randperm(n_kb, generator=g)
+        elif order in ("max_ascending", "max_descending"):
+            if block_max is None:
+                raise ValueError(f"order {order!r} needs the block maxima")
+            bm = block_max.to(torch.float64).cpu()
+            # fully masked tiles (-inf) go last either way: they change nothing
+            key = torch.where(torch.isfinite(bm), bm, torch.full_like(bm, math.inf))
+            if order == "max_descending":
+                key = torch.where(torch.isfinite(bm), -bm, key)
+            return torch.sort(key, dim=-1, stable=True).indices
+        else:
+            raise ValueError(
+                f"unknown order {order!r}; valid: {', '.join(ORDERS)}, or a permutation of "
+                f"range({n_kb})"
+            )
+        return perm.expand(n_qb, n_kb).clone()
+    perm = torch.as_tensor(order, dtype=torch.long).cpu()
+    if perm.ndim != 1 or perm.numel() != n_kb or not torch.equal(
+        torch.sort(perm).values, torch.arange(n_kb)
+    ):
+        raise ValueError(
+            f"order {list(perm.flatten().tolist())[:16]} is not a permutation of range({n_kb}) "
+            f"(there are {n_kb} key blocks); valid: {', '.join(ORDERS)}, or such a permutation"
+        )
+    return perm.expand(n_qb, n_kb).clone()
