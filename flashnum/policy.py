@@ -22,6 +22,9 @@ Sites, in the order the data flows (FA2 recurrence, REFERENCES.md):
     div      the final division o / l
     out      the output as stored
 
+`l_from` says whether l sums P as computed (FA2, Triton: "p") or the P that
+enters P @ V ("p_cast"), so that l and P @ V see the same P.
+
 `structure` says which algorithm the formats feed: "flash" (the blocked online
 softmax) or "standard" (S materialised, softmax normalised, then P @ V: what
 FlashAttention-3 calls standard attention).
@@ -77,6 +80,7 @@ class Policy:
     div: str = "exact"
     out: str = "exact"
     structure: str = "flash"
+    l_from: str = "p"  # l sums P as computed ("p", FA2/Triton) or as cast ("p_cast")
     name: str = "custom"
 
     def __post_init__(self):
@@ -88,6 +92,8 @@ class Policy:
                 raise ValueError(
                     f"policy site {site}={f!r} is not a format; valid: {', '.join(FORMAT_NAMES)}"
                 ) from None
+        if self.l_from not in ("p", "p_cast"):
+            raise ValueError(f"unknown l_from {self.l_from!r}; valid: p, p_cast")
         if self.structure not in STRUCTURES:
             raise ValueError(
                 f"unknown structure {self.structure!r}; valid: {', '.join(STRUCTURES)}"

@@ -1,0 +1,505 @@
+"""The emulated blocked online-softmax recurrence (backend "emulate").
+
+    import flashnum
+    res = flashnum.attention(q, k, v, precision="bf16", policy="fa2",
+                             block_m=64, block_n=64, order="forward", variant="fa2",
+                             causal=False, scale=None, rounding="nearest", seed=0,
+                             trace=False)
+
+For every query block (all at once, vectorised over batch, heads and query
+blocks) it visits the key blocks in the chosen order and runs FlashAttention-2's
+recurrence (REFERENCES.md):
+
+    m_i = max(m_{i-1}, rowmax(S_ij))
+    l_i = l_{i-1} exp(m_{i-1} - m_i) + rowsum(exp(S_ij - m_i))
+    o_i = o_{i-1} exp(m_{i-1} - m_i) + exp(S_ij - m_i) @ V_j
+    out = o_last / l_last
+
+rounding every value at the site the policy names (flashnum.policy) and nowhere
+else. Memory is O(Nq * block_n): no Nq x Nk matrix is ever formed (the
+`standard` structure, which must form S, works through row chunks).
+
+Arithmetic model. Each elementwise operation (+, -, *, /, exp) is correctly
+rounded into its site's format: computed exactly enough in a carrier, then
+rounded once. Reductions (the two dots, the block row sum) accumulate in their
+site's format: fp64/exact in float64, fp32 by real fp32 arithmetic (torch's
+float32 matmul/sum, whose summation order is the BLAS's, as a GPU's is its
+own), tf32 by rounding the operands to tf32 and summing in fp32 (tensor cores),
+narrower formats by recursive summation rounded after every addition. The
+carrier is float32 when every site is fp32 or narrower (exact for +, -, *, /
+since 24 >= 2p + 2 for p <= 11 makes the double rounding innocuous), else
+float64. exp is always evaluated in float64 and then rounded, so it is
+correctly rounded except within 2^-53 of a rounding boundary. FMA contraction
+is not modelled (a GPU kernel may contract s * scale - m).
+
+Variants:
+    fa2      divide once at the end (FlashAttention-2)
+    fa1      normalise every step: P relative to the block max, o kept normalised
+             (FlashAttention-1, Algorithm 1)
+    exp2     fa2 with log2(e) folded into the scale and exp2 (Triton's tutorial)
+    lazy     fa2 that rescales only when the max grows by more than `tau` (in the
+             units of the logits; FlashAttention-4 uses 8 in log2 units)
+    qiu_yao  fa2 with Qiu & Yao's max adjustment: where >= 2 logits of a block lie
+             within 1e-3 of its max, use beta * max (max > 0) or 0 (max < 0) as the
+             block max, so that no P is exactly 1
+Fully masked rows (causal with Nq > Nk) give out = 0 and are flagged in
+`res.masked`; l stays 0 and m stays -inf for them, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .formats import EXACT, FORMATS, PRECISIONS, ROUNDINGS, get_format
+from .policy import Policy, make_policy
+from .result import Result, Trace
+from .tiling import (
+    ORDERS,
+    causal_visible,
+    check_block,
+    key_block_order,
+    n_blocks,
+    needs_block_max,
+)
+
+VARIANTS = ("fa2", "fa1", "exp2", "lazy", "qiu_yao")
+BACKENDS = ("emulate", "triton", "mp")
+LOG2E = 1.4426950408889634
+QIU_YAO_WINDOW = 1e-3  # "scores within 1e-3 of the block max" (Qiu & Yao 2025)
+
+
+# ---------------------------------------------------------------------------
+# arithmetic: where and how a value is rounded
+
+
+def _wider(f, g):
+    """The more precise of two formats (exact beats everything)."""
+    if f is EXACT or g is EXACT:
+        return EXACT
+    return f if (f.p, -f.emin) >= (g.p, -g.emin) else g
+
+
+class Arith:
+    """Correctly rounded arithmetic into site formats, on a float32 or float64 carrier."""
+
+    def __init__(self, policy: Policy, rounding: str, seed: int, dtype: torch.dtype):
+        self.policy = policy
+        self.stochastic = rounding == "stochastic"
+        self.gen = torch.Generator().manual_seed(int(seed)) if self.stochastic else None
+        self.dtype = dtype
+
+    def rnd(self, x: torch.Tensor, fmt, nearest: bool = False) -> torch.Tensor:
+        if fmt is EXACT or fmt.p >= 53:
+            return x
+        stochastic = self.stochastic and not nearest
+        if self.dtype is torch.float32 and not stochastic:
+            if fmt.name == "fp32":
+                return x  # fp32 ops on the fp32 carrier are already rounded once
+            if fmt.torch_dtype is not None and fmt.saturate == (fmt.name == "fp8_e4m3"):
+                # torch's fp32 -> low cast is one round-to-nearest-even (checked in tests)
+                return x.to(fmt.torch_dtype).to(torch.float32)
+        rounding = "stochastic" if stochastic else "nearest"
+        y = fmt.round(x.to(torch.float64), rounding, self.gen)
+        return y.to(self.dtype)
+
+    def site(self, x: torch.Tensor, site: str, nearest: bool = False) -> torch.Tensor:
+        return self.rnd(x, self.policy.fmt(site), nearest)
+
+    def exp(self, x: torch.Tensor, fmt, base2: bool = False) -> torch.Tensor:
+        # evaluated in float64 then rounded once: a correctly rounded exp
+        x64 = x.to(torch.float64)
+        y = torch.exp2(x64) if base2 else torch.exp(x64)
+        if fmt is EXACT or fmt.p >= 53:
+            return y.to(self.dtype)
+        if self.dtype is torch.float32 and fmt.name == "fp32" and not self.stochastic:
+            return y.to(torch.float32)
+        rounding = "stochastic" if self.stochastic else "nearest"
+        return fmt.round(y, rounding, self.gen).to(self.dtype)
+
+    def dot(self, a: torch.Tensor, b: torch.Tensor, fmt) -> torch.Tensor:
+        """a @ b (batched), accumulated in `fmt` (see the module docstring)."""
+        if fmt is EXACT or fmt.p >= 53:
+            return torch.matmul(a.to(torch.float64), b.to(torch.float64)).to(self.dtype)
+        if fmt.name in ("fp32", "tf32"):
+            a32, b32 = a.to(torch.float32), b.to(torch.float32)
+            if fmt.name == "tf32":  # tensor cores read tf32 operands, sum in fp32
+                a32 = FORMATS["tf32"].round(a32.double()).float()
+                b32 = FORMATS["tf32"].round(b32.double()).float()
+            return torch.matmul(a32, b32).to(self.dtype)
+        # recursive summation in a narrow format: every product and partial sum rounded
+        acc = torch.zeros(a.shape[:-1] + b.shape[-1:], dtype=self.dtype)
+        for t in range(a.shape[-1]):
+            prod = self.rnd(a[..., :, t, None] * b[..., t, None, :], fmt)
+            acc = self.rnd(acc + prod, fmt)
+        return acc
+
+    def rowsum(self, x: torch.Tensor, fmt) -> torch.Tensor:
+        """Sum over the last dim, accumulated in `fmt`."""
+        if fmt is EXACT or fmt.p >= 53:
+            return x.to(torch.float64).sum(-1).to(self.dtype)
+        if fmt.name in ("fp32", "tf32"):
+            return x.to(torch.float32).sum(-1).to(self.dtype)
+        acc = torch.zeros(x.shape[:-1], dtype=self.dtype)
+        for t in range(x.shape[-1]):
+            acc = self.rnd(acc + x[..., t], fmt)
+        return acc
+
+
+def _carrier(policy: Policy) -> torch.dtype:
+    for site in policy.sites():
+        f = policy.fmt(site)
+        if f is EXACT or f.p > 24 or f.emin < -126:
+            return torch.float64
+    return torch.float32
+
+
+# ---------------------------------------------------------------------------
+# validation
+
+
+def _check(q, k, v, precision, policy, block_m, block_n, order, variant, rounding, backend):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.ndim < 2:
+            raise ValueError(f"{name} must have shape (..., N, d), got {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be floating point, got {x.dtype}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k head dims differ: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v key counts differ: k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(
+            f"batch dims differ: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not bool(torch.isfinite(x).all()):
+            bad = "NaN" if bool(torch.isnan(x).any()) else "inf"
+            raise ValueError(f"{name} contains {bad}; inputs must be finite (mask with causal=)")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+    check_block("block_m", block_m)
+    check_block("block_n", block_n)
+    if isinstance(order, str) and order not in ORDERS:
+        raise ValueError(f"unknown order {order!r}; valid: {', '.join(ORDERS)}, or a permutation")
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+
+
+# ---------------------------------------------------------------------------
+# the public entry point
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    precision: str = "bf16",
+    policy: str | Policy = "fa2",
+    block_m: int = 64,
+    block_n: int = 64,
+    order="forward",
+    variant: str = "fa2",
+    causal: bool = False,
+    scale: float | None = None,
+    rounding: str = "nearest",
+    seed: int = 0,
+    trace: bool = False,
+    backend: str = "emulate",
+    mp_bits: int = 256,
+    tau: float = 8.0,
+    beta: float = 2.0,
+) -> Result:
+    """Attention softmax(scale Q K^T) V through the blocked online softmax.
+
+    precision: fp64 fp32 tf32 fp16 bf16 fp8_e4m3 fp8_e5m2 mp
+    policy:    fa2 naive lowp exact, or a flashnum.policy.Policy
+    order:     forward reverse random max_ascending max_descending, or a permutation
+    variant:   fa2 fa1 exp2 lazy (tau) qiu_yao (beta)
+    rounding:  nearest stochastic (seeded by `seed`; inputs are always rounded to nearest)
+    backend:   emulate (this module), triton (flashnum.kernels), mp (mpmath at mp_bits)
+    """
+    if precision == "mp" and backend == "emulate":
+        backend = "mp"
+    _check(q, k, v, precision, policy, block_m, block_n, order, variant, rounding, backend)
+    if backend == "mp":
+        from .mp import attention_mp
+
+        return attention_mp(
+            q, k, v, bits=mp_bits, block_m=block_m, block_n=block_n, order=order,
+            variant=variant, causal=causal, scale=scale, seed=seed, trace=trace, tau=tau,
+            beta=beta,
+        )
+    pol = make_policy(policy, precision)
+    if backend == "triton":
+        from .kernels.triton_flash import attention_triton
+
+        return attention_triton(
+            q, k, v, policy=pol, block_m=block_m, block_n=block_n, order=order,
+            variant=variant, causal=causal, scale=scale, seed=seed, trace=trace,
+        )
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if pol.structure == "standard":
+        res = _standard(q, k, v, pol, causal, scale, rounding, seed, block_m)
+    else:
+        res = _flash(
+            q, k, v, pol, block_m, block_n, order, variant, causal, scale, rounding, seed,
+            trace, tau, beta,
+        )
+    res.info = dict(
+        precision=precision, policy=pol.name, block_m=block_m, block_n=block_n,
+        order=order if isinstance(order, str) else "permutation", variant=variant,
+        causal=causal, scale=scale, rounding=rounding, seed=seed,
+    )
+    return res
+
+
+@dataclass
+class _Blocks:
+    """Inputs reshaped into padded tiles: q (B, n_qb, bm, d), k/v (B, n_kb, bn, .)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    nq: int
+    nk: int
+    n_qb: int
+    n_kb: int
+
+
+def _tiles(x: torch.Tensor, block: int) -> torch.Tensor:
+    b, n, d = x.shape
+    nb = n_blocks(n, block)
+    pad = nb * block - n
+    if pad:
+        x = torch.cat([x, x.new_zeros(b, pad, d)], dim=1)
+    return x.reshape(b, nb, block, d)
+
+
+def _visible(blocks: _Blocks, bm: int, bn: int, kb: torch.Tensor, causal: bool):
+    """(.., n_qb, bm, bn) bool for the key blocks `kb` ((B or 1, n_qb)), or None if all visible."""
+    ragged = blocks.n_kb * bn != blocks.nk
+    if not causal and not ragged:
+        return None
+    qpos = torch.arange(blocks.n_qb)[:, None] * bm + torch.arange(bm)[None, :]  # (n_qb, bm)
+    kpos = kb[..., None] * bn + torch.arange(bn)  # (B?, n_qb, bn)
+    vis = (kpos < blocks.nk)[..., None, :].expand(*kpos.shape[:-1], bm, bn)
+    if causal:
+        vis = vis & (kpos[..., None, :] <= qpos[..., :, None] + (blocks.nk - blocks.nq))
+    return vis
+
+
+def _gather(x: torch.Tensor, kb: torch.Tensor) -> torch.Tensor:
+    """x (B, n_kb, bn, d), kb (B or 1, n_qb) -> (B, n_qb, bn, d)."""
+    if kb.shape[0] == 1 and bool((kb == kb[0, 0]).all()):
+        return x[:, int(kb[0, 0])].unsqueeze(1)  # the same block for every query block
+    if kb.shape[0] == 1:
+        return x[:, kb[0]]
+    b = torch.arange(x.shape[0])[:, None]
+    return x[b, kb]
+
+
+def _logits(ar: Arith, blocks: _Blocks, kb, scale_s, bm, bn, causal):
+    s = ar.dot(blocks.q, _gather(blocks.k, kb).transpose(-1, -2), ar.policy.fmt("qk_acc"))
+    s = ar.site(ar.site(s, "s") * scale_s, "s")
+    vis = _visible(blocks, bm, bn, kb, causal)
+    if vis is not None:
+        s = s.masked_fill(~vis, -math.inf)
+    return s
+
+
+def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, trace, tau, beta):
+    lead = q.shape[:-2]
+    nq, nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    dtype = _carrier(pol)
+    ar = Arith(pol, rounding, seed, dtype)
+    fin = pol.fmt("inputs")
+    # inputs as stored in memory: a round-to-nearest cast
+    q3, k3, v3 = (
+        ar.rnd(x.detach().to("cpu", torch.float64), fin, nearest=True)
+        .to(dtype)
+        .reshape(-1, *x.shape[-2:])
+        for x in (q, k, v)
+    )
+    B = q3.shape[0]
+    blocks = _Blocks(
+        _tiles(q3, bm), _tiles(k3, bn), _tiles(v3, bn), nq, nk, n_blocks(nq, bm), n_blocks(nk, bn)
+    )
+    n_qb, n_kb = blocks.n_qb, blocks.n_kb
+    base2 = variant == "exp2"
+    f_s, f_m, f_p = pol.fmt("s"), pol.fmt("m"), pol.fmt("p")
+    f_diff = _wider(f_s, f_m)  # s - m: torch computes it in the wider of the two
+    # the scale is held in the logits' format, as a kernel holds sm_scale in fp32
+    scale_s = float(ar.rnd(torch.tensor(scale * (LOG2E if base2 else 1.0), dtype=dtype), f_s))
+
+    # -- the order of key blocks, per (batch*head, query block) --
+    if needs_block_max(order):
+        bmax = torch.stack(
+            [
+                _logits(ar, blocks, torch.full((1, n_qb), j), scale_s, bm, bn, causal)
+                .amax(dim=(-1, -2))
+                for j in range(n_kb)
+            ],
+            dim=-1,
+        )  # (B, n_qb, n_kb)
+        perm = key_block_order(order, n_qb, n_kb, seed, bmax)
+    else:
+        perm = key_block_order(order, n_qb, n_kb, seed)[None]  # (1, n_qb, n_kb)
+
+    shape = (B, n_qb, bm)
+    m = torch.full(shape, -math.inf, dtype=dtype)
+    l = torch.zeros(shape, dtype=dtype)
+    o = torch.zeros(shape + (dv,), dtype=dtype)
+    n_rescales = torch.zeros(shape, dtype=torch.int64)
+    tm, tl = [], []
+    for t in range(n_kb):
+        kb = perm[..., t]
+        s = _logits(ar, blocks, kb, scale_s, bm, bn, causal)
+        vj = _gather(blocks.v, kb)
+        m_blk = ar.rnd(s.amax(dim=-1), f_m)
+        if variant == "qiu_yao":
+            near = (s >= (m_blk - QIU_YAO_WINDOW)[..., None]).sum(-1) >= 2
+            adj = torch.where(m_blk > 0, ar.rnd(beta * m_blk, f_m), torch.zeros_like(m_blk))
+            m_blk = torch.where(near & (m_blk != 0) & torch.isfinite(m_blk), adj, m_blk)
+        if variant == "fa1":
+            m, l, o = _fa1_step(ar, s, vj, m, l, o, m_blk, f_diff, n_rescales)
+        else:
+            m_new = torch.maximum(m, m_blk)
+            if variant == "lazy":
+                keep = torch.isfinite(m) & (m_new - m <= tau)
+                m_new = torch.where(keep, m, m_new)
+            n_rescales += (m_new > m) & torch.isfinite(m)
+            # fully masked so far: shift by 0 so that exp(-inf - 0) = 0, never NaN
+            m_safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            alpha = ar.exp(ar.rnd(m - m_safe, f_m), f_p, base2)
+            p = ar.exp(ar.rnd(s - m_safe[..., None], f_diff), f_p, base2)
+            pc = ar.site(p, "p_cast")
+            l_blk = ar.rowsum(pc if pol.l_from == "p_cast" else p, pol.fmt("l_acc"))
+            l = ar.site(ar.site(l * alpha, "l") + l_blk, "l")
+            pv = ar.dot(pc, vj, pol.fmt("pv_acc"))
+            o = ar.site(ar.site(o * alpha[..., None], "o") + pv, "o")
+            m = m_new
+        if trace:
+            tm.append(m.reshape(B, -1)[:, :nq].clone())
+            tl.append(l.reshape(B, -1)[:, :nq].clone())
+
+    masked = ~torch.isfinite(m)
+    if variant == "fa1":
+        out = o  # already normalised at every step
+    else:
+        l_safe = torch.where(l > 0, l, torch.ones_like(l))
+        out = ar.site(o / l_safe[..., None], "div")
+    out = ar.site(out, "out")
+    out = torch.where(masked[..., None], torch.zeros_like(out), out)
+
+    def rows(x):
+        return x.reshape(B, n_qb * bm, *x.shape[3:])[:, :nq].reshape(*lead, nq, *x.shape[3:])
+
+    m64, l64 = rows(m).to(torch.float64), rows(l).to(torch.float64)
+    lse = m64 / LOG2E + torch.log(l64) if base2 else m64 + torch.log(l64)
+    tr = None
+    if trace:
+        tr = Trace(
+            m=torch.stack(tm, dim=1).reshape(*lead, n_kb, nq).to(torch.float64),
+            l=torch.stack(tl, dim=1).reshape(*lead, n_kb, nq).to(torch.float64),
+            order=perm.expand(B, n_qb, n_kb).reshape(*lead, n_qb, n_kb).clone(),
+        )
+    return Result(
+        out=rows(out).to(torch.float64), m=m64, l=l64, lse=lse, masked=rows(masked),
+        n_rescales=rows(n_rescales), trace=tr,
+    )
+
+
+def _fa1_step(ar, s, vj, m, l, o, m_blk, f_diff, n_rescales):
+    """FlashAttention-1 (Dao et al. 2022, Algorithm 1, lines 9-12): o kept normalised."""
+    f_p, f_m = ar.policy.fmt("p"), ar.policy.fmt("m")
+    m_new = torch.maximum(m, m_blk)
+    n_rescales += (m_new > m) & torch.isfinite(m)
+    zero = torch.zeros_like(m_new)
+    m_blk_safe = torch.where(torch.isfinite(m_blk), m_blk, zero)
+    m_new_safe = torch.where(torch.isfinite(m_new), m_new, zero)
+    p = ar.exp(ar.rnd(s - m_blk_safe[..., None], f_diff), f_p)  # P~ relative to the block max
+    pc = ar.site(p, "p_cast")
+    l_blk = ar.rowsum(pc if ar.policy.l_from == "p_cast" else p, ar.policy.fmt("l_acc"))
+    a_old = ar.exp(ar.rnd(m - m_new_safe, f_m), f_p)
+    a_blk = ar.exp(ar.rnd(m_blk - m_new_safe, f_m), f_p)
+    l_new = ar.site(ar.site(a_old * l, "l") + ar.site(a_blk * l_blk, "l"), "l")
+    pv = ar.dot(pc, vj, ar.policy.fmt("pv_acc"))
+    num = ar.site(
+        ar.site(ar.site(l * a_old, "o")[..., None] * o, "o")
+        + ar.site(a_blk[..., None] * pv, "o"),
+        "o",
+    )
+    l_safe = torch.where(l_new > 0, l_new, torch.ones_like(l_new))
+    o_new = ar.site(num / l_safe[..., None], "div")
+    return m_new, l_new, o_new
+
+
+def _standard(q, k, v, pol, causal, scale, rounding, seed, block_m):
+    """Standard attention: S, softmax normalised, then P @ V (FA3's baseline).
+
+    Works through chunks of query rows so that at most ~2^24 logits exist at once;
+    the chunking changes no rounding (every row is independent).
+    """
+    lead = q.shape[:-2]
+    nq, nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
+    dtype = _carrier(pol)
+    ar = Arith(pol, rounding, seed, dtype)
+    fin = pol.fmt("inputs")
+    q3, k3, v3 = (
+        ar.rnd(x.detach().to("cpu", torch.float64), fin, nearest=True)
+        .to(dtype)
+        .reshape(-1, *x.shape[-2:])
+        for x in (q, k, v)
+    )
+    B = q3.shape[0]
+    f_s, f_m = pol.fmt("s"), pol.fmt("m")
+    f_diff = _wider(f_s, f_m)
+    scale_s = float(ar.rnd(torch.tensor(scale, dtype=dtype), f_s))
+    rows = max(1, min(nq, (1 << 24) // max(1, B * nk)))
+    outs, ms, ls = [], [], []
+    vis_all = causal_visible(nq, nk) if causal else None
+    for r0 in range(0, nq, rows):
+        qc = q3[:, r0 : r0 + rows]
+        s = ar.dot(qc, k3.transpose(-1, -2), pol.fmt("qk_acc"))
+        s = ar.site(ar.site(s, "s") * scale_s, "s")
+        if vis_all is not None:
+            s = s.masked_fill(~vis_all[r0 : r0 + rows], -math.inf)
+        m = ar.rnd(s.amax(dim=-1), f_m)
+        m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        e = ar.exp(ar.rnd(s - m_safe[..., None], f_diff), pol.fmt("p"))
+        l = ar.site(ar.rowsum(e, pol.fmt("l_acc")), "l")
+        l_safe = torch.where(l > 0, l, torch.ones_like(l))
+        p = ar.site(ar.site(e / l_safe[..., None], "div"), "p_cast")
+        out = ar.site(ar.dot(p, v3, pol.fmt("pv_acc")), "out")
+        out = torch.where(torch.isfinite(m)[..., None], out, torch.zeros_like(out))
+        outs.append(out)
+        ms.append(m)
+        ls.append(l)
+    out = torch.cat(outs, 1).reshape(*lead, nq, dv).to(torch.float64)
+    m = torch.cat(ms, 1).reshape(*lead, nq).to(torch.float64)
+    l = torch.cat(ls, 1).reshape(*lead, nq).to(torch.float64)
+    return Result(
+        out=out, m=m, l=l, lse=m + torch.log(l), masked=~torch.isfinite(m),
+        n_rescales=torch.zeros_like(m, dtype=torch.int64),
+    )
+
+
+def policy_for(precision: str, policy) -> Policy:
+    """The Policy a (precision, policy) pair names; `mp` has none (it is all mp)."""
+    if precision == "mp":
+        return Policy(name="mp")
+    return make_policy(policy, precision)
+
+
+__all__ = ["attention", "VARIANTS", "BACKENDS", "policy_for", "get_format"]

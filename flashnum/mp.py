@@ -1,0 +1,129 @@
+"""The recurrence itself in arbitrary precision (backend "mp", precision="mp").
+
+Every operation of the blocked online softmax (dots, max, exp, the rescales,
+the sums, the final division) is carried out by mpmath at `bits` significand
+bits, in an explicit context (never mpmath's global `mp`). It answers "what does
+the *algorithm* do when the arithmetic is nearly exact", and, at low `bits`,
+"how does error scale with the mantissa" with an unbounded exponent range.
+
+Cost: pure Python, one mpf operation per multiply-add. Measured with
+`python bench/bench_engine.py --mp`: see README. Keep N to a few hundred.
+
+The output is rounded to float64 for `res.out`; the mp values themselves are
+kept in `res.info["out_mp"]` (an object array of mpf) so that differences far
+below float64's resolution can be measured.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+import torch
+
+from .result import Result, Trace
+from .tiling import causal_visible, key_block_order, n_blocks, needs_block_max
+
+QIU_YAO_WINDOW = 1e-3
+
+
+def attention_mp(q, k, v, *, bits=256, block_m=64, block_n=64, order="forward", variant="fa2",
+                 causal=False, scale=None, seed=0, trace=False, tau=8.0, beta=2.0) -> Result:
+    ctx = mpmath.MPContext()
+    ctx.prec = int(bits)
+    lead = q.shape[:-2]
+    nq, nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    # float64 -> mpf is exact; the inputs are the values given
+    Q = q.detach().to(torch.float64).reshape(-1, nq, d).numpy()
+    K = k.detach().to(torch.float64).reshape(-1, nk, d).numpy()
+    V = v.detach().to(torch.float64).reshape(-1, nk, dv).numpy()
+    B = Q.shape[0]
+    base2 = variant == "exp2"
+    sc = ctx.mpf(1) / ctx.sqrt(d) if scale is None else ctx.mpf(float(scale))
+    if base2:
+        sc = sc / ctx.ln2  # log2(e) folded into the scale
+    exp = (lambda x: ctx.power(2, x)) if base2 else ctx.exp
+    vis = causal_visible(nq, nk).numpy() if causal else None
+    n_qb, n_kb = n_blocks(nq, block_m), n_blocks(nk, block_n)
+    minf = ctx.mpf("-inf")
+
+    out_mp = np.empty((B, nq, dv), dtype=object)
+    m_out = np.zeros((B, nq))
+    l_out = np.zeros((B, nq))
+    lse = np.zeros((B, nq))
+    resc = np.zeros((B, nq), dtype=np.int64)
+    tm = np.full((B, n_kb, nq), -math.inf)
+    tl = np.zeros((B, n_kb, nq))
+    orders = np.zeros((B, n_qb, n_kb), dtype=np.int64)
+    for b in range(B):
+        Kb = [[ctx.mpf(float(x)) for x in row] for row in K[b]]
+        Vb = [[ctx.mpf(float(x)) for x in row] for row in V[b]]
+        S = []
+        for i in range(nq):
+            qi = [ctx.mpf(float(x)) for x in Q[b, i]]
+            S.append([
+                sc * ctx.fdot(qi, Kb[j]) if vis is None or vis[i, j] else minf for j in range(nk)
+            ])
+        bmax = None
+        if needs_block_max(order):
+            bmax = torch.tensor([[
+                max((float(S[i][j]) for i in range(qb * block_m, min(nq, (qb + 1) * block_m))
+                     for j in range(kb * block_n, min(nk, (kb + 1) * block_n))), default=-math.inf)
+                for kb in range(n_kb)] for qb in range(n_qb)])
+        perm = key_block_order(order, n_qb, n_kb, seed, bmax).numpy()
+        orders[b] = perm
+        for i in range(nq):
+            m, l, o = minf, ctx.mpf(0), [ctx.mpf(0)] * dv
+            for t, kb in enumerate(perm[i // block_m]):
+                js = range(kb * block_n, min(nk, (kb + 1) * block_n))
+                s = [S[i][j] for j in js]
+                m_blk = max(s)
+                if variant == "qiu_yao" and m_blk != minf and m_blk != 0:
+                    if sum(1 for x in s if x >= m_blk - QIU_YAO_WINDOW) >= 2:
+                        m_blk = beta * m_blk if m_blk > 0 else ctx.mpf(0)
+                m_new = max(m, m_blk)
+                if variant == "lazy" and m != minf and m_new - m <= tau:
+                    m_new = m
+                if m != minf and m_new > m:
+                    resc[b, i] += 1
+                if m_new == minf:
+                    tm[b, t, i], tl[b, t, i] = -math.inf, 0.0
+                    continue
+                if variant == "fa1":
+                    mb = m_blk if m_blk != minf else m_new
+                    p = [exp(x - mb) if x != minf else ctx.mpf(0) for x in s]
+                    a_old = exp(m - m_new) if m != minf else ctx.mpf(0)
+                    a_blk = exp(mb - m_new)
+                    l_new = a_old * l + a_blk * ctx.fsum(p)
+                    o = [(l * a_old * o[c] + a_blk * ctx.fdot(p, [Vb[j][c] for j in js])) / l_new
+                         for c in range(dv)]
+                    l = l_new
+                else:
+                    alpha = exp(m - m_new) if m != minf else ctx.mpf(0)
+                    p = [exp(x - m_new) if x != minf else ctx.mpf(0) for x in s]
+                    l = l * alpha + ctx.fsum(p)
+                    o = [o[c] * alpha + ctx.fdot(p, [Vb[j][c] for j in js]) for c in range(dv)]
+                m = m_new
+                tm[b, t, i], tl[b, t, i] = float(m), float(l)
+            if m == minf:
+                out_mp[b, i] = [ctx.mpf(0)] * dv
+                m_out[b, i], l_out[b, i], lse[b, i] = -math.inf, 0.0, -math.inf
+                continue
+            out_mp[b, i] = o if variant == "fa1" else [x / l for x in o]
+            m_out[b, i], l_out[b, i] = float(m), float(l)
+            ln_l = ctx.ln(l)
+            lse[b, i] = float(m * ctx.ln2 + ln_l) if base2 else float(m + ln_l)
+    out = torch.tensor(np.vectorize(float, otypes=[np.float64])(out_mp))
+    m_t, l_t = torch.tensor(m_out), torch.tensor(l_out)
+    tr = None
+    if trace:
+        tr = Trace(m=torch.tensor(tm).reshape(*lead, n_kb, nq),
+                   l=torch.tensor(tl).reshape(*lead, n_kb, nq),
+                   order=torch.tensor(orders).reshape(*lead, n_qb, n_kb))
+    return Result(
+        out=out.reshape(*lead, nq, dv), m=m_t.reshape(*lead, nq), l=l_t.reshape(*lead, nq),
+        lse=torch.tensor(lse).reshape(*lead, nq), masked=~torch.isfinite(m_t).reshape(*lead, nq),
+        n_rescales=torch.tensor(resc).reshape(*lead, nq), trace=tr, backend="mp",
+        info={"out_mp": out_mp.reshape(*lead, nq, dv), "bits": int(bits)},
+    )
