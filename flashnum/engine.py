@@ -495,6 +495,33 @@ def _standard(q, k, v, pol, causal, scale, rounding, seed, block_m):
     )
 
 
+def logits(q, k, *, precision="bf16", policy="fa2", block_m=64, block_n=64, causal=False,
+           scale=None) -> torch.Tensor:
+    """The computed logits (..., Nq, Nk) exactly as the emulated flash recurrence forms them
+    (same tiles, same roundings), masked entries -inf. Forms the whole Nq x Nk matrix:
+    for checks (the invariant "final m is the row max of the computed logits"), not sweeps.
+    """
+    pol = make_policy(policy, precision)
+    dtype = _carrier(pol)
+    ar = Arith(pol, "nearest", 0, dtype)
+    d, nq, nk = q.shape[-1], q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    fin = pol.fmt("inputs")
+    q3, k3 = (
+        ar.rnd(x.detach().to("cpu", torch.float64), fin, nearest=True).to(dtype)
+        .reshape(-1, *x.shape[-2:]) for x in (q, k)
+    )
+    blocks = _Blocks(_tiles(q3, block_m), _tiles(k3, block_n), _tiles(k3, block_n), nq, nk,
+                     n_blocks(nq, block_m), n_blocks(nk, block_n))
+    scale_s = float(ar.rnd(torch.tensor(scale, dtype=dtype), pol.fmt("s")))
+    cols = [
+        _logits(ar, blocks, torch.full((1, blocks.n_qb), j), scale_s, block_m, block_n, causal)
+        for j in range(blocks.n_kb)
+    ]  # each (B, n_qb, bm, bn)
+    s = torch.cat(cols, dim=-1).reshape(q3.shape[0], -1, blocks.n_kb * block_n)
+    return s[:, :nq, :nk].reshape(*q.shape[:-2], nq, nk)
+
+
 def policy_for(precision: str, policy) -> Policy:
     """The Policy a (precision, policy) pair names; `mp` has none (it is all mp)."""
     if precision == "mp":
@@ -502,4 +529,4 @@ def policy_for(precision: str, policy) -> Policy:
     return make_policy(policy, precision)
 
 
-__all__ = ["attention", "VARIANTS", "BACKENDS", "policy_for", "get_format"]
+__all__ = ["attention", "logits", "VARIANTS", "BACKENDS", "policy_for", "get_format"]

@@ -27,7 +27,8 @@ Overflow, per format (what the real format does):
   fp8_e4m3 (OCP "e4m3fn", no infinities, max 448): saturates to +-448, as the
       hardware conversions used by FlashAttention-3 and Transformer Engine do
       (cvt ... .satfinite) and torch's float8_e4m3fn cast does (checked in the
-      tests). `saturate=False` gives the raw OCP cast instead: |x| >= 464 -> NaN.
+      tests). `saturate=False` gives the raw OCP cast instead: |x| > 464 -> NaN
+      (464 itself is the tie between 448 and the NaN encoding 480: it goes to even 448).
 Subnormals are kept (gradual underflow) in every format; no flush to zero.
 NaN stays NaN; +-inf stays +-inf (for e4m3 with saturation it becomes +-448).
 
@@ -86,10 +87,10 @@ class Format:
 
     @property
     def overflow_threshold(self) -> float:
-        """Smallest |x| that round-to-nearest does not bring back to a finite number."""
+        """Where round-to-nearest leaves the finite numbers: |x| >= this overflows (IEEE
+        formats, whose tie at the threshold goes to the even infinity); for e4m3, whose
+        max 448 = 1.110b * 2^8 is even, the tie itself stays finite and |x| > this overflows."""
         if self.max_override is not None:
-            # the next encoding above max is NaN; the tie between max and it
-            # goes to max when max's last significand bit is even (448 = 1.110b * 2^8)
             return self.max + 2.0 ** (self.emax - self.p + 1) / 2
         return (2.0 - 2.0**-self.p) * 2.0**self.emax
 
@@ -222,7 +223,8 @@ def get_format(name, mp_bits: int | None = None):
     if isinstance(name, (Format, Exact, MP)):
         return name
     if not isinstance(name, str):
-        raise ValueError(f"format must be a name, got {name!r}; valid: {', '.join(FORMAT_NAMES)}, mp")
+        valid = ", ".join(FORMAT_NAMES)
+        raise ValueError(f"format must be a name, got {name!r}; valid: {valid}, mp")
     key = name.lower()
     if key in FORMATS:
         return FORMATS[key]

@@ -1,0 +1,250 @@
+"""The emulated online-softmax recurrence: invariants, exactness, rounding, the oracle."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import flashnum
+from flashnum.engine import logits
+from flashnum.formats import get_format
+from flashnum.policy import Policy, make_policy
+
+
+def gaussian(*shape, seed=0, sigma=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return sigma * torch.randn(*shape, generator=g, dtype=torch.float64)
+
+
+def qkv(b=1, h=2, nq=96, nk=80, d=16, seed=0, sigma=1.0):
+    return (gaussian(b, h, nq, d, seed=seed, sigma=sigma),
+            gaussian(b, h, nk, d, seed=seed + 1, sigma=sigma),
+            gaussian(b, h, nk, d, seed=seed + 2))
+
+
+def softmax_ref(q, k, v, causal=False):
+    """Plain float64 attention (the seed's `softmax(QK^T) V`), for small sanity checks."""
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(~flashnum.tiling.causal_visible(q.shape[-2], k.shape[-2]), -math.inf)
+    return torch.nan_to_num(torch.softmax(s, -1)) @ v
+
+
+# -- the seed's example ------------------------------------------------------
+
+
+def test_the_seed_tutorial_example_is_reproduced():
+    # Q, K, V of shape (1, 12, 10); 4 query blocks x 3 key blocks; checked with allclose
+    torch.manual_seed(0)
+    query, key, value = (torch.randn(1, 12, 10) for _ in range(3))
+    probs = torch.nn.functional.softmax(torch.einsum("bqd,bkd->bqk", query, key), dim=-1)
+    softmax_output = torch.einsum("bqk,bkd->bqd", probs, value)
+    res = flashnum.attention(query, key, value, precision="fp32", policy="exact",
+                             block_m=12 // 4, block_n=12 // 3, scale=1.0, trace=True)
+    assert res.trace.m.shape == (1, 3, 12)  # 3 key blocks processed per row
+    assert torch.allclose(softmax_output, res.out.float())
+
+
+# -- invariants (hypothesis over shapes, tiles, orders, logit ranges) ----------
+
+ORDERS = ["forward", "reverse", "random", "max_ascending", "max_descending"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    nq=st.integers(1, 70), nk=st.integers(1, 90), d=st.sampled_from([4, 16, 32]),
+    bm=st.sampled_from([1, 8, 16, 64]), bn=st.sampled_from([1, 7, 16, 32]),
+    order=st.sampled_from(ORDERS), sigma=st.sampled_from([0.1, 1.0, 10.0, 300.0]),
+    precision=st.sampled_from(["fp16", "bf16", "fp32"]), policy=st.sampled_from(["fa2", "lowp"]),
+    causal=st.booleans(), seed=st.integers(0, 1000),
+)
+def test_softmax_state_invariants(nq, nk, d, bm, bn, order, sigma, precision, policy, causal, seed):
+    """l > 0 after the first non-empty key block; m never decreases; the final m equals the
+    global row max of the computed logits, bitwise."""
+    q, k, v = qkv(1, 1, nq, nk, d, seed=seed, sigma=sigma)
+    if precision == "fp16":  # keep the logits inside fp16's range: overflow is its own test
+        q, k = q.clamp(-200, 200), k.clamp(-200, 200)
+    res = flashnum.attention(q, k, v, precision=precision, policy=policy, block_m=bm,
+                             block_n=bn, order=order, causal=causal, seed=seed, trace=True)
+    s = logits(q, k, precision=precision, policy=policy, block_m=bm, block_n=bn, causal=causal)
+    row_max = s.amax(-1).to(torch.float64)
+    m_ok = get_format(make_policy(policy, precision).m).round(row_max)
+    assert torch.equal(res.m, m_ok)
+    tm, tl = res.trace.m, res.trace.l
+    assert bool((tm[..., 1:, :] >= tm[..., :-1, :]).all())
+    seen = torch.isfinite(tm)  # a row has met a visible key by this step
+    assert bool((tl[seen] > 0).all())
+    assert bool((tl[~seen] == 0).all())
+    assert torch.equal(res.masked, ~torch.isfinite(row_max))
+    assert bool(torch.isfinite(res.out).all())
+
+
+def test_fully_masked_rows_give_zeros_and_are_flagged_never_nan():
+    q, k, v = qkv(1, 2, nq=40, nk=24, d=8)  # causal bottom-right: 16 rows see no key
+    for policy in ("fa2", "naive", "lowp"):
+        res = flashnum.attention(q, k, v, precision="bf16", policy=policy, causal=True,
+                                 block_m=16, block_n=16)
+        assert res.masked[..., :16].all() and not res.masked[..., 16:].any()
+        assert bool((res.out[..., :16, :] == 0).all()) and not res.out.isnan().any()
+
+
+def test_rescales_are_counted_in_processing_order():
+    q, k, v = qkv(1, 1, nq=8, nk=64, d=8)
+    # logits growing with the key index: every forward block raises the max, no reverse one
+    k = k + torch.linspace(0, 50, 64, dtype=torch.float64)[:, None] * q.mean(-2, keepdim=True)
+    q = q.mean(-2, keepdim=True).expand(1, 1, 8, 8)
+    fwd = flashnum.attention(q, k, v, precision="fp32", policy="fa2", block_n=8, order="forward")
+    rev = flashnum.attention(q, k, v, precision="fp32", policy="fa2", block_n=8, order="reverse")
+    assert bool((fwd.n_rescales == 7).all()) and bool((rev.n_rescales == 0).all())
+
+
+# -- exactness ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("variant", ["fa2", "fa1", "exp2"])
+def test_exact_policy_in_fp64_matches_the_certified_reference(order, variant):
+    q, k, v = qkv(2, 1, nq=50, nk=70, d=16, sigma=2.0)
+    ref = flashnum.reference(q, k, v, method="certified")
+    res = flashnum.attention(q, k, v, precision="fp64", policy="exact", block_m=16, block_n=16,
+                             order=order, variant=variant)
+    rel = (res.out - ref.out).abs().max() / ref.out.abs().max()
+    assert rel < 1e-13
+
+
+def test_mp_256_bits_block_order_and_size_change_the_output_by_less_than_2_pow_minus_200():
+    q, k, v = qkv(1, 1, nq=6, nk=24, d=4, sigma=3.0)
+    base = flashnum.attention(q, k, v, precision="mp", mp_bits=256, block_n=24)
+    outs = [base.info["out_mp"]]
+    for bn, order in [(4, "forward"), (4, "reverse"), (5, "max_ascending"), (1, "random")]:
+        outs.append(flashnum.attention(q, k, v, precision="mp", mp_bits=256, block_n=bn,
+                                       order=order).info["out_mp"])
+    for o in outs[1:]:
+        diff = max(abs(a - b) for a, b in zip(o.flatten(), outs[0].flatten()))
+        assert diff < 2.0**-200
+    # and the mp recurrence agrees with the certified reference to float64 rounding
+    ref = flashnum.reference(q, k, v)
+    assert torch.equal(base.out, ref.out)
+
+
+# -- rounding really happens ----------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_fa2_rounding_error_is_nonzero_and_of_the_order_of_u(precision):
+    q, k, v = qkv(1, 4, nq=128, nk=256, d=64)
+    ref = flashnum.reference(q, k, v, method="fp64")
+    res = flashnum.attention(q, k, v, precision=precision, policy="fa2")
+    u = get_format(precision).u
+    err = (res.out - ref.out).abs().max().item() / ref.out.abs().max().item()
+    # normwise relative error: the input and output casts alone give ~u; the
+    # recurrence must not add orders of magnitude (measured: ~0.5-3 u)
+    assert u / 16 < err < 16 * u
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_flash_attention_oracle_fa2_error_at_most_twice_naive(precision, seed):
+    # flash-attention's test: max|ours - ref| <= 2 max|same-precision standard - ref|
+    q, k, v = qkv(1, 4, nq=128, nk=512, d=64, seed=seed)
+    ref = flashnum.reference(q, k, v, method="fp64")
+    fa2 = flashnum.attention(q, k, v, precision=precision, policy="fa2")
+    naive = flashnum.attention(q, k, v, precision=precision, policy="naive")
+    assert (fa2.out - ref.out).abs().max() <= 2 * (naive.out - ref.out).abs().max()
+
+
+def test_stochastic_rounding_is_reproducible_by_seed_and_differs_across_seeds():
+    q, k, v = qkv(1, 1, nq=32, nk=64, d=16)
+    a = flashnum.attention(q, k, v, precision="bf16", policy="lowp", rounding="stochastic", seed=5)
+    b = flashnum.attention(q, k, v, precision="bf16", policy="lowp", rounding="stochastic", seed=5)
+    c = flashnum.attention(q, k, v, precision="bf16", policy="lowp", rounding="stochastic", seed=6)
+    assert torch.equal(a.out, b.out) and not torch.equal(a.out, c.out)
+
+
+def test_outputs_are_numbers_of_the_output_format():
+    q, k, v = qkv()
+    for precision in ("fp16", "bf16", "fp8_e4m3"):
+        res = flashnum.attention(q, k, v, precision=precision, policy="fa2")
+        assert get_format(make_policy("fa2", precision).out).representable(res.out)
+
+
+def test_variants_agree_with_the_reference_to_bf16_accuracy():
+    q, k, v = qkv(1, 2, nq=64, nk=200, d=32, sigma=2.0)
+    ref = flashnum.reference(q, k, v, method="fp64")
+    for variant in ("fa2", "fa1", "exp2", "lazy", "qiu_yao"):
+        res = flashnum.attention(q, k, v, precision="bf16", policy="fa2", variant=variant,
+                                 block_n=16)
+        assert (res.out - ref.out).abs().max() < 8 * 2.0**-8 * ref.out.abs().max()
+
+
+def test_lazy_rescaling_skips_rescales_below_tau():
+    q, k, v = qkv(1, 1, nq=16, nk=256, d=16, sigma=2.0)
+    eager = flashnum.attention(q, k, v, precision="fp32", policy="fa2", block_n=16)
+    lazy = flashnum.attention(q, k, v, precision="fp32", policy="fa2", block_n=16,
+                              variant="lazy", tau=1e9)
+    assert eager.n_rescales.sum() > 0 and lazy.n_rescales.sum() == 0
+    assert (lazy.out - eager.out).abs().max() < 1e-5
+
+
+def test_qiu_yao_adjustment_removes_every_p_equal_to_one():
+    # two identical keys give every query a repeated row max: P has two entries exactly 1
+    q, k, v = qkv(1, 1, nq=8, nk=16, d=8)
+    q, k = q.abs(), 0.1 * k
+    k[..., 3, :] = k[..., 7, :] = 4.0  # the largest logit of every row, twice
+    res = flashnum.attention(q, k, v, precision="bf16", policy="lowp", variant="qiu_yao",
+                             block_n=16, trace=True)
+    s = logits(q, k, precision="bf16", policy="lowp", block_n=16)
+    assert bool((res.m > s.amax(-1).double()).all())  # beta * max with max > 0
+
+
+def test_custom_policy_is_one_dataclass_away():
+    pol = make_policy("fa2", "bf16").with_sites(p_cast="fp8_e4m3")
+    q, k, v = qkv()
+    res = flashnum.attention(q, k, v, policy=pol)
+    base = flashnum.attention(q, k, v, policy="fa2")
+    assert not torch.equal(res.out, base.out)
+    assert Policy(inputs="fp16").only("inputs").sites()["inputs"] == "fp16"
+
+
+def test_batch_dims_and_unequal_lengths_and_ragged_tails():
+    q, k, v = qkv(2, 3, nq=37, nk=53, d=8)
+    v = torch.cat([v, v[..., :3]], -1)  # dv != d
+    res = flashnum.attention(q, k, v, precision="fp64", policy="exact", block_m=16, block_n=16)
+    assert res.out.shape == (2, 3, 37, 11)
+    assert torch.allclose(res.out, softmax_ref(q, k, v), rtol=0, atol=1e-14)
+
+
+# -- bad input: one clear error naming the value and the valid choices -------------
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(precision="fp17"), "unknown precision 'fp17'; valid: fp64, fp32"),
+        (dict(policy="fast"), "unknown policy 'fast'; valid: fa2, naive, lowp, exact"),
+        (dict(order="sideways"), "unknown order 'sideways'; valid: forward, reverse"),
+        (dict(order=[0, 0, 1]), r"not a permutation of range\(2\)"),
+        (dict(variant="fa3"), "unknown variant 'fa3'; valid: fa2, fa1"),
+        (dict(block_n=0), "block_n must be a positive integer, got 0"),
+        (dict(block_m=-4), "block_m must be a positive integer, got -4"),
+        (dict(rounding="up"), "unknown rounding 'up'; valid: nearest, stochastic"),
+        (dict(backend="cuda"), "unknown backend 'cuda'; valid: emulate, triton, mp"),
+    ],
+)
+def test_bad_arguments_raise_one_clear_error(kw, match):
+    q, k, v = qkv(nq=16, nk=100, d=8)
+    with pytest.raises(ValueError, match=match):
+        flashnum.attention(q, k, v, **{"block_n": 64, **kw})
+
+
+def test_bad_tensors_raise_one_clear_error():
+    q, k, v = qkv(nq=16, nk=32, d=8)
+    with pytest.raises(ValueError, match="head dims differ"):
+        flashnum.attention(q, k[..., :4], v)
+    with pytest.raises(ValueError, match="key counts differ"):
+        flashnum.attention(q, k, v[..., :5, :])
+    q[0, 0, 3, 2] = float("nan")
+    with pytest.raises(ValueError, match="q contains NaN"):
+        flashnum.attention(q, k, v)
