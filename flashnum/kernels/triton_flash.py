@@ -1,0 +1,565 @@
+"""The real kernel: a Triton FlashAttention-2 forward with flashnum's knobs.
+
+    from flashnum.kernels.triton_flash import attention_triton
+    res = attention_triton(q, k, v, policy="fa2", precision="bf16", block_m=64, block_n=64,
+                           order="reverse", variant="exp2", causal=True, trace=True)
+    # or, the same call through the engine's front door:
+    res = flashnum.attention(q, k, v, precision="bf16", backend="triton", ...)
+
+The kernel (`_fa2_fwd`) is the recurrence of Triton's fused-attention tutorial
+(REFERENCES.md), one program per (query block, batch*head):
+
+    m_i = max(m_{i-1}, rowmax(S_j));  alpha = exp(m_{i-1} - m_i);  P = exp(S_j - m_i)
+    l_i = l_{i-1} alpha + rowsum(P);   o_i = o_{i-1} alpha + cast(P) @ V_j
+    out = o_last / l_last  (correctly rounded: tl.math.div_rn)
+
+with every numerically relevant choice an argument, taken from the flashnum Policy:
+
+    inputs        fp16, bf16, fp32 (fp8_e4m3 / fp8_e5m2 on a GPU only)
+    qk_acc/pv_acc fp32 -> input_precision "ieee"; tf32 -> "tf32"; an explicit
+                  input_precision="tf32x3" runs the fp32 dots as 3 tf32 dots
+    p_cast        the format P is cast to before P @ V (fp16, bf16, fp32, fp8 on GPU)
+    l_from        l sums the fp32 P ("p", FA2 and the tutorial) or the cast P
+    variant       "fa2": exp, S = scale * QK^T; "exp2": log2(e) folded into the
+                  scale (held in fp32, as the engine holds it) and exp2, so m, l are
+                  in base-2 units
+    s, m, p, l_acc, l, o, div  fp32 (the softmax state lives in registers as fp32)
+    out           fp16, bf16 or fp32
+    order         any key-block order: an int32 (Z or 1, n_qb, n_kb) index tensor
+                  (flashnum.tiling.key_block_order; max_* orders from block maxima
+                  computed here with torch exactly as the engine computes them)
+    fp_fusion     Triton's enable_fp_fusion (FMA contraction) on a GPU; default False
+                  so that the GPU rounds where the policy says (the tutorial runs with
+                  Triton's default, True)
+
+Fully masked rows (causal with Nq > Nk) keep m = -inf and l = 0 and give out = 0
+(flagged in Result.masked); key tiles that are entirely above the causal diagonal
+are skipped (a skipped tile would leave m, l, o unchanged anyway: alpha = 1, P = 0).
+No autotuning: block_m and block_n are the experimental factor.
+
+On a CPU: Triton's interpreter. Importing this module sets TRITON_INTERPRET=1 when
+no CUDA GPU is present and the variable is not set. Triton 3.x reads the variable
+when a kernel is decorated (at this module's import), so it must be set before this
+module is imported, not necessarily before `import triton`; if the kernel still comes
+out compiled (TRITON_INTERPRET=0 on a machine without a GPU, or a triton that read it
+earlier), the import fails with a RuntimeError that says so.
+
+What the interpreter (triton 3.9) gets wrong, checked here, and what we do about it
+(EMULATE=True, a constexpr that is False on a GPU so that the GPU keeps native casts):
+  - bf16 is stored as raw uint16 and tl.dot multiplies the bit patterns (errors ~1e10):
+    bf16 Q, K, V are passed widened to fp32 (exact) and the dots run on those; the
+    products of two bf16 numbers are exact in fp32, as on tensor cores.
+  - fp32 -> bf16 casts truncate, even with fp_downcast_rounding="rtne": P (p_cast bf16)
+    and the output (out bf16) are rounded to nearest even by integer operations on the
+    fp32 bits (`_round_rne`), kept in fp32 containers.
+  - input_precision is ignored (numpy fp32 matmul): for "tf32" the operands are rounded
+    to tf32 (nearest even, flashnum's tf32 format) before an fp32 dot; "tf32x3" is
+    emulated as Triton's F32DotTC pass lowers it: big = tf32(a), small = a - big,
+    dot(small, big') + dot(big, small') + dot(big, big').
+  - fp8 conversions truncate and the fp8 dot goes through fp16: fp8 is refused on CPU.
+What still differs between the interpreter and a GPU (by construction, not fixed):
+  - exp/exp2: the interpreter calls numpy's float32 exp/exp2 (measured: 39% / 21% of
+    float32 results differ from the correctly rounded value, by <= 2 / 1 ulp); a GPU
+    runs ex2.approx.f32 (tl.exp multiplies by log2(e) first, an extra rounding);
+    the engine's exp is correctly rounded.
+  - accumulation order: the interpreter's dots are numpy matmuls and `acc = dot(p, v,
+    acc)` is matmul + add (two roundings); a GPU's MMA accumulates into acc in its own
+    order. tl.sum is np.sum (pairwise) here, a thread/warp tree on a GPU.
+  - FMA contraction: never in the interpreter; on a GPU only with fp_fusion=True.
+  - tf32 on a GPU: the MMA reads the fp32 operands' top 19 bits (Triton inserts no
+    rounding for input_precision="tf32"), not the nearest-even rounding emulated here.
+  - subnormals: ex2.approx.f32 on a GPU flushes subnormal results to zero (ftz);
+    numpy keeps them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from ..formats import get_format
+from ..policy import Policy, make_policy
+from ..result import Result, Trace
+from ..tiling import causal_visible, check_block, key_block_order, n_blocks, needs_block_max
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+LOG2E = 1.4426950408889634
+BLOCKS = (16, 32, 64, 128)
+HEAD_DIMS = (16, 256)  # smallest and largest head dim (others padded to a power of two)
+VARIANTS = ("fa2", "exp2")
+PRECISIONS = ("ieee", "tf32", "tf32x3")
+IN_FORMATS = ("fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2")
+OUT_FORMATS = ("fp16", "bf16", "fp32")
+FP8 = ("fp8_e4m3", "fp8_e5m2")
+# formats whose numbers widen exactly into another's: P may be cast to the first and
+# then fed to a dot in the second
+_EXACT_INTO = {
+    "fp32": ("fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2"),
+    "fp16": ("fp16", "fp8_e4m3", "fp8_e5m2"),
+    "bf16": ("bf16", "fp8_e4m3", "fp8_e5m2"),
+    "fp8_e4m3": ("fp8_e4m3",),
+    "fp8_e5m2": ("fp8_e5m2",),
+}
+_TORCH = {
+    "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32,
+    "fp8_e4m3": getattr(torch, "float8_e4m3fn", None),
+    "fp8_e5m2": getattr(torch, "float8_e5m2", None),
+}
+
+
+# ---------------------------------------------------------------------------
+# the kernel
+
+
+@triton.jit
+def _round_rne(x, DROP: tl.constexpr):
+    # Round fp32 x to 24 - DROP significand bits, nearest-even, on its bits: add
+    # 0111..1 (+1 when the kept lsb is odd) below the cut, then clear the cut.
+    # DROP=16: bf16; DROP=13: tf32. Both keep fp32's exponent range, so the carry
+    # into the exponent is the right answer (up to inf) and subnormals round too.
+    b = x.to(tl.int32, bitcast=True)
+    b = b + ((1 << (DROP - 1)) - 1) + ((b >> DROP) & 1)
+    b = b & (-(1 << DROP))
+    r = b.to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, r)  # NaN stays NaN
+
+
+@triton.jit
+def _dot(a, b, acc, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    # acc + a @ b with the dot's input precision; on the interpreter the tf32
+    # roundings that a GPU's tensor cores would do are done here
+    if EMULATE and PRECISION == "tf32":
+        acc = tl.dot(_round_rne(a, 13), _round_rne(b, 13), acc, input_precision="ieee")
+    elif EMULATE and PRECISION == "tf32x3":
+        a_big = _round_rne(a, 13)
+        b_big = _round_rne(b, 13)
+        a_small = _round_rne(a - a_big, 13)
+        b_small = _round_rne(b - b_big, 13)
+        acc = tl.dot(a_small, b_big, acc, input_precision="ieee")
+        acc = tl.dot(a_big, b_small, acc, input_precision="ieee")
+        acc = tl.dot(a_big, b_big, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _cast(x, FMT: tl.constexpr, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    # x (fp32) rounded to FMT and handed on in the dot's dtype (an exact widening)
+    if FMT == "fp32":
+        y = x
+    elif FMT == "bf16" and EMULATE:
+        y = _round_rne(x, 16)  # the interpreter's own cast truncates
+    elif FMT == "bf16":
+        y = x.to(tl.bfloat16)
+    elif FMT == "fp16":
+        y = x.to(tl.float16)
+    elif FMT == "fp8_e4m3":
+        y = x.to(tl.float8e4nv)
+    else:  # fp8_e5m2
+        y = x.to(tl.float8e5)
+    return y.to(DOT_DTYPE)
+
+
+@triton.jit
+def _fa2_fwd(
+    Q, K, V, O, ORDER, M, L, NRESC, TRACE_M, TRACE_L,
+    qk_scale, Nq, Nk, n_kb,
+    stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn, stride_oz, stride_om,
+    stride_order_z,
+    D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_EXP2: tl.constexpr, L_FROM_CAST: tl.constexpr,
+    QK_PRECISION: tl.constexpr, PV_PRECISION: tl.constexpr,
+    P_FORMAT: tl.constexpr, OUT_FORMAT: tl.constexpr,
+    EMULATE: tl.constexpr, TRACE: tl.constexpr,
+):
+    start_m = tl.program_id(0) * BLOCK_M
+    z = tl.program_id(1).to(tl.int64)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_dv = tl.arange(0, HEAD_DIM_V)
+    row_ok = offs_m < Nq
+    # Q stays in registers; padded head-dim columns and rows past Nq load as 0
+    q = tl.load(
+        Q + z * stride_qz + offs_m[:, None] * stride_qm + offs_d[None, :],
+        mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0,
+    )
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_V], tl.float32)
+    n_resc = tl.zeros([BLOCK_M], tl.int32)
+    # bottom-right aligned causal mask: query i sees key j iff j <= i + (Nk - Nq)
+    last_key = tl.minimum(start_m + BLOCK_M, Nq) - 1 + (Nk - Nq)
+    for step in range(0, n_kb):
+        kb = tl.load(ORDER + z * stride_order_z + tl.program_id(0) * n_kb + step)
+        start_n = kb * BLOCK_N
+        if CAUSAL:
+            visible = start_n <= last_key
+        else:
+            visible = True
+        if visible:
+            cols = start_n + offs_n
+            # -- compute qk --
+            k_t = tl.load(
+                K + z * stride_kz + cols[None, :] * stride_kn + offs_d[:, None],
+                mask=(cols[None, :] < Nk) & (offs_d[:, None] < D), other=0.0,
+            )
+            qk = _dot(q, k_t, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QK_PRECISION, EMULATE)
+            s = qk * qk_scale  # the logits (base 2 for exp2), rounded to fp32
+            keep = cols[None, :] < Nk
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= offs_m[:, None] + (Nk - Nq))
+            s = tl.where(keep, s, float("-inf"))
+            # -- update m --
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            n_resc += ((m_new > m_i) & (m_i > float("-inf"))).to(tl.int32)
+            # a row that has seen no key yet shifts by 0: exp(-inf - 0) = 0, never NaN
+            m_use = tl.where(m_new > float("-inf"), m_new, 0.0)
+            # -- compute p and the rescale alpha --
+            if USE_EXP2:
+                alpha = tl.exp2(m_i - m_use)
+                p = tl.exp2(s - m_use[:, None])
+            else:
+                alpha = tl.exp(m_i - m_use)
+                p = tl.exp(s - m_use[:, None])
+            # -- cast p for the p @ v dot --
+            p_c = _cast(p, P_FORMAT, V.dtype.element_ty, EMULATE)
+            # -- update l --
+            if L_FROM_CAST:
+                l_ij = tl.sum(p_c.to(tl.float32), 1)
+            else:
+                l_ij = tl.sum(p, 1)
+            l_i = l_i * alpha + l_ij
+            # -- update o --
+            v = tl.load(
+                V + z * stride_vz + cols[:, None] * stride_vn + offs_dv[None, :],
+                mask=(cols[:, None] < Nk) & (offs_dv[None, :] < DV), other=0.0,
+            )
+            acc = acc * alpha[:, None]
+            acc = _dot(p_c, v, acc, PV_PRECISION, EMULATE)
+            m_i = m_new
+        if TRACE:
+            t_off = z * n_kb * Nq + step * Nq + offs_m
+            tl.store(TRACE_M + t_off, m_i, mask=row_ok)
+            tl.store(TRACE_L + t_off, l_i, mask=row_ok)
+    # -- epilogue: o / l, fully masked rows (l = 0) give 0 --
+    seen = l_i > 0.0
+    o = tl.math.div_rn(acc, tl.where(seen, l_i, 1.0)[:, None])
+    o = tl.where(seen[:, None], o, 0.0)
+    if OUT_FORMAT == "bf16" and EMULATE:
+        o = _round_rne(o, 16)
+    tl.store(
+        O + z * stride_oz + offs_m[:, None] * stride_om + offs_dv[None, :],
+        o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV),
+    )
+    tl.store(M + z * Nq + offs_m, m_i, mask=row_ok)
+    tl.store(L + z * Nq + offs_m, l_i, mask=row_ok)
+    tl.store(NRESC + z * Nq + offs_m, n_resc, mask=row_ok)
+
+
+INTERPRET = type(_fa2_fwd).__name__ == "InterpretedFunction"
+if not INTERPRET and not torch.cuda.is_available():
+    raise RuntimeError(
+        "flashnum.kernels.triton_flash: no CUDA GPU and the Triton kernel was compiled for one "
+        f"(TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r}). Set TRITON_INTERPRET=1 (or "
+        "leave it unset) before this module is imported to run on Triton's CPU interpreter."
+    )
+
+
+# ---------------------------------------------------------------------------
+# the host wrapper
+
+
+def _kernel_spec(pol: Policy, input_precision: str | None):
+    """Map a Policy to the kernel's constexprs, or say what the kernel implements."""
+    fp32_sites = ("s", "m", "p", "l_acc", "l", "o", "div")
+    bad = []
+    if pol.structure != "flash":
+        bad.append(f"structure={pol.structure!r}")
+    if pol.inputs not in IN_FORMATS:
+        bad.append(f"inputs={pol.inputs!r}")
+    bad += [f"{s}={getattr(pol, s)!r}" for s in fp32_sites if getattr(pol, s) != "fp32"]
+    bad += [f"{s}={getattr(pol, s)!r}" for s in ("qk_acc", "pv_acc")
+            if getattr(pol, s) not in ("fp32", "tf32")]
+    if pol.out not in OUT_FORMATS:
+        bad.append(f"out={pol.out!r}")
+    if pol.inputs in _EXACT_INTO and pol.p_cast not in _EXACT_INTO[pol.inputs]:
+        bad.append(f"p_cast={pol.p_cast!r} with inputs={pol.inputs!r}")
+    if bad:
+        raise ValueError(
+            f"policy {pol.name!r} cannot run on the triton kernel ({', '.join(bad)}). The kernel "
+            "implements structure='flash' with fp32 s, m, p, l_acc, l, o, div; inputs "
+            f"{'/'.join(IN_FORMATS)}; qk_acc, pv_acc fp32 or tf32; p_cast a format whose numbers "
+            f"widen exactly into the inputs'; out {'/'.join(OUT_FORMATS)}: the presets fa2 in "
+            "fp16, bf16, fp32, tf32 (fp8 on a GPU)"
+        )
+    if input_precision is not None and input_precision not in PRECISIONS:
+        raise ValueError(
+            f"unknown input_precision {input_precision!r}; valid: {', '.join(PRECISIONS)}, or "
+            "None (from the policy: qk_acc/pv_acc fp32 -> ieee, tf32 -> tf32)"
+        )
+
+    def precision(site, operand_fmt):
+        want = "tf32" if getattr(pol, site) == "tf32" else "ieee"
+        if operand_fmt != "fp32" or input_precision is None:
+            return want  # 16- and 8-bit operands: exact products, precision is moot
+        if (want == "tf32") != (input_precision == "tf32"):
+            raise ValueError(
+                f"input_precision={input_precision!r} contradicts the policy's {site}="
+                f"{getattr(pol, site)!r}; use precision='tf32' for tf32 dots, 'fp32' for ieee "
+                "or tf32x3"
+            )
+        return input_precision
+
+    return precision("qk_acc", pol.inputs), precision("pv_acc", pol.p_cast)
+
+
+def _check_inputs(q, k, v, block_m, block_n):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.ndim < 2:
+            raise ValueError(f"{name} must be a floating-point torch.Tensor (..., N, d)")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(
+            f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype}); pass one dtype "
+            "(the policy's inputs format decides what the kernel sees)"
+        )
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; "
+            "need q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv)"
+        )
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(f"batch dims differ: q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}")
+    if q.shape[-2] == 0 or k.shape[-2] == 0:
+        raise ValueError("Nq and Nk must be >= 1")
+    for name, dim in (("head dim d", q.shape[-1]), ("value dim dv", v.shape[-1])):
+        if not HEAD_DIMS[0] <= dim <= HEAD_DIMS[1]:
+            raise ValueError(
+                f"{name}={dim} is not supported by the triton kernel; valid: "
+                f"{HEAD_DIMS[0]}..{HEAD_DIMS[1]} (padded to a power of two)"
+            )
+    for name, b in (("block_m", block_m), ("block_n", block_n)):
+        check_block(name, b)
+        if b not in BLOCKS:
+            raise ValueError(f"{name}={b} is not supported by the triton kernel; valid: "
+                             f"{', '.join(map(str, BLOCKS))}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name} contains NaN or inf; inputs must be finite")
+
+
+def _block_max(q3, k3, qk_scale, block_m, block_n, n_qb, n_kb, causal, precision):
+    """(Z, n_qb, n_kb) largest logit of each tile, as the engine computes it (fp32)."""
+    a, b = q3.float(), k3.float()
+    if precision == "tf32":
+        tf32 = get_format("tf32")
+        a, b = tf32.round(a.double()).float(), tf32.round(b.double()).float()
+    s = (a @ b.transpose(-1, -2)) * torch.tensor(qk_scale, dtype=torch.float32)
+    nq, nk = s.shape[-2:]
+    if causal:
+        s = s.masked_fill(~causal_visible(nq, nk), -math.inf)
+    s = torch.nn.functional.pad(s, (0, n_kb * block_n - nk, 0, n_qb * block_m - nq),
+                                value=-math.inf)
+    s = s.reshape(-1, n_qb, block_m, n_kb, block_n)
+    return s.amax(dim=(2, 4))
+
+
+def attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    policy: str | Policy = "fa2",
+    precision: str = "bf16",
+    block_m: int = 64,
+    block_n: int = 64,
+    order="forward",
+    variant: str = "fa2",
+    causal: bool = False,
+    scale: float | None = None,
+    seed: int = 0,
+    trace: bool = False,
+    input_precision: str | None = None,
+    rounding: str = "nearest",
+    fp_fusion: bool = False,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> Result:
+    """softmax(scale Q K^T) V by the Triton kernel; see the module docstring.
+
+    q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv), one float dtype; values are
+    rounded (nearest even, from float64) to the policy's inputs format first.
+    policy:          a Policy or a preset name with `precision` (fa2 in fp16 bf16 fp32 tf32)
+    block_m/block_n: 16 32 64 128
+    order:           forward reverse random max_ascending max_descending, or a permutation
+    variant:         fa2 (exp), exp2 (log2 e folded into the scale)
+    input_precision: None (from the policy), ieee, tf32, tf32x3 (fp32 dots only)
+    rounding:        nearest (the only one a kernel does)
+    fp_fusion:       allow FMA contraction on a GPU (Triton's enable_fp_fusion)
+    num_warps, num_stages: GPU launch parameters (no effect on the numbers' meaning)
+    """
+    pol = make_policy(policy, precision)
+    qk_prec, pv_prec = _kernel_spec(pol, input_precision)
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r} is not implemented by the triton kernel; "
+                         f"valid: {', '.join(VARIANTS)}")
+    if rounding != "nearest":
+        raise ValueError(f"rounding {rounding!r} is not available on the triton kernel; "
+                         "valid: nearest")
+    _check_inputs(q, k, v, block_m, block_n)
+    fp8 = [s for s in ("inputs", "p_cast") if getattr(pol, s) in FP8]
+    fp8_dtypes = tuple(_TORCH[f] for f in FP8 if _TORCH[f] is not None)
+    if INTERPRET and (fp8 or q.dtype in fp8_dtypes):
+        raise ValueError(
+            f"fp8 ({', '.join(f'{s}={getattr(pol, s)}' for s in fp8) or q.dtype}) needs a CUDA "
+            "GPU (sm_89+); Triton's CPU interpreter truncates fp8 casts. Valid on CPU: fp16, "
+            "bf16, fp32"
+        )
+
+    lead = q.shape[:-2]
+    nq, nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    base2 = variant == "exp2"
+    # the scale is held in fp32, rounded once from its float64 value (as the engine)
+    qk_scale = float(torch.tensor(scale * (LOG2E if base2 else 1.0), dtype=torch.float64).float())
+    device = torch.device("cpu") if INTERPRET else torch.device("cuda")
+    # inputs as stored: correctly rounded from float64; on the interpreter bf16 is
+    # carried in fp32 (exact), because its bf16 dot multiplies raw bit patterns
+    fin = get_format(pol.inputs)
+    store = torch.float32 if (INTERPRET and pol.inputs == "bf16") else _TORCH[pol.inputs]
+    q3, k3, v3 = (
+        fin.round(x.detach().to(torch.float64)).to(store).to(device)
+        .reshape(-1, *x.shape[-2:]).contiguous()
+        for x in (q, k, v)
+    )
+    Z = q3.shape[0]
+    n_qb, n_kb = n_blocks(nq, block_m), n_blocks(nk, block_n)
+
+    if needs_block_max(order):
+        bmax = _block_max(q3, k3, qk_scale, block_m, block_n, n_qb, n_kb, causal, qk_prec)
+        perm = key_block_order(order, n_qb, n_kb, seed, bmax.cpu())  # (Z, n_qb, n_kb)
+    else:
+        perm = key_block_order(order, n_qb, n_kb, seed)[None]  # (1, n_qb, n_kb)
+    order_t = perm.to(torch.int32).to(device).contiguous()
+
+    out_dtype = torch.float32 if (INTERPRET and pol.out == "bf16") else _TORCH[pol.out]
+    o = torch.empty(Z, nq, dv, dtype=out_dtype, device=device)
+    m = torch.empty(Z, nq, dtype=torch.float32, device=device)
+    l = torch.empty_like(m)
+    n_resc = torch.empty(Z, nq, dtype=torch.int32, device=device)
+    if trace:
+        tm = torch.empty(Z, n_kb, nq, dtype=torch.float32, device=device)
+        tl_ = torch.empty_like(tm)
+    else:
+        tm = tl_ = m  # never written (TRACE=False)
+
+    head_dim, head_dim_v = triton.next_power_of_2(d), triton.next_power_of_2(dv)
+    launch = {}
+    if not INTERPRET:
+        launch = dict(
+            num_warps=num_warps or (4 if max(head_dim, head_dim_v) <= 64 else 8),
+            num_stages=num_stages or 2,
+            enable_fp_fusion=bool(fp_fusion),
+        )
+    grid = (n_qb, Z)
+    _fa2_fwd[grid](
+        q3, k3, v3, o, order_t, m, l, n_resc, tm, tl_,
+        qk_scale, nq, nk, n_kb,
+        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
+        o.stride(0), o.stride(1), order_t.stride(0) if order_t.shape[0] > 1 else 0,
+        D=d, DV=dv, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
+        BLOCK_M=block_m, BLOCK_N=block_n,
+        CAUSAL=bool(causal), USE_EXP2=base2, L_FROM_CAST=pol.l_from == "p_cast",
+        QK_PRECISION=qk_prec, PV_PRECISION=pv_prec,
+        P_FORMAT=pol.p_cast, OUT_FORMAT=pol.out,
+        EMULATE=INTERPRET, TRACE=bool(trace),
+        **launch,
+    )
+
+    home = q.device
+
+    def back(x, *tail):
+        return x.to(home, torch.float64).reshape(*lead, *tail)
+
+    m64, l64 = back(m, nq), back(l, nq)
+    lse = m64 / LOG2E + torch.log(l64) if base2 else m64 + torch.log(l64)  # natural log
+    tr = None
+    if trace:
+        tr = Trace(
+            m=back(tm, n_kb, nq), l=back(tl_, n_kb, nq),
+            order=perm.expand(Z, n_qb, n_kb).reshape(*lead, n_qb, n_kb).to(home).clone(),
+        )
+    return Result(
+        out=back(o, nq, dv), m=m64, l=l64, lse=lse, masked=~torch.isfinite(m64),
+        n_rescales=n_resc.to(home, torch.int64).reshape(*lead, nq), trace=tr, backend="triton",
+        info=dict(
+            precision=precision if isinstance(policy, str) else None, policy=pol.name,
+            block_m=block_m, block_n=block_n,
+            order=order if isinstance(order, str) else "permutation", variant=variant,
+            causal=bool(causal), scale=scale, rounding=rounding, seed=seed,
+            input_precision=(qk_prec, pv_prec), interpreter=INTERPRET, fp_fusion=fp_fusion,
+        ),
+    )
+
+
+
+
+# ---------------------------------------------------------------------------
+# the correctness check beside the kernel: kernel vs engine, in ulps
+
+
+def ulp_distribution(diff: torch.Tensor, unit: torch.Tensor) -> dict:
+    """Fractions of |diff| within 0, 1, 2 units and the largest, in units `unit`."""
+    x = (diff.abs() / unit).flatten()
+    frac = {f"le{t}": float((x <= t).double().mean()) for t in (0, 1, 2)}
+    return dict(n=x.numel(), **frac, max=float(x.max()) if x.numel() else 0.0)
+
+
+def compare_with_engine(q, k, v, **kw) -> dict:
+    """Run the kernel and the engine (same policy, tiling, order, variant) and measure.
+
+    Returns {"elem": ..., "scaled": ..., "m_equal": bool, "masked_equal": bool} where
+    "elem" counts |out_kernel - out_engine| in ulps of the output format at |out|, and
+    "scaled" in ulps at (softmax(S) @ |V|): the magnitude that rounding errors of P, l
+    and o are relative to (|P| |V| / l, as in a matmul's componentwise bound). Outputs
+    that cancel (|out| << that magnitude) differ by many ulps of |out| for a one-ulp
+    change of an fp32 intermediate; the scaled unit does not count cancellation.
+    """
+    import flashnum
+
+    res_k = attention_triton(q, k, v, **kw)
+    kw_e = {a: b for a, b in kw.items() if a not in ("input_precision", "fp_fusion",
+                                                     "num_warps", "num_stages")}
+    res_e = flashnum.attention(q, k, v, backend="emulate", **kw_e)
+    pol = make_policy(kw.get("policy", "fa2"), kw.get("precision", "bf16"))
+    fin, fout = get_format(pol.inputs), get_format(pol.out)
+    qr, kr, vr = (fin.round(x.detach().to(torch.float64)) for x in (q, k, v))
+    scale = kw.get("scale") or 1.0 / math.sqrt(q.shape[-1])
+    s = scale * qr @ kr.transpose(-1, -2)
+    if kw.get("causal", False):
+        s = s.masked_fill(~causal_visible(s.shape[-2], s.shape[-1]), -math.inf)
+    mag = torch.softmax(s, -1).nan_to_num(0.0) @ vr.abs()
+    live = ~res_e.masked[..., None].expand_as(res_e.out)
+    diff = (res_k.out - res_e.out)[live]
+    return dict(
+        elem=ulp_distribution(diff, fout.ulp(res_e.out)[live]),
+        scaled=ulp_distribution(diff, fout.ulp(mag)[live]),
+        m_equal=bool(torch.equal(res_k.m, res_e.m)),
+        masked_equal=bool(torch.equal(res_k.masked, res_e.masked)),
+    )
+
+
+__all__ = [
+    "attention_triton", "compare_with_engine", "ulp_distribution", "INTERPRET", "BLOCKS",
+    "HEAD_DIMS", "VARIANTS", "PRECISIONS",
+]
