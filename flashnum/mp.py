@@ -123,7 +123,7 @@ def attention_mp(q, k, v, *, bits=256, block_m=64, block_n=64, order="forward", 
                    order=torch.tensor(orders).reshape(*lead, n_qb, n_kb))
     return Result(
         out=out.reshape(*lead, nq, dv), m=m_t.reshape(*lead, nq), l=l_t.reshape(*lead, nq),
-        lse=torch.tensor(lse).reshape(*lead, nq), masked=~torch.isfinite(m_t).reshape(*lead, nq),
+        lse=torch.tensor(lse).reshape(*lead, nq), masked=(m_t == -math.inf).reshape(*lead, nq),
         n_rescales=torch.tensor(resc).reshape(*lead, nq), trace=tr, backend="mp",
         info={"out_mp": out_mp.reshape(*lead, nq, dv), "bits": int(bits)},
     )

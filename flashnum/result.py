@@ -9,6 +9,8 @@ returns a `Result`, so metrics, tests and the runner never ask which one ran.
                      (for the exp2 variant converted back from base 2)
     res.masked       (..., Nq) bool: rows whose every key is masked (their out is 0)
     res.n_rescales   (..., Nq) int: times the state was rescaled by a growing max
+    res.nonfinite    (..., Nq) bool: rows whose output holds inf or NaN, which a format's
+                     overflow produces (fp16 logits beyond 65504, say): reported, never hidden
     res.trace        a Trace when asked for (trace=True), else None
 
 For the exp2 variant m and l are in the base-2 units the kernel keeps
@@ -38,6 +40,8 @@ class Trace:
 
 @dataclass
 class Result:
+    """Output and final state of one attention call (see the module docstring)."""
+
     out: torch.Tensor
     m: torch.Tensor
     l: torch.Tensor
@@ -45,5 +49,10 @@ class Result:
     masked: torch.Tensor
     n_rescales: torch.Tensor
     trace: Trace | None = None
+    nonfinite: torch.Tensor | None = None
     backend: str = "emulate"
     info: dict = field(default_factory=dict)  # what ran: policy, tiling, variant, ...
+
+    def __post_init__(self):
+        if self.nonfinite is None:
+            self.nonfinite = ~torch.isfinite(self.out).all(dim=-1)

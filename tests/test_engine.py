@@ -65,10 +65,11 @@ def test_softmax_state_invariants(nq, nk, d, bm, bn, order, sigma, precision, po
     global row max of the computed logits, bitwise."""
     q, k, v = qkv(1, 1, nq, nk, d, seed=seed, sigma=sigma)
     if precision == "fp16":  # keep the logits inside fp16's range: overflow is its own test
-        q, k = q.clamp(-200, 200), k.clamp(-200, 200)
+        q, k = q.clamp(-40, 40), k.clamp(-40, 40)  # |s| <= 1600 sqrt(d) < 65504
     res = flashnum.attention(q, k, v, precision=precision, policy=policy, block_m=bm,
                              block_n=bn, order=order, causal=causal, seed=seed, trace=True)
-    s = logits(q, k, precision=precision, policy=policy, block_m=bm, block_n=bn, causal=causal)
+    s = logits(q, k, precision=precision, policy=policy, block_m=bm, block_n=bn, causal=causal,
+               order=order)
     row_max = s.amax(-1).to(torch.float64)
     m_ok = get_format(make_policy(policy, precision).m).round(row_max)
     assert torch.equal(res.m, m_ok)
@@ -79,6 +80,16 @@ def test_softmax_state_invariants(nq, nk, d, bm, bn, order, sigma, precision, po
     assert bool((tl[~seen] == 0).all())
     assert torch.equal(res.masked, ~torch.isfinite(row_max))
     assert bool(torch.isfinite(res.out).all())
+
+
+def test_fp16_logit_overflow_is_reported_not_hidden():
+    # q.k = 4 * 200 * 100 = 80000 overflows fp16 (the dot is stored before scaling);
+    # 4 * 150 * 100 = 60000 does not
+    q = torch.full((1, 1, 2, 4), 200.0, dtype=torch.float64)
+    q[..., 1, :] = 150.0
+    k, v = torch.full((1, 1, 1, 4), 100.0, dtype=torch.float64), torch.ones(1, 1, 1, 4)
+    res = flashnum.attention(q, k, v, precision="fp16", policy="lowp", block_n=1)
+    assert res.nonfinite.tolist() == [[[True, False]]]
 
 
 def test_fully_masked_rows_give_zeros_and_are_flagged_never_nan():
