@@ -1,0 +1,103 @@
+"""Benchmarks of the emulated engine (not tests: numbers for README).
+
+    python bench/bench_engine.py            # speed vs torch SDPA, memory at N = 65536, mp cost
+    python bench/bench_engine.py --quick    # smaller memory case
+
+1. Speed: emulated bf16 `fa2`, batch x heads = 8, N = 4096, d = 64, 64 x 64 blocks,
+   against torch.nn.functional.scaled_dot_product_attention in fp32 on the same
+   shapes, in the same run (best of 3 each). Goal: ratio <= 2.
+2. Memory: N = 65536, d = 64, one head, bf16 fa2, in a fresh subprocess; peak RSS
+   (ru_maxrss) minus the interpreter's own. Goal: <= 1.5 GiB (an N x N fp32 matrix
+   alone would be 16 GiB).
+3. Cost of the mp backend: one head, N = 64, d = 16, 256 bits.
+Writes bench/results/engine.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import flashnum
+
+OUT = Path(__file__).parent / "results"
+
+
+def best_of(fn, n=3):
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return min(ts)
+
+
+def speed():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 4096, 64, generator=g) for _ in range(3))
+    sdpa = best_of(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    emu = best_of(lambda: flashnum.attention(q, k, v, precision="bf16", policy="fa2"))
+    return {"shape": "8 x 4096 x 64, 64x64 blocks", "sdpa_fp32_s": sdpa, "emulate_bf16_fa2_s": emu,
+            "ratio": emu / sdpa, "goal_ratio": 2.0, "threads": torch.get_num_threads()}
+
+
+MEM_CHILD = """
+import resource, sys, time, torch, flashnum
+n = int(sys.argv[1])
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, 1, n, 64, generator=g) for _ in range(3))
+t = time.perf_counter()
+res = flashnum.attention(q, k, v, precision="bf16", policy="fa2")
+dt = time.perf_counter() - t
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(base, peak, dt)
+"""
+
+
+def memory(n):
+    r = subprocess.run([sys.executable, "-c", MEM_CHILD, str(n)], capture_output=True, text=True,
+                       check=True)
+    base, peak, dt = r.stdout.split()
+    kib = 1024
+    return {"N": n, "peak_rss_gib": int(peak) / kib**2, "import_rss_gib": int(base) / kib**2,
+            "wall_s": float(dt), "goal_gib": 1.5, "dense_fp32_gib": n * n * 4 / 2**30}
+
+
+def mp_cost():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 64, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    t = best_of(lambda: flashnum.attention(q, k, v, precision="mp", mp_bits=256, block_n=16), 1)
+    return {"shape": "1 x 64 x 16, 256 bits", "wall_s": t}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="N = 16384 for the memory case")
+    args = ap.parse_args()
+    res = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+           "torch": torch.__version__}
+    res["speed"] = speed()
+    sp = res["speed"]
+    print(f"speed: SDPA fp32 {sp['sdpa_fp32_s']:.3f} s, emulated bf16 fa2 "
+          f"{sp['emulate_bf16_fa2_s']:.3f} s, ratio {sp['ratio']:.2f} (goal <= 2)")
+    res["memory"] = memory(16384 if args.quick else 65536)
+    mem = res["memory"]
+    print(f"memory: N={mem['N']} peak RSS {mem['peak_rss_gib']:.2f} GiB (goal <= 1.5), "
+          f"{mem['wall_s']:.1f} s")
+    res["mp"] = mp_cost()
+    print(f"mp: {res['mp']['shape']}: {res['mp']['wall_s']:.2f} s")
+    OUT.mkdir(exist_ok=True)
+    (OUT / "engine.json").write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()
