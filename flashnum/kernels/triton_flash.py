@@ -112,6 +112,7 @@ _TORCH = {
     "fp8_e4m3": getattr(torch, "float8_e4m3fn", None),
     "fp8_e5m2": getattr(torch, "float8_e5m2", None),
 }
+_FP8_DTYPES = tuple(_TORCH[f] for f in FP8 if _TORCH[f] is not None)
 
 
 # ---------------------------------------------------------------------------
@@ -416,15 +417,15 @@ def attention_triton(
     if rounding != "nearest":
         raise ValueError(f"rounding {rounding!r} is not available on the triton kernel; "
                          "valid: nearest")
-    _check_inputs(q, k, v, block_m, block_n)
-    fp8 = [s for s in ("inputs", "p_cast") if getattr(pol, s) in FP8]
-    fp8_dtypes = tuple(_TORCH[f] for f in FP8 if _TORCH[f] is not None)
-    if INTERPRET and (fp8 or q.dtype in fp8_dtypes):
+    fp8 = [f"{s}={getattr(pol, s)}" for s in ("inputs", "p_cast") if getattr(pol, s) in FP8]
+    fp8 += [f"{n}.dtype={x.dtype}" for n, x in (("q", q), ("k", k), ("v", v))
+            if isinstance(x, torch.Tensor) and x.dtype in _FP8_DTYPES]
+    if INTERPRET and fp8:
         raise ValueError(
-            f"fp8 ({', '.join(f'{s}={getattr(pol, s)}' for s in fp8) or q.dtype}) needs a CUDA "
-            "GPU (sm_89+); Triton's CPU interpreter truncates fp8 casts. Valid on CPU: fp16, "
-            "bf16, fp32"
+            f"fp8 ({', '.join(fp8)}) needs a CUDA GPU (sm_89+); Triton's CPU interpreter "
+            "truncates fp8 casts. Valid on CPU: fp16, bf16, fp32"
         )
+    _check_inputs(q, k, v, block_m, block_n)
 
     lead = q.shape[:-2]
     nq, nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
@@ -537,6 +538,7 @@ def compare_with_engine(q, k, v, **kw) -> dict:
     """
     import flashnum
 
+    q, k, v = (x.detach().cpu() for x in (q, k, v))
     res_k = attention_triton(q, k, v, **kw)
     kw_e = {a: b for a, b in kw.items() if a not in ("input_precision", "fp_fusion",
                                                      "num_warps", "num_stages")}
