@@ -11,21 +11,12 @@ distributions (adversarial inputs), metrics, bounds, attribution, search,
 kernels (Triton), store / run (experiments), figures (the paper's figures).
 """
 
+from .engine import attention
 from .formats import FORMATS, get_format
 from .policy import SITES, Policy, make_policy
 
+# imported eagerly: the submodule flashnum.reference would otherwise shadow the function
+from .reference import reference  # noqa: E402  (after engine: no cycle either way)
+
 __version__ = "0.1.0"
 __all__ = ["attention", "reference", "get_format", "make_policy", "Policy", "SITES", "FORMATS"]
-
-
-def __getattr__(name):
-    # imported on first use so that `import flashnum` stays light (no flint, no triton)
-    if name == "attention":
-        from .engine import attention
-
-        return attention
-    if name == "reference":
-        from .reference import reference
-
-        return reference
-    raise AttributeError(f"module 'flashnum' has no attribute {name!r}")
