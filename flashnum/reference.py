@@ -550,50 +550,65 @@ def _pairwise(x: torch.Tensor) -> torch.Tensor:
     return x[:, 0]
 
 
-FP64_CHUNK = 16  # keys per float64 dot before the pairwise tree
+def _tree_beta(n: int, chunk: int) -> int:
+    """The gamma index of _tree_matmul: dots of `chunk` terms, then a tree of depth
+    ceil(log2(n / chunk)); |error| <= gamma_beta * sum_k |a_ik b_kj| (Higham, 3.1, 4.2)."""
+    n_ch = max(1, math.ceil(n / chunk))
+    return min(chunk, n) + (math.ceil(math.log2(n_ch)) if n_ch > 1 else 0)
+
+
+def _tree_matmul(a: torch.Tensor, b: torch.Tensor, chunk: int) -> torch.Tensor:
+    """a @ b with the inner sum cut into float64 dots of `chunk` terms (any order, FMA or
+    not: gamma_chunk) whose results are summed pairwise."""
+    r, n = a.shape
+    n_ch = max(1, math.ceil(n / chunk))
+    pad = n_ch * chunk - n
+    ac = torch.nn.functional.pad(a, (0, pad)).reshape(r, n_ch, chunk)
+    bc = torch.nn.functional.pad(b, (0, 0, 0, pad)).reshape(n_ch, chunk, b.shape[1])
+    return _pairwise(torch.einsum("rkb,kbc->rkc", ac, bc))
+
+
+FP64_CHUNK = 8  # terms per float64 dot before the pairwise tree (logits and P @ V)
 
 
 def _fp64(q, k, v, vis, scale):
-    """Max-shifted softmax in float64; P @ [V | 1] as dots of FP64_CHUNK keys summed by a
-    pairwise tree; err_bound from the analysis in docs/reference.md."""
+    """Max-shifted softmax in float64; Q K^T and P @ [V | 1] by _tree_matmul;
+    err_bound from the analysis in docs/reference.md, evaluated per row."""
     B, nq, d = q.shape
     nk, dv = k.shape[1], v.shape[2]
     out, lse, mx, err = _empty(B, nq, dv)
     if nq == 0 or nk == 0:
         return out, lse, mx, err, {}
     sc = 1.0 / math.sqrt(d) if scale is None else scale
-    g_s = _gamma(d + 3)  # logits: the dot (gamma_d), 1/sqrt(d) and the scale product
-    b0 = FP64_CHUNK
-    n_ch = math.ceil(nk / b0)
-    beta = min(b0, nk) + math.ceil(math.log2(n_ch)) if n_ch > 1 else min(b0, nk)
+    ch = FP64_CHUNK
+    # logits: the tree dot (gamma_beta_d), fl(1/sqrt(d)) (gamma_2) and the product by it
+    g_s = _gamma(_tree_beta(d, ch) + 3)
+    beta = _tree_beta(nk, ch)  # the sums l and o
     g_b = _gamma(beta)
     kappa = 2 * g_b / (1 - g_b) + U * (1 + 2 * g_b / (1 - g_b))
     safety = 1 + _gamma(nk + d + 30)  # covers evaluating the bound itself in float64
-    pad = n_ch * b0 - nk
     vis_t = torch.from_numpy(vis)
-    step = max(1, (1 << 21) // (nk + n_ch * (dv + 1)))  # ~16 MB per (rows, Nk) array
+    per_row = 12 * nk + math.ceil(d / ch) * nk + math.ceil(nk / ch) * (dv + 1)
+    step = max(1, (1 << 23) // per_row)  # ~64 MB of temporaries per block of rows
     for b in range(B):
         K, V = k[b], v[b]
         V1 = torch.cat([V, torch.ones(nk, 1, dtype=torch.float64)], dim=1)
-        V1c = torch.nn.functional.pad(V1, (0, 0, 0, pad)).reshape(n_ch, b0, dv + 1)
-        absV = V.abs()
+        absV, absKT, KT = V.abs(), K.abs().T, K.T.contiguous()
         for i0 in range(0, nq, step):
             i1 = min(nq, i0 + step)
             inside = torch.arange(nk)[None, :] < vis_t[i0:i1, None]
             live = inside.any(dim=1)
             qb = q[b, i0:i1]
-            s = (qb @ K.T) * sc
+            s = _tree_matmul(qb, KT, ch) * sc
             s = s.masked_fill(~inside, -math.inf)
             m = s.amax(dim=1).masked_fill(~live, 0.0)
             x = s - m[:, None]  # rounded: the u|x| term of the bound
             p = torch.exp(x)  # torch's float64 exp: within 1 ulp (SLEEF u10)
-            pc = torch.nn.functional.pad(p, (0, pad)).reshape(i1 - i0, n_ch, b0)
-            part = torch.einsum("rkb,kbc->rkc", pc, V1c)  # dots of b0 keys
-            ol = _pairwise(part)  # (r, dv + 1): [o | l]
+            ol = _tree_matmul(p, V1, ch)  # (r, dv + 1): [o | l]
             l = ol[:, dv]
             o = ol[:, :dv] / l[:, None]
             # -- the bound: relative perturbation of every p, then the sums and the division --
-            a = (qb.abs() @ K.abs().T) / (1 - _gamma(d))
+            a = (qb.abs() @ absKT) / (1 - _gamma(d))  # >= sum_t |q_t k_t|
             sigma = abs(sc) * g_s * a + abs(sc) * (d + 1) * TINY
             tau = (sigma + U * x.abs() / (1 - U) + 2 * U / (1 - 2 * U)) * (1 + 10 * U)
             tau = tau.masked_fill(~inside, 0.0)
@@ -602,16 +617,17 @@ def _fp64(q, k, v, vis, scale):
             normal = p >= MIN_NORMAL  # relative model; the rest go to the absolute term eta
             w = torch.where(normal, p * rr, torch.zeros_like(p))
             wk = torch.where(normal, p * (rr + kappa), torch.zeros_like(p))
-            M = absV.amax(dim=0)  # bounds |out_c| and so |v_jc - out_c| <= |v_jc| + M_c
-            W = wk @ absV + w.sum(dim=1, keepdim=True) * M[None, :]
+            lo = l * (1 - g_b)  # <= the exact sum of the computed p
+            R = w.sum(dim=1) / lo
+            Y = (wk @ absV) / lo[:, None] + R[:, None] * o.abs()
             n_sub = (inside & ~normal).sum(dim=1).to(torch.float64)
-            eta = n_sub * 2.0**-1019 * M.max()
-            e = (W.amax(dim=1) / (l * (1 - g_b))) * safety + eta
+            eta = n_sub * 2.0**-1019 * absV.max()
+            e = (Y.amax(dim=1) / (1 - R)) * safety + eta
             out[b, i0:i1] = torch.where(live[:, None], o, 0.0)
             err[b, i0:i1] = torch.where(live, e, 0.0)
             mx[b, i0:i1] = torch.where(live, m, -math.inf)
             lse[b, i0:i1] = torch.where(live, m + torch.log(l), -math.inf)
-    return out, lse, mx, err, {"chunk": b0, "beta": beta}
+    return out, lse, mx, err, {"chunk": ch, "beta_dot": _tree_beta(d, ch), "beta_sum": beta}
 
 
 # -- mpmath: the plain row loop ------------------------------------------------------------
