@@ -26,8 +26,8 @@ with every numerically relevant choice an argument, taken from the flashnum Poli
     s, m, p, l_acc, l, o, div  fp32 (the softmax state lives in registers as fp32)
     out           fp16, bf16 or fp32
     order         any key-block order: an int32 (Z or 1, n_qb, n_kb) index tensor
-                  (flashnum.tiling.key_block_order; max_* orders from block maxima
-                  computed here with torch exactly as the engine computes them)
+                  (flashnum.tiling.key_block_order; max_* orders from the tiles'
+                  largest logits over their real rows, computed with torch first)
     fp_fusion     Triton's enable_fp_fusion (FMA contraction) on a GPU; default False
                   so that the GPU rounds where the policy says (the tutorial runs with
                   Triton's default, True)
@@ -37,12 +37,19 @@ Fully masked rows (causal with Nq > Nk) keep m = -inf and l = 0 and give out = 0
 are skipped (a skipped tile would leave m, l, o unchanged anyway: alpha = 1, P = 0).
 No autotuning: block_m and block_n are the experimental factor.
 
+Layers: `attention_triton` (checks, policy -> constexprs, input rounding, order,
+Result) -> `fa2_forward` (allocates and launches on prepared tensors; what the GPU
+benchmark times) -> `_fa2_fwd` (the kernel). `compare_with_engine` beside them is
+the correctness check: kernel vs engine in ulps.
+
 On a CPU: Triton's interpreter. Importing this module sets TRITON_INTERPRET=1 when
-no CUDA GPU is present and the variable is not set. Triton 3.x reads the variable
-when a kernel is decorated (at this module's import), so it must be set before this
-module is imported, not necessarily before `import triton`; if the kernel still comes
-out compiled (TRITON_INTERPRET=0 on a machine without a GPU, or a triton that read it
-earlier), the import fails with a RuntimeError that says so.
+no CUDA GPU is present and the variable is not set. Triton reads the variable when a
+function is decorated with @triton.jit, and triton.language decorates its own library
+(tl.sum, tl.max) when it is first imported: so the variable must be set before triton
+is first imported. Import this module (or call flashnum.attention(..., backend="triton"))
+before anything imports triton, or export TRITON_INTERPRET=1. Otherwise the import
+fails with a RuntimeError that says which of the two went wrong (TRITON_INTERPRET=0
+without a GPU; triton imported earlier without the variable).
 
 What the interpreter (triton 3.9) gets wrong, checked here, and what we do about it
 (EMULATE=True, a constexpr that is False on a GPU so that the GPU keeps native casts):
@@ -89,6 +96,7 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from triton.language import standard as _tl_standard  # noqa: E402
 
 LOG2E = 1.4426950408889634
 BLOCKS = (16, 32, 64, 128)
@@ -267,12 +275,24 @@ def _fa2_fwd(
     tl.store(NRESC + z * Nq + offs_m, n_resc, mask=row_ok)
 
 
-INTERPRET = type(_fa2_fwd).__name__ == "InterpretedFunction"
+def _interpreted(fn) -> bool:
+    return type(fn).__name__ == "InterpretedFunction"
+
+
+INTERPRET = _interpreted(_fa2_fwd)
 if not INTERPRET and not torch.cuda.is_available():
     raise RuntimeError(
         "flashnum.kernels.triton_flash: no CUDA GPU and the Triton kernel was compiled for one "
         f"(TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r}). Set TRITON_INTERPRET=1 (or "
         "leave it unset) before this module is imported to run on Triton's CPU interpreter."
+    )
+if INTERPRET and not _interpreted(_tl_standard._sum_combine):
+    # triton.language decorates its own library (tl.sum, tl.max) when first imported
+    raise RuntimeError(
+        "flashnum.kernels.triton_flash: triton.language was imported before TRITON_INTERPRET=1 "
+        "was set, so tl.sum and tl.max are compiled for a GPU and fail in the interpreter. Set "
+        "TRITON_INTERPRET=1 in the environment, or import flashnum.kernels.triton_flash (or "
+        "call flashnum.attention(..., backend='triton')) before importing triton."
     )
 
 
@@ -360,8 +380,12 @@ def _check_inputs(q, k, v, block_m, block_n):
 
 
 def _block_max(q3, k3, qk_scale, block_m, block_n, n_qb, n_kb, causal, precision):
-    """(Z, n_qb, n_kb) largest logit of each tile, as the engine computes it (fp32)."""
-    a, b = q3.float(), k3.float()
+    """(Z, n_qb, n_kb) largest logit over each tile's real rows and keys.
+
+    Formed as the engine forms its logits (torch fp32 matmul on the CPU, fp32 scale),
+    so that the two backends order the tiles alike; padded query rows do not count.
+    """
+    a, b = q3.float().cpu(), k3.float().cpu()
     if precision == "tf32":
         tf32 = get_format("tf32")
         a, b = tf32.round(a.double()).float(), tf32.round(b.double()).float()
@@ -373,6 +397,59 @@ def _block_max(q3, k3, qk_scale, block_m, block_n, n_qb, n_kb, causal, precision
                                 value=-math.inf)
     s = s.reshape(-1, n_qb, block_m, n_kb, block_n)
     return s.amax(dim=(2, 4))
+
+
+def fa2_forward(
+    q3, k3, v3, order_t, *, qk_scale: float, block_m: int, block_n: int, causal: bool,
+    base2: bool, l_from_cast: bool, qk_precision: str, pv_precision: str, p_format: str,
+    out_format: str, trace: bool = False, fp_fusion: bool = False,
+    num_warps: int | None = None, num_stages: int | None = None,
+) -> dict:
+    """Launch the kernel on prepared tensors; no checks, no rounding (attention_triton's job).
+
+    q3 (Z, Nq, d), k3 (Z, Nk, d), v3 (Z, Nk, dv) in the kernel's storage dtype (bf16 as
+    fp32 on the interpreter), on the kernel's device; order_t int32 (Z or 1, n_qb, n_kb).
+    Returns o (Z, Nq, dv) in the output format's storage dtype, m, l (Z, Nq) fp32,
+    n_rescales (Z, Nq) int32, trace_m, trace_l (Z, n_kb, Nq) fp32 or None.
+    """
+    q3, k3, v3 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q3, k3, v3))
+    Z, nq, d = q3.shape
+    nk, dv = v3.shape[1], v3.shape[2]
+    n_qb, n_kb = n_blocks(nq, block_m), n_blocks(nk, block_n)
+    device = q3.device
+    out_dtype = torch.float32 if (INTERPRET and out_format == "bf16") else _TORCH[out_format]
+    o = torch.empty(Z, nq, dv, dtype=out_dtype, device=device)
+    m = torch.empty(Z, nq, dtype=torch.float32, device=device)
+    l = torch.empty_like(m)
+    n_resc = torch.empty(Z, nq, dtype=torch.int32, device=device)
+    if trace:
+        tm = torch.empty(Z, n_kb, nq, dtype=torch.float32, device=device)
+        tl_ = torch.empty_like(tm)
+    else:
+        tm = tl_ = m  # never written (TRACE=False)
+    head_dim, head_dim_v = triton.next_power_of_2(d), triton.next_power_of_2(dv)
+    launch = {}
+    if not INTERPRET:
+        launch = dict(
+            num_warps=num_warps or (4 if max(head_dim, head_dim_v) <= 64 else 8),
+            num_stages=num_stages or 2,
+            enable_fp_fusion=bool(fp_fusion),
+        )
+    _fa2_fwd[(n_qb, Z)](
+        q3, k3, v3, o, order_t, m, l, n_resc, tm, tl_,
+        qk_scale, nq, nk, n_kb,
+        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
+        o.stride(0), o.stride(1), order_t.stride(0) if order_t.shape[0] > 1 else 0,
+        D=d, DV=dv, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
+        BLOCK_M=block_m, BLOCK_N=block_n,
+        CAUSAL=bool(causal), USE_EXP2=bool(base2), L_FROM_CAST=bool(l_from_cast),
+        QK_PRECISION=qk_precision, PV_PRECISION=pv_precision,
+        P_FORMAT=p_format, OUT_FORMAT=out_format,
+        EMULATE=INTERPRET, TRACE=bool(trace),
+        **launch,
+    )
+    return dict(o=o, m=m, l=l, n_rescales=n_resc, trace_m=tm if trace else None,
+                trace_l=tl_ if trace else None)
 
 
 def attention_triton(
@@ -453,39 +530,14 @@ def attention_triton(
         perm = key_block_order(order, n_qb, n_kb, seed)[None]  # (1, n_qb, n_kb)
     order_t = perm.to(torch.int32).to(device).contiguous()
 
-    out_dtype = torch.float32 if (INTERPRET and pol.out == "bf16") else _TORCH[pol.out]
-    o = torch.empty(Z, nq, dv, dtype=out_dtype, device=device)
-    m = torch.empty(Z, nq, dtype=torch.float32, device=device)
-    l = torch.empty_like(m)
-    n_resc = torch.empty(Z, nq, dtype=torch.int32, device=device)
-    if trace:
-        tm = torch.empty(Z, n_kb, nq, dtype=torch.float32, device=device)
-        tl_ = torch.empty_like(tm)
-    else:
-        tm = tl_ = m  # never written (TRACE=False)
-
-    head_dim, head_dim_v = triton.next_power_of_2(d), triton.next_power_of_2(dv)
-    launch = {}
-    if not INTERPRET:
-        launch = dict(
-            num_warps=num_warps or (4 if max(head_dim, head_dim_v) <= 64 else 8),
-            num_stages=num_stages or 2,
-            enable_fp_fusion=bool(fp_fusion),
-        )
-    grid = (n_qb, Z)
-    _fa2_fwd[grid](
-        q3, k3, v3, o, order_t, m, l, n_resc, tm, tl_,
-        qk_scale, nq, nk, n_kb,
-        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
-        o.stride(0), o.stride(1), order_t.stride(0) if order_t.shape[0] > 1 else 0,
-        D=d, DV=dv, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
-        BLOCK_M=block_m, BLOCK_N=block_n,
-        CAUSAL=bool(causal), USE_EXP2=base2, L_FROM_CAST=pol.l_from == "p_cast",
-        QK_PRECISION=qk_prec, PV_PRECISION=pv_prec,
-        P_FORMAT=pol.p_cast, OUT_FORMAT=pol.out,
-        EMULATE=INTERPRET, TRACE=bool(trace),
-        **launch,
+    k_out = fa2_forward(
+        q3, k3, v3, order_t, qk_scale=qk_scale, block_m=block_m, block_n=block_n,
+        causal=causal, base2=base2, l_from_cast=pol.l_from == "p_cast", qk_precision=qk_prec,
+        pv_precision=pv_prec, p_format=pol.p_cast, out_format=pol.out, trace=trace,
+        fp_fusion=fp_fusion, num_warps=num_warps, num_stages=num_stages,
     )
+    o, m, l, n_resc = k_out["o"], k_out["m"], k_out["l"], k_out["n_rescales"]
+    tm, tl_ = k_out["trace_m"], k_out["trace_l"]
 
     home = q.device
 
@@ -562,6 +614,7 @@ def compare_with_engine(q, k, v, **kw) -> dict:
 
 
 __all__ = [
-    "attention_triton", "compare_with_engine", "ulp_distribution", "INTERPRET", "BLOCKS",
+    "attention_triton", "fa2_forward", "compare_with_engine", "ulp_distribution", "INTERPRET",
+    "BLOCKS",
     "HEAD_DIMS", "VARIANTS", "PRECISIONS",
 ]
