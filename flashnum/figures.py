@@ -1,0 +1,699 @@
+"""The paper's figures, tables and quoted numbers, from the stored results tables only.
+
+    python -m flashnum.figures [--experiments DIR] [--out paper/figures]
+    make -C paper figures
+
+Reads experiments/<name>/ through flashnum.store.load and never reruns a case.
+Writes into --out (default paper/figures/):
+
+    <figure>.pdf, <figure>.png   the plot (matplotlib, Agg)
+    <figure>.tex                 what the paper \\input's in the figure's place: the
+                                 \\includegraphics line, or a framed placeholder
+                                 \\notyetrun{<command>} when its table does not exist
+    tab_<name>.tex               a booktabs table (or the placeholder)
+    numbers.tex                  one \\newcommand per number the text quotes, an
+                                 \\ifhave<Experiment> switch per experiment, and one
+                                 \\Sel<Figure> macro per figure saying which rows it shows
+
+The text of the paper never hard-codes a measured number: it quotes these macros,
+and says nothing about an experiment whose switch is false. A number that cannot
+be computed (its table is missing) is the macro \\nyr ("not yet run").
+
+Deterministic: the same tables give byte-identical files (categories sorted, no
+timestamps: PDF CreationDate dropped, PNG Software dropped). A missing table is
+reported with the command that produces it; its figure's old plot files are
+removed, so the folder always shows what the tables say.
+
+What each figure shows (the selection is also written into its \\Sel macro):
+
+    error_vs_n          seqlen_growth: median max|out - exact| over seeds vs N, one
+                        line per precision (policy fa2, gaussian), bound dashed
+    error_vs_block_n    block_size: median error vs block_n, one line per policy
+    error_by_order      block_order: median error of each key-block order divided
+                        by forward order's, per distribution
+    heatmap             bf16_sweep: median error per distribution x policy
+    attribution         attribution: per site, the error with only that site
+                        rounded and with all but that site rounded
+    kernel_vs_emulator  kernel_vs_emulator: max ulp error of the Triton kernel and
+                        of the emulator on the same cases
+    precision_bits      precision_bits: median error vs significand bits p
+    tab_tightness       the sweeps: bound / measured error per precision and policy
+    tab_worst_case      worst_case: the worst distributions against gaussian
+    tab_repro_*         the reproductions: published numbers beside ours
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "paper" / "figures"
+
+_RUN = "python -m flashnum.run experiment={}"
+_REPRO = "python -m flashnum.reproduce {}"
+# every experiment the paper reads, and the command that writes its table
+EXPERIMENTS = {
+    "bf16_sweep": _RUN.format("bf16_sweep"),
+    "fp16_sweep": _RUN.format("fp16_sweep"),
+    "fp32_sweep": _RUN.format("fp32_sweep"),
+    "block_order": _RUN.format("block_order"),
+    "block_size": _RUN.format("block_size"),
+    "seqlen_growth": _RUN.format("seqlen_growth"),
+    "precision_bits": _RUN.format("precision_bits"),
+    "kernel_vs_emulator": _RUN.format("kernel_vs_emulator"),
+    "worst_case": _RUN.format("worst_case"),
+    "attribution": _RUN.format("attribution"),
+    "repro_fa3_table3": _REPRO.format("fa3_table3"),
+    "repro_is_flash_stable": _REPRO.format("is_flash_stable"),
+    "repro_qiu_yao": _REPRO.format("qiu_yao"),
+    "repro_fp8_pcast": _REPRO.format("fp8_pcast"),
+}
+SWEEPS = ("bf16_sweep", "fp16_sweep", "fp32_sweep")
+PRECISIONS = ("bf16", "fp16", "fp32")  # the precisions the text quotes numbers for
+ERR = "max_abs_err"
+
+# every number the text may quote: macro name -> what it is
+NUMBERS = {
+    "NMin": "smallest N in seqlen_growth",
+    "NMax": "largest N in seqlen_growth",
+    **{f"SlopeN{p}": f"exponent a of median error ~ N^a, {p} fa2 (seqlen_growth)"
+       for p in ("BfSixteen", "FpSixteen", "FpThirtyTwo")},
+    **{f"BoundOverErrN{p}": f"median bound / error over N, {p} fa2 (seqlen_growth)"
+       for p in ("BfSixteen", "FpSixteen", "FpThirtyTwo")},
+    "SlopeBlockN": "exponent a of median error ~ block_n^a, policy fa2 (block_size)",
+    "BlockNRatio": "median error at the smallest block_n / at the largest, fa2 (block_size)",
+    "BlockNMin": "smallest block_n (block_size)",
+    "BlockNMax": "largest block_n (block_size)",
+    "OrderWorst": "the order with the largest error ratio to forward (block_order)",
+    "OrderWorstRatio": "that largest ratio (block_order)",
+    "OrderWorstDist": "the distribution where it occurs (block_order)",
+    "OrderBest": "the order with the smallest error ratio to forward (block_order)",
+    "OrderBestRatio": "that smallest ratio (block_order)",
+    "OrderBestDist": "the distribution where it occurs (block_order)",
+    "SweepCases": "rows in bf16_sweep",
+    "HeatWorstDist": "distribution with the largest fa2 error (bf16_sweep)",
+    "HeatWorstRatio": "its fa2 error / gaussian's fa2 error (bf16_sweep)",
+    "HeatNaiveOverFa": "median over distributions of naive error / fa2 error (bf16_sweep)",
+    "HeatLowpOverFa": "median over distributions of lowp error / fa2 error (bf16_sweep)",
+    "BoundCases": "rows with a bound in the bf16/fp16/fp32 sweeps",
+    "BoundViolations": "of those, rows whose error exceeds the deterministic bound",
+    "TightnessMedian": "median bound / error, policy fa2, all sweeps",
+    "TightnessWorst": "smallest bound / error, policy fa2, all sweeps",
+    "AttrDominantSite": "site with the largest only-this-site error, gaussian (attribution)",
+    "AttrDominantShare": "its only-this-site error / total error (attribution)",
+    "AttrRssOverTotal": "root-sum-square of only-this-site errors / total, gaussian",
+    "AttrTiesDominantSite": "the dominant site on the ties distribution (attribution)",
+    "KernelCases": "cases run on both backends (kernel_vs_emulator)",
+    "KernelEqualFrac": "fraction of them with equal max ulp error (kernel_vs_emulator)",
+    "KernelMedianUlp": "median max ulp error of the kernel (kernel_vs_emulator)",
+    "EmulatorMedianUlp": "median max ulp error of the emulator (kernel_vs_emulator)",
+    "KernelMaxUlpDiff": "largest |kernel - emulator| max ulp error (kernel_vs_emulator)",
+    "SlopeBits": "slope of log2(median error) against significand bits p (precision_bits)",
+    "BitsMin": "smallest p (precision_bits)",
+    "BitsMax": "largest p (precision_bits)",
+    "WorstCaseDist": "the distribution with the largest error (worst_case)",
+    "WorstCaseErr": "its error (worst_case)",
+    "WorstCaseRatio": "its error / gaussian's under the same setting (worst_case)",
+}
+
+COLORS = {
+    "bf16": "C0", "fp16": "C1", "fp32": "C2", "tf32": "C3", "fp8_e4m3": "C4",
+    "fp8_e5m2": "C5", "fp64": "C7", "fa2": "C0", "naive": "C1", "lowp": "C3",
+    "exact": "C7", "uniform": "C4", "emulate": "C0", "triton": "C1",
+}
+
+
+# ---------------------------------------------------------------------------
+# TeX text: macro names, numbers, escapes
+
+_ONES = ["Zero", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine",
+         "Ten", "Eleven", "Twelve", "Thirteen", "Fourteen", "Fifteen", "Sixteen",
+         "Seventeen", "Eighteen", "Nineteen"]
+_TENS = ["", "", "Twenty", "Thirty", "Forty", "Fifty", "Sixty", "Seventy", "Eighty", "Ninety"]
+
+
+def _int_words(n: int) -> str:
+    if n < 20:
+        return _ONES[n]
+    if n < 100:
+        return _TENS[n // 10] + (_ONES[n % 10] if n % 10 else "")
+    return "".join(_ONES[int(c)] for c in str(n))
+
+
+def tex_name(name: str) -> str:
+    """A TeX control-sequence name (letters only) for a word: bf16_sweep -> BfSixteenSweep."""
+    import re
+
+    out = []
+    for tok in re.findall(r"[A-Za-z]+|[0-9]+", name):
+        out.append(_int_words(int(tok)) if tok.isdigit() else tok[0].upper() + tok[1:])
+    return "".join(out)
+
+
+def tex_escape(s: str) -> str:
+    """Text safe in TeX's text mode (backslash first, so later escapes survive)."""
+    s = s.replace("\\", "\x00")
+    for a, b in (("_", r"\_"), ("%", r"\%"), ("&", r"\&"), ("#", r"\#"), ("$", r"\$"),
+                 ("{", r"\{"), ("}", r"\}"), ("^", r"\^{}"), ("~", r"\~{}")):
+        s = s.replace(a, b)
+    return s.replace("\x00", r"\textbackslash{}")
+
+
+def tex_num(x, digits: int = 2) -> str:
+    """A number for running text or a table cell, `digits` significant digits."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return r"\nyr"
+    if isinstance(x, (bool, np.bool_)):
+        return "yes" if x else "no"
+    if isinstance(x, (int, np.integer)):
+        return f"{int(x):,}".replace(",", "{,}")
+    x = float(x)
+    if x == 0:
+        return "0"
+    e = math.floor(math.log10(abs(x)))
+    if -2 <= e < 4:
+        return f"{x:.{max(digits - 1 - e, 0)}f}"
+    m = f"{x:.{digits - 1}e}"
+    mant, exp = m.split("e")
+    return rf"\ensuremath{{{mant}\times 10^{{{int(exp)}}}}}"
+
+
+def tex_word(s: str) -> str:
+    return rf"\texttt{{{tex_escape(str(s))}}}"
+
+
+# ---------------------------------------------------------------------------
+# the context: tables in, files and numbers out
+
+
+@dataclass
+class Figures:
+    experiments: Path
+    out: Path
+    numbers: dict = field(default_factory=dict)  # macro -> TeX text
+    selections: dict = field(default_factory=dict)  # figure -> TeX text
+    made: list = field(default_factory=list)
+    placeholders: list = field(default_factory=list)  # (file stem, experiment)
+    _tables: dict = field(default_factory=dict)
+
+    def table(self, name: str) -> pd.DataFrame | None:
+        """The experiment's rows, or None (reported) when it has not been run."""
+        if name not in self._tables:
+            self._tables[name] = _load(self.experiments, name)
+        return self._tables[name]
+
+    def have(self, name: str) -> bool:
+        return self.table(name) is not None
+
+    def num(self, name: str, value, digits: int = 2) -> None:
+        if name not in NUMBERS:
+            raise ValueError(f"unknown number macro {name!r}; declare it in NUMBERS")
+        self.numbers[name] = value if isinstance(value, str) else tex_num(value, digits)
+
+    def select(self, stem: str, parts: list[str]) -> None:
+        self.selections[stem] = tex_escape("; ".join(parts))
+
+    def save(self, fig, stem: str) -> None:
+        """Write stem.pdf and stem.png without timestamps, and stem.tex including the PDF."""
+        import matplotlib.pyplot as plt
+
+        fig.savefig(self.out / f"{stem}.pdf", metadata={"CreationDate": None})
+        fig.savefig(self.out / f"{stem}.png", dpi=150, metadata={"Software": None})
+        plt.close(fig)
+        _write(self.out / f"{stem}.tex",
+               f"\\includegraphics[width=\\linewidth]{{figures/{stem}.pdf}}\n")
+        self.made.append(stem)
+
+    def placeholder(self, stem: str, experiment: str) -> None:
+        """The framed box the paper shows instead of a figure or table not yet computed."""
+        for ext in ("pdf", "png"):
+            (self.out / f"{stem}.{ext}").unlink(missing_ok=True)
+        cmd = tex_escape(EXPERIMENTS[experiment])
+        _write(self.out / f"{stem}.tex", f"\\notyetrun{{{cmd}}}\n")
+        self.placeholders.append((stem, experiment))
+
+    def write_table(self, stem: str, body: str) -> None:
+        _write(self.out / f"{stem}.tex", body)
+        self.made.append(stem)
+
+
+def _load(root: Path, name: str) -> pd.DataFrame | None:
+    try:
+        from . import store
+    except ImportError:  # pragma: no cover - the store is part of the package
+        store = None
+    try:
+        if store is not None:
+            df = store.load(name, root=root)
+        else:
+            df = pd.read_parquet(Path(root) / name / "results.parquet")
+    except FileNotFoundError:
+        return None
+    return df if len(df) else None
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text)
+
+
+def _prefer(df: pd.DataFrame, sel: list[str], **want) -> pd.DataFrame:
+    """Keep the rows with col == value, for each col the table has and the value occurs in."""
+    for col, val in want.items():
+        if col in df.columns and (df[col] == val).any():
+            df = df[df[col] == val]
+            sel.append(f"{col} {val}")
+    return df
+
+
+def _slope(x, y) -> float:
+    """Least-squares exponent a of y ~ x^a (positive values only); nan with < 2 points."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    ok = (x > 0) & (y > 0) & np.isfinite(y)
+    if ok.sum() < 2 or len(np.unique(x[ok])) < 2:
+        return math.nan
+    return float(np.polyfit(np.log(x[ok]), np.log(y[ok]), 1)[0])
+
+
+def _style():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({
+        "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "legend.fontsize": 7,
+        "xtick.labelsize": 7, "ytick.labelsize": 7, "pdf.fonttype": 42,
+        "axes.grid": True, "grid.alpha": 0.3, "savefig.bbox": "tight",
+        "svg.hashsalt": "flashnum",
+    })
+    return plt
+
+
+def _color(key: str) -> str:
+    return COLORS.get(key, "C9")
+
+
+# ---------------------------------------------------------------------------
+# figures
+
+
+def error_vs_n(F: Figures) -> None:
+    df = F.table("seqlen_growth")
+    if df is None:
+        return F.placeholder("error_vs_n", "seqlen_growth")
+    plt = _style()
+    sel = []
+    df = _prefer(df, sel, policy="fa2", distribution="gaussian", variant="fa2",
+                 order="forward", backend="emulate")
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    for prec in sorted(df.precision.unique()):
+        d = df[df.precision == prec]
+        g = d.groupby("seq_len_k")
+        n, med = np.array(sorted(g.groups)), g[ERR].median().sort_index()
+        c = _color(prec)
+        ax.plot(n, med.values, "o-", color=c, label=f"{prec} measured")
+        ax.fill_between(n, g[ERR].min().sort_index().values, g[ERR].max().sort_index().values,
+                        color=c, alpha=0.15, lw=0)
+        if "bound" in d and d["bound"].notna().any():
+            bnd = g["bound"].median().sort_index()
+            ax.plot(n, bnd.values, "--", color=c, label=f"{prec} bound")
+            if prec in PRECISIONS:
+                F.num(f"BoundOverErrN{tex_name(prec)}", float(np.median(bnd / med)))
+        if "bound_prob" in d and d["bound_prob"].notna().any():
+            ax.plot(n, g["bound_prob"].median().sort_index().values, ":", color=c,
+                    label=f"{prec} probabilistic bound")
+        if prec in PRECISIONS:
+            F.num(f"SlopeN{tex_name(prec)}", _slope(n, med.values))
+    F.num("NMin", int(df.seq_len_k.min()))
+    F.num("NMax", int(df.seq_len_k.max()))
+    ax.set(xscale="log", yscale="log", xlabel="sequence length N",
+           ylabel=r"max$|\hat o - o|$ (median over seeds)")
+    ax.legend(ncol=2, loc="best")
+    F.select("error_vs_n", sel + [f"median and range over {df.seed.nunique()} seeds"])
+    F.save(fig, "error_vs_n")
+
+
+def error_vs_block_n(F: Figures) -> None:
+    df = F.table("block_size")
+    if df is None:
+        return F.placeholder("error_vs_block_n", "block_size")
+    plt = _style()
+    sel = []
+    df = _prefer(df, sel, precision="bf16", distribution="gaussian", variant="fa2",
+                 order="forward", backend="emulate")
+    # one N: the largest, where the number of rescales differs most between block sizes
+    n = int(df.seq_len_k.max())
+    df = df[df.seq_len_k == n]
+    sel.append(f"N {n}")
+    fig, ax = plt.subplots(figsize=(5.5, 3.0))
+    for pol in sorted(df.policy.unique()):
+        g = df[df.policy == pol].groupby("block_n")[ERR]
+        b, med = np.array(sorted(g.groups)), g.median().sort_index().values
+        ax.plot(b, med, "o-", color=_color(pol), label=pol)
+        if pol == "fa2":
+            F.num("SlopeBlockN", _slope(b, med))
+            F.num("BlockNRatio", med[0] / med[-1] if med[-1] > 0 else math.nan)
+    F.num("BlockNMin", int(df.block_n.min()))
+    F.num("BlockNMax", int(df.block_n.max()))
+    ax.set(xscale="log", yscale="log", xlabel="keys per block (block_n)",
+           ylabel=r"max$|\hat o - o|$ (median)")
+    ax.set_xticks(sorted(df.block_n.unique()), [str(b) for b in sorted(df.block_n.unique())])
+    ax.minorticks_off()
+    ax.legend()
+    F.select("error_vs_block_n", sel + [f"median over {df.seed.nunique()} seeds"])
+    F.save(fig, "error_vs_block_n")
+
+
+def error_by_order(F: Figures) -> None:
+    df = F.table("block_order")
+    if df is None:
+        return F.placeholder("error_by_order", "block_order")
+    plt = _style()
+    sel = []
+    df = _prefer(df, sel, precision="bf16", policy="fa2", variant="fa2", backend="emulate")
+    med = df.groupby(["distribution", "order"])[ERR].median().unstack("order")
+    if "forward" not in med:
+        raise ValueError("block_order has no forward-order rows to compare against")
+    ratio = med.div(med["forward"], axis=0)
+    orders = ["forward"] + sorted(o for o in ratio.columns if o != "forward")
+    dists = sorted(ratio.index)
+    fig, ax = plt.subplots(figsize=(6.0, 3.0))
+    w = 0.8 / len(orders)
+    x = np.arange(len(dists))
+    for i, o in enumerate(orders):
+        ax.bar(x + (i - (len(orders) - 1) / 2) * w, ratio.loc[dists, o].values, w, label=o)
+    ax.set_xticks(x, dists, rotation=30, ha="right")
+    ax.set(yscale="log", ylabel="median error / forward order's")
+    ax.axhline(1.0, color="k", lw=0.6)
+    ax.legend(ncol=3)
+    others = ratio.drop(columns="forward").stack()
+    if len(others):
+        (wd, wo), (bd, bo) = others.idxmax(), others.idxmin()
+        F.num("OrderWorst", tex_word(wo))
+        F.num("OrderWorstRatio", float(others.max()))
+        F.num("OrderWorstDist", tex_word(wd))
+        F.num("OrderBest", tex_word(bo))
+        F.num("OrderBestRatio", float(others.min()))
+        F.num("OrderBestDist", tex_word(bd))
+    F.select("error_by_order", sel + [f"median over seeds and N ({df.seed.nunique()} seeds)"])
+    F.save(fig, "error_by_order")
+
+
+def heatmap(F: Figures) -> None:
+    df = F.table("bf16_sweep")
+    if df is None:
+        return F.placeholder("heatmap", "bf16_sweep")
+    plt = _style()
+    F.num("SweepCases", len(df))
+    sel = []
+    df = _prefer(df, sel, precision="bf16", variant="fa2", backend="emulate", order="forward",
+                 block_n=64)
+    med = df.groupby(["distribution", "policy"])[ERR].median().unstack("policy")
+    med = med.sort_index()[sorted(med.columns)]
+    fig, ax = plt.subplots(figsize=(4.8, 0.28 * len(med) + 1.2))
+    with np.errstate(divide="ignore"):
+        z = np.log10(med.values.astype(float))
+    im = ax.imshow(z, aspect="auto", cmap="viridis")
+    ax.set_xticks(range(med.shape[1]), med.columns)
+    ax.set_yticks(range(med.shape[0]), med.index)
+    ax.grid(False)
+    for (i, j), v in np.ndenumerate(med.values):
+        if np.isfinite(v):
+            ax.text(j, i, f"{v:.1e}", ha="center", va="center", fontsize=6,
+                    color="w" if z[i, j] < np.nanmean(z) else "k")
+    fig.colorbar(im, ax=ax, label=r"$\log_{10}$ median max$|\hat o - o|$")
+    if "fa2" in med:
+        fa = med["fa2"]
+        F.num("HeatWorstDist", tex_word(fa.idxmax()))
+        if "gaussian" in fa.index:
+            F.num("HeatWorstRatio", float(fa.max() / fa["gaussian"]))
+        for pol, name in (("naive", "HeatNaiveOverFa"), ("lowp", "HeatLowpOverFa")):
+            if pol in med:
+                F.num(name, float((med[pol] / fa).median()))
+    F.select("heatmap", sel + ["median over N and seeds"])
+    F.save(fig, "heatmap")
+
+
+def attribution(F: Figures) -> None:
+    df = F.table("attribution")
+    if df is None:
+        return F.placeholder("attribution", "attribution")
+    from .policy import SITES
+
+    plt = _style()
+    sel = []
+    df = _prefer(df, sel, precision="bf16", policy="fa2")
+    dists = sorted(df.distribution.unique()) if "distribution" in df else ["all"]
+    first = [d for d in ("gaussian", "ties") if d in dists]
+    dists = (first + [d for d in dists if d not in first])[:4]
+    fig, axes = plt.subplots(1, len(dists), figsize=(6.3, 2.8), sharey=True, squeeze=False)
+    for ax, dist in zip(axes[0], dists, strict=True):
+        d = df[df.distribution == dist] if "distribution" in df else df
+        d = d.groupby("site")[["err_only", "err_without", "total"]].median()
+        sites = [s for s in SITES if s in d.index]
+        y = np.arange(len(sites))
+        only = d.loc[sites, "err_only"].where(lambda s: s > 0)
+        without = d.loc[sites, "err_without"].where(lambda s: s > 0)
+        ax.barh(y - 0.2, only.values, 0.4, label="only this site rounded", color="C0")
+        ax.barh(y + 0.2, without.values, 0.4, label="all but this site", color="C1")
+        total = float(d["total"].median())
+        ax.axvline(total, color="k", lw=0.8, label="all sites rounded")
+        ax.set_yticks(y, sites)
+        ax.invert_yaxis()
+        ax.set(xscale="log", title=dist, xlabel=r"max$|\hat o - o|$")
+        if only.notna().any():
+            top = only.idxmax()
+            if dist == "gaussian":
+                F.num("AttrDominantSite", tex_word(top))
+                F.num("AttrDominantShare", float(only.max() / total) if total > 0 else math.nan)
+                F.num("AttrRssOverTotal", float(np.sqrt((only.fillna(0) ** 2).sum()) / total)
+                      if total > 0 else math.nan)
+            if dist == "ties":
+                F.num("AttrTiesDominantSite", tex_word(top))
+    axes[0][0].legend(loc="lower left", fontsize=6)
+    F.select("attribution", sel + ["median over cases"])
+    F.save(fig, "attribution")
+
+
+def kernel_vs_emulator(F: Figures) -> None:
+    df = F.table("kernel_vs_emulator")
+    if df is None:
+        return F.placeholder("kernel_vs_emulator", "kernel_vs_emulator")
+    from .grid import CASE_FIELDS
+
+    plt = _style()
+    keys = [c for c in CASE_FIELDS if c in df.columns and c not in ("backend", "mp_bits")]
+    wide = df.pivot_table(index=keys, columns="backend", values=["max_ulp_err", ERR],
+                          aggfunc="first")
+    if not {"triton", "emulate"} <= set(df.backend):
+        raise ValueError("kernel_vs_emulator needs rows of both backends, triton and emulate")
+    wide = wide.dropna()
+    ku, eu = wide["max_ulp_err"]["triton"], wide["max_ulp_err"]["emulate"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(6.3, 2.8))
+    top = max(float(ku.max()), float(eu.max()), 1.0)
+    bins = np.arange(0, math.ceil(top) + 2) - 0.5 if top <= 40 else 40
+    a1.hist([eu.values, ku.values], bins=bins, label=["emulator", "Triton kernel"],
+            color=[_color("emulate"), _color("triton")])
+    a1.set(xlabel="max error in ulps of the output format", ylabel="cases")
+    a1.legend()
+    ke, ee = wide[ERR]["triton"], wide[ERR]["emulate"]
+    a2.loglog(ee.values, ke.values, ".", ms=3)
+    lo, hi = float(min(ee.min(), ke.min())), float(max(ee.max(), ke.max()))
+    a2.plot([lo, hi], [lo, hi], "k-", lw=0.6)
+    a2.set(xlabel=r"emulator max$|\hat o - o|$", ylabel=r"kernel max$|\hat o - o|$")
+    F.num("KernelCases", len(wide))
+    F.num("KernelEqualFrac", float((ku == eu).mean()))
+    F.num("KernelMedianUlp", float(ku.median()))
+    F.num("EmulatorMedianUlp", float(eu.median()))
+    F.num("KernelMaxUlpDiff", float((ku - eu).abs().max()))
+    F.select("kernel_vs_emulator", [f"{len(wide)} cases run on both backends"])
+    F.save(fig, "kernel_vs_emulator")
+
+
+def precision_bits(F: Figures) -> None:
+    df = F.table("precision_bits")
+    if df is None:
+        return F.placeholder("precision_bits", "precision_bits")
+    from .formats import get_format
+
+    plt = _style()
+    sel = []
+    df = _prefer(df, sel, policy="fa2", distribution="gaussian", variant="fa2")
+    mp = df["mp_bits"] if "mp_bits" in df else pd.Series(256, index=df.index)
+    df = df.assign(p=[get_format(pr, int(b)).p for pr, b in zip(df.precision, mp, strict=True)])
+    fig, ax = plt.subplots(figsize=(5.0, 3.0))
+    for n in sorted(df.seq_len_k.unique()):
+        g = df[df.seq_len_k == n].groupby("p")[ERR].median().sort_index()
+        ax.semilogy(g.index, g.values, "o-", label=f"N = {n}")
+    g = df.groupby("p")[ERR].median().sort_index()
+    p = g.index.values.astype(float)
+    ax.semilogy(p, 2.0 ** -p, "k--", lw=0.8, label=r"$u = 2^{-p}$")
+    ok = g.values > 0
+    if ok.sum() >= 2:
+        F.num("SlopeBits", float(np.polyfit(p[ok], np.log2(g.values[ok]), 1)[0]))
+    F.num("BitsMin", int(p.min()))
+    F.num("BitsMax", int(p.max()))
+    ax.set(xlabel="significand bits p", ylabel=r"max$|\hat o - o|$ (median)")
+    ax.legend()
+    F.select("precision_bits", sel + ["median over seeds"])
+    F.save(fig, "precision_bits")
+
+
+# ---------------------------------------------------------------------------
+# tables
+
+
+def _tabular(cols: list[str], rows: list[list[str]], align: str | None = None) -> str:
+    align = align or "l" * len(cols)
+    lines = [f"\\begin{{tabular}}{{{align}}}", r"\toprule", " & ".join(cols) + r" \\",
+             r"\midrule"]
+    lines += [" & ".join(r) + r" \\" for r in rows]
+    lines += [r"\bottomrule", r"\end{tabular}", ""]
+    return "\n".join(lines)
+
+
+def tab_tightness(F: Figures) -> None:
+    frames = [F.table(s) for s in SWEEPS]
+    frames = [f for f in frames if f is not None and "bound" in f]
+    if not frames:
+        return F.placeholder("tab_tightness", "bf16_sweep")
+    df = pd.concat(frames, ignore_index=True)
+    df = df[df["bound"].notna() & (df[ERR] > 0)]
+    df = df.assign(t=df["bound"] / df[ERR])
+    rows = []
+    for (prec, pol), d in df.groupby(["precision", "policy"], sort=True):
+        rows.append([tex_word(prec), tex_word(pol), tex_num(len(d)), tex_num(d.t.median()),
+                     tex_num(d.t.min()), tex_num(int((d.t < 1).sum()))])
+    F.num("BoundCases", len(df))
+    F.num("BoundViolations", int((df.t < 1).sum()))
+    fa = df[df.policy == "fa2"]
+    if len(fa):
+        F.num("TightnessMedian", float(fa.t.median()))
+        F.num("TightnessWorst", float(fa.t.min()))
+    cols = ["precision", "policy", "cases", "median bound/error", "min bound/error",
+            "violations"]
+    F.write_table("tab_tightness", _tabular(cols, rows, "llrrrr"))
+
+
+def tab_worst_case(F: Figures) -> None:
+    df = F.table("worst_case")
+    if df is None:
+        return F.placeholder("tab_worst_case", "worst_case")
+    keys = [c for c in ("precision", "policy", "seq_len_k") if c in df]
+    worst = df.loc[df.groupby("distribution")[ERR].idxmax()].sort_values(ERR, ascending=False)
+    base = df[df.distribution == "gaussian"].groupby(keys)[ERR].max() if keys else None
+    rows = []
+    for _, r in worst.head(10).iterrows():
+        ratio = math.nan
+        if base is not None:
+            k = tuple(r[c] for c in keys)
+            k = k[0] if len(k) == 1 else k
+            if k in base.index and base[k] > 0:
+                ratio = r[ERR] / base[k]
+        rows.append([tex_word(r.distribution)] + [tex_word(r[c]) for c in keys]
+                    + [tex_num(r[ERR]), tex_num(ratio)])
+    top = worst.iloc[0]
+    F.num("WorstCaseDist", tex_word(top.distribution))
+    F.num("WorstCaseErr", float(top[ERR]))
+    if rows and rows[0][-1] != r"\nyr":
+        F.num("WorstCaseRatio", rows[0][-1])
+    cols = ["distribution"] + [tex_escape(c) for c in keys] + [r"max$|\hat o - o|$",
+                                                               "/ gaussian"]
+    F.write_table("tab_worst_case", _tabular(cols, rows, "l" * (1 + len(keys)) + "rr"))
+
+
+# columns a reproduction table never shows (bookkeeping, not results)
+_HIDDEN = {"experiment", "case_id", "wall_s", "dist_params", "policy_sites", "m_ok", "l_ok",
+           "reference_method", "batch", "mp_bits", "tau", "beta", "rounding"}
+
+
+def tab_repro(F: Figures, name: str) -> None:
+    """A reproduction's table as stored: published beside ours, one row per quantity."""
+    stem = f"tab_{name}"
+    df = F.table(name)
+    if df is None:
+        return F.placeholder(stem, name)
+    cols = [c for c in df.columns if c not in _HIDDEN and df[c].notna().any()]
+    # constant columns describe the protocol, not the rows: keep them out of the table
+    varying = [c for c in cols if df[c].astype(str).nunique() > 1 or c in ("published", "ours")]
+    cols = varying or cols
+    rows = []
+    for _, r in df[cols].iterrows():
+        cells = []
+        for c in cols:
+            v = r[c]
+            if isinstance(v, str):
+                cells.append(tex_escape(v))
+            elif isinstance(v, (float, np.floating)) and not np.isfinite(v):
+                cells.append("--")
+            else:
+                cells.append(tex_num(v))
+        rows.append(cells)
+    align = "".join("l" if df[c].dtype == object else "r" for c in cols)
+    F.write_table(stem, _tabular([tex_escape(c) for c in cols], rows, align))
+
+
+REPROS = ("repro_fa3_table3", "repro_is_flash_stable", "repro_qiu_yao", "repro_fp8_pcast")
+FIGURES = (error_vs_n, error_vs_block_n, error_by_order, heatmap, attribution,
+           kernel_vs_emulator, precision_bits, tab_tightness, tab_worst_case)
+
+
+def write_numbers(F: Figures) -> None:
+    lines = [
+        "% generated by python -m flashnum.figures from experiments/*: do not edit",
+        r"\providecommand{\nyr}{\textsf{[not yet run]}}",
+    ]
+    for name in EXPERIMENTS:
+        sw = f"have{tex_name(name)}"
+        lines.append(f"\\newif\\if{sw} \\{sw}{'true' if F.have(name) else 'false'}")
+    for name, what in NUMBERS.items():
+        lines.append(f"\\newcommand{{\\{name}}}{{{F.numbers.get(name, chr(92) + 'nyr')}}}"
+                     f" % {what}")
+    stems = [f.__name__ for f in FIGURES]
+    for stem in stems:
+        lines.append(f"\\newcommand{{\\Sel{tex_name(stem)}}}{{{F.selections.get(stem, '')}}}")
+    _write(F.out / "numbers.tex", "\n".join(lines) + "\n")
+
+
+def generate(experiments=None, out=None) -> Figures:
+    """Every figure, table and number from the tables under `experiments`, into `out`."""
+    experiments = Path(experiments) if experiments else REPO / "experiments"
+    out = Path(out) if out else OUT
+    out.mkdir(parents=True, exist_ok=True)
+    F = Figures(experiments, out)
+    for fn in FIGURES:
+        fn(F)
+    for name in REPROS:
+        tab_repro(F, name)
+    write_numbers(F)
+    return F
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m flashnum.figures",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--experiments", default=None,
+                    help="the folder of experiment tables (default: the repository's experiments/)")
+    ap.add_argument("--out", default=None, help="where to write (default: paper/figures/)")
+    args = ap.parse_args(argv)
+    F = generate(args.experiments, args.out)
+    print(f"wrote {len(F.made)} figures/tables and numbers.tex to {F.out}")
+    for stem in F.made:
+        print(f"  made         {stem}")
+    for stem, exp in F.placeholders:
+        print(f"  placeholder  {stem}: no table {exp}; run: {EXPERIMENTS[exp]}")
+    missing = sorted({exp for _, exp in F.placeholders})
+    if missing:
+        print(f"{len(missing)} experiment(s) not yet run: {', '.join(missing)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

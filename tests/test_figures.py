@@ -1,0 +1,260 @@
+"""The paper's figures come from the stored tables, reproducibly, and never invent numbers.
+
+Specification checked here, on a synthetic results tree written to a temporary folder
+(the numbers in it are made up; nothing here is a measurement):
+
+- every expected file is written: a PDF, a PNG and an \\input snippet per figure, a
+  table per reproduction, numbers.tex with every declared macro;
+- the same tables give byte-identical files (no timestamps in PDF or PNG);
+- the quoted numbers are computed from the table (a slope planted in the data is found);
+- a missing experiment gives a placeholder naming the command that produces it, a
+  printed message naming it, and \\nyr for its numbers, never a number;
+- every macro paper.tex uses is defined by numbers.tex, so the paper builds from any
+  subset of experiments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from flashnum import figures
+from flashnum.figures import EXPERIMENTS, NUMBERS, REPROS, generate, main
+
+PAPER = Path(__file__).resolve().parents[1] / "paper" / "paper.tex"
+U = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
+SLOPE_BF16 = 0.5  # the synthetic bf16 error grows exactly like sqrt(N)
+
+
+def _row(exp, i, **kw):
+    base = dict(
+        experiment=exp, case_id=f"{exp}-{i:05d}", backend="emulate", precision="bf16",
+        policy="fa2", variant="fa2", distribution="gaussian", dist_params="{}",
+        seq_len_q=256, seq_len_k=256, head_dim=64, block_m=64, block_n=64, order="forward",
+        causal=False, seed=0, max_abs_err=1e-3, rmse=1e-4, max_rel_err=1e-2, max_ulp_err=1.0,
+        mean_signed_err=0.0, bound=1e-1, bound_prob=1e-2, dominant_site="p_cast",
+        reference_method="certified", m_ok=True, l_ok=True, wall_s=0.01,
+    )
+    base.update(kw)
+    return base
+
+
+def _err(prec, n, seed, rng, block_n=64, factor=1.0):
+    # error ~ u sqrt(N) with a small seeded wobble: a planted law for the fits to find
+    return factor * U[prec] * np.sqrt(n) * (64 / block_n) ** 0.25 * (1 + 0.01 * seed)
+
+
+def _save(root: Path, name: str, rows: list[dict]) -> None:
+    d = root / name
+    d.mkdir(parents=True)
+    pd.DataFrame(rows).to_parquet(d / "results.parquet", index=False)
+
+
+def synthetic_tree(root: Path, skip=()) -> Path:
+    rng = np.random.default_rng(0)
+    dists = ["gaussian", "late_max", "ties", "sink"]
+    t = {}
+    t["seqlen_growth"] = [
+        _row("seqlen_growth", i, precision=p, seq_len_q=n, seq_len_k=n, seed=s,
+             max_abs_err=_err(p, n, s, rng), bound=40 * U[p] * n, bound_prob=4 * U[p] * n**0.5)
+        for i, (p, n, s) in enumerate(
+            (p, n, s) for p in U for n in (256, 512, 1024, 2048) for s in range(3))
+    ]
+    t["block_size"] = [
+        _row("block_size", i, policy=pol, block_n=b, seq_len_k=1024, seed=s,
+             max_abs_err=_err("bf16", 1024, s, rng, block_n=b, factor=f))
+        for i, (pol, f, b, s) in enumerate(
+            (pol, f, b, s) for pol, f in (("fa2", 1.0), ("lowp", 8.0))
+            for b in (16, 32, 64, 128) for s in range(2))
+    ]
+    orders = ["forward", "reverse", "random", "max_ascending", "max_descending"]
+    t["block_order"] = [
+        _row("block_order", i, order=o, distribution=d, seed=s,
+             max_abs_err=1e-3 * (1 + orders.index(o)) * (2.0 if d == "late_max" else 1.0))
+        for i, (o, d, s) in enumerate((o, d, s) for o in orders for d in dists for s in range(2))
+    ]
+    for prec in ("bf16", "fp16", "fp32"):
+        name = f"{prec}_sweep"
+        t[name] = [
+            _row(name, i, precision=prec, policy=pol, distribution=d, seed=s,
+                 max_abs_err=U[prec] * f * (3.0 if d == "sink" else 1.0) * (1 + s),
+                 bound=U[prec] * 100)
+            for i, (pol, f, d, s) in enumerate(
+                (pol, f, d, s) for pol, f in (("fa2", 1.0), ("naive", 2.0), ("lowp", 16.0))
+                for d in dists for s in range(2))
+        ]
+    t["precision_bits"] = [
+        _row("precision_bits", i, precision=f"p{p}", seq_len_k=n, max_abs_err=2.0**-p * 10)
+        for i, (p, n) in enumerate((p, n) for p in (6, 8, 11, 16, 24) for n in (256, 1024))
+    ]
+    t["kernel_vs_emulator"] = [
+        _row("kernel_vs_emulator", i, backend=b, seed=s, distribution=d,
+             max_ulp_err=float(1 + (s % 3) + (b == "triton" and s == 1)),
+             max_abs_err=1e-3 * (1 + s))
+        for i, (b, s, d) in enumerate(
+            (b, s, d) for b in ("emulate", "triton") for s in range(4) for d in dists)
+    ]
+    t["worst_case"] = [
+        _row("worst_case", i, distribution=d, max_abs_err=1e-3 * (1 + j))
+        for i, (j, d) in enumerate(enumerate(dists + ["structured"]))
+    ]
+    sites = ["inputs", "qk_acc", "s", "p", "p_cast", "pv_acc", "l", "o", "div", "out"]
+    t["attribution"] = [
+        dict(experiment="attribution", case_id=f"a{i}", precision="bf16", policy="fa2",
+             distribution=d, site=site, err_only=1e-4 * (1 + j) if site != "s" else 0.0,
+             err_without=1e-3 - 1e-5 * j, total=1.2e-3)
+        for i, (d, j, site) in enumerate(
+            (d, j, site) for d in ("gaussian", "ties") for j, site in enumerate(sites))
+    ]
+    t["repro_fa3_table3"] = [
+        dict(experiment="repro_fa3_table3", case_id="r0", row="FP16 standard",
+             published=3.2e-4, ours=2.5e-4),
+        dict(experiment="repro_fa3_table3", case_id="r1", row="FP16 FlashAttention-2",
+             published=1.9e-4, ours=1.5e-4),
+    ]
+    for name in ("repro_is_flash_stable", "repro_qiu_yao", "repro_fp8_pcast"):
+        t[name] = [dict(experiment=name, case_id="r0", row="synthetic_row", published=1.0,
+                        ours=2.0)]
+    assert set(t) == set(EXPERIMENTS)
+    for name, rows in t.items():
+        if name not in skip:
+            _save(root, name, rows)
+    return root
+
+
+def _value(tex: str) -> float:
+    """The number a tex_num macro prints: 0.48, 2{,}048 or 3.2\\times 10^{-4}."""
+    m = re.fullmatch(r"\\ensuremath\{(.*)\\times 10\^\{(-?\d+)\}\}", tex)
+    if m:
+        return float(m[1]) * 10.0 ** int(m[2])
+    return float(tex.replace("{,}", ""))
+
+
+def _close(tex: str, x: float) -> bool:
+    """tex shows x to its 2 significant digits: off by at most half a unit of the last."""
+    return abs(_value(tex) - x) <= 0.5 * 10.0 ** (math.floor(math.log10(abs(x))) - 1)
+
+
+def _digest(folder: Path) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def _macros(numbers_tex: str) -> dict:
+    return dict(re.findall(r"\\newcommand\{\\(\w+)\}\{(.*)\}(?: %.*)?$", numbers_tex, re.M))
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    root = synthetic_tree(tmp_path_factory.mktemp("experiments"))
+    out = tmp_path_factory.mktemp("figures")
+    return root, out, generate(root, out)
+
+
+def test_every_figure_and_table_is_written(full):
+    root, out, F = full
+    assert F.placeholders == []
+    for fn in figures.FIGURES:
+        stem = fn.__name__
+        assert (out / f"{stem}.tex").exists(), stem
+        if not stem.startswith("tab_"):
+            assert (out / f"{stem}.pdf").read_bytes()[:5] == b"%PDF-"
+            assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            assert f"figures/{stem}.pdf" in (out / f"{stem}.tex").read_text()
+        else:
+            assert r"\toprule" in (out / f"{stem}.tex").read_text()
+    for name in REPROS:
+        text = (out / f"tab_{name}.tex").read_text()
+        assert r"\begin{tabular}" in text and "published" in text and "ours" in text
+
+
+def test_every_declared_number_is_computed_from_complete_tables(full):
+    _, out, _ = full
+    macros = _macros((out / "numbers.tex").read_text())
+    assert set(NUMBERS) <= set(macros)
+    assert [m for m in NUMBERS if macros[m] == r"\nyr"] == []
+
+
+def test_quoted_numbers_come_from_the_data(full):
+    _, out, _ = full
+    m = _macros((out / "numbers.tex").read_text())
+    # planted: error ~ u sqrt(N) (times 1 + 0.01 seed, which the median keeps per N)
+    assert _close(m["SlopeNBfSixteen"], SLOPE_BF16)
+    assert m["NMin"] == "256" and m["NMax"] == "2{,}048"
+    # planted: error ~ block_n^-1/4, so 16 -> 128 gives 8^(1/4) = 1.68
+    assert _close(m["SlopeBlockN"], -0.25)
+    assert _close(m["BlockNRatio"], 8**0.25)
+    # planted: the i-th order of the list gives (1 + i) x forward's error
+    assert m["OrderWorst"] == r"\texttt{max\_descending}"
+    assert _close(m["OrderWorstRatio"], 5.0)
+    assert m["OrderBest"] == r"\texttt{reverse}"
+    assert _close(m["OrderBestRatio"], 2.0)
+    assert _close(m["SlopeBits"], -1.0)  # error = 10 * 2^-p
+    assert m["HeatWorstDist"] == r"\texttt{sink}"
+    assert _close(m["HeatWorstRatio"], 3.0)
+    assert _close(m["HeatLowpOverFa"], 16.0)
+    assert m["AttrDominantSite"] == r"\texttt{out}"  # the last site has the largest err_only
+    assert m["KernelCases"] == "16"
+    assert _close(m["KernelEqualFrac"], 0.75)  # seed 1 differs by one ulp
+    assert m["BoundViolations"] == "0"
+    assert m["WorstCaseDist"] == r"\texttt{structured}"
+    assert _close(m["WorstCaseRatio"], 5.0)
+
+
+def test_same_tables_give_identical_files(full, tmp_path):
+    root, out, _ = full
+    again = tmp_path / "again"
+    generate(root, again)
+    assert _digest(again) == _digest(out)
+
+
+def test_missing_experiment_gives_placeholder_and_names_the_command(tmp_path, capsys):
+    # only block_size and one reproduction exist (few plots: this test stays fast)
+    keep = ("block_size", "repro_fa3_table3")
+    root = synthetic_tree(tmp_path / "experiments", skip=set(EXPERIMENTS) - set(keep))
+    out = tmp_path / "figures"
+    # a stale plot from an earlier run must not survive: the folder shows what the tables say
+    out.mkdir()
+    (out / "error_vs_n.pdf").write_bytes(b"%PDF-stale")
+    assert main(["--experiments", str(root), "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "python -m flashnum.run experiment=seqlen_growth" in said
+    assert EXPERIMENTS["repro_qiu_yao"] in said
+    assert not (out / "error_vs_n.pdf").exists() and not (out / "error_vs_n.png").exists()
+    box = (out / "error_vs_n.tex").read_text()
+    assert box.startswith(r"\notyetrun{") and r"experiment=seqlen\_growth" in box
+    assert (out / "tab_repro_qiu_yao.tex").read_text().startswith(r"\notyetrun{")
+    text = (out / "numbers.tex").read_text()
+    m = _macros(text)
+    for name in ("SlopeNBfSixteen", "NMax", "BoundOverErrNFpSixteen"):
+        assert m[name] == r"\nyr"
+    assert r"\haveSeqlenGrowthfalse" in text and r"\haveBlockSizetrue" in text
+    assert (out / "error_vs_block_n.pdf").exists()
+    assert (out / "tab_repro_fa3_table3.tex").read_text().startswith(r"\begin{tabular}")
+
+
+def test_no_experiments_at_all_still_gives_every_snippet(tmp_path, capsys):
+    out = tmp_path / "figures"
+    F = generate(tmp_path / "nothing", out)
+    assert F.made == []
+    assert {e for _, e in F.placeholders} >= set(EXPERIMENTS) - {"fp16_sweep", "fp32_sweep"}
+    assert all(_macros((out / "numbers.tex").read_text())[n] == r"\nyr" for n in NUMBERS)
+    assert not list(out.glob("*.pdf"))
+
+
+def test_paper_uses_only_defined_macros():
+    """Every generated macro paper.tex uses is declared, so any subset of tables builds."""
+    if not PAPER.exists():
+        pytest.skip("paper/paper.tex not written")
+    tex = PAPER.read_text()
+    declared = set(NUMBERS) | {f"Sel{figures.tex_name(f.__name__)}" for f in figures.FIGURES}
+    switches = {f"ifhave{figures.tex_name(e)}" for e in EXPERIMENTS}
+    used = set(re.findall(r"\\((?:Sel|ifhave)[A-Za-z]+)", tex))
+    assert used - declared - switches == set()
+    for stem in [f.__name__ for f in figures.FIGURES] + [f"tab_{r}" for r in REPROS]:
+        assert f"figures/{stem}" in tex, f"paper.tex never inputs {stem}"
