@@ -132,6 +132,8 @@ def _check(q, k, v, causal, scale, method, bits):
         raise ValueError(f"q has d={q.shape[-1]} but k has d={k.shape[-1]}; they must agree")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k has Nk={k.shape[-2]} but v has Nk={v.shape[-2]}; they must agree")
+    if q.shape[-1] == 0:
+        raise ValueError("q and k have d=0; valid: a head dim d >= 1")
     if scale is not None:
         try:
             scale = float(scale)
@@ -139,8 +141,6 @@ def _check(q, k, v, causal, scale, method, bits):
             raise ValueError(f"scale must be None or a finite real, got {scale!r}") from None
         if not math.isfinite(scale):
             raise ValueError(f"scale must be None or a finite real, got {scale!r}")
-    elif q.shape[-1] == 0:
-        raise ValueError("scale=None needs d >= 1 (1/sqrt(d)); got d=0")
     return q, k, v, scale, (qd, kd, vd)
 
 
@@ -245,7 +245,8 @@ def reference(
             return _copy(ref)
     lead = q.shape[:-2]
     nq, d, nk, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
-    q3, k3, v3 = q.reshape(-1, nq, d), k.reshape(-1, nk, d), v.reshape(-1, nk, dv)
+    B = math.prod(lead)
+    q3, k3, v3 = q.reshape(B, nq, d), k.reshape(B, nk, d), v.reshape(B, nk, dv)
     vis = _visible_len(nq, nk, causal)
     if method == "certified":
         out, lse, mx, err, info = _certified(q3, k3, v3, vis, scale, bits, workers)
@@ -354,7 +355,8 @@ def _dot_margin(qb: np.ndarray, k: np.ndarray, vis: np.ndarray) -> np.ndarray:
     length d (any order, with or without FMA) errs by <= gamma_d sum|q||k| plus d
     subnormal half-spacings; gamma_d is inflated for the rounding of the bound itself."""
     d = qb.shape[1]
-    a = np.abs(qb) @ np.abs(k).T
+    with np.errstate(over="ignore"):  # inf margin: every key becomes a candidate
+        a = np.abs(qb) @ np.abs(k).T
     nk = k.shape[0]
     a = np.where(np.arange(nk)[None, :] < vis[:, None], a, 0.0)
     g = 2.0 * (d + 2) * U / (1 - (d + 2) * U)
@@ -398,7 +400,8 @@ def _arb_rows(task):
         # -- locate the row max with float64, then evaluate it exactly --
         ql = qb[live]
         vl = vis[live]
-        dh = sgn * (ql @ k.T)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow: handled below
+            dh = sgn * (ql @ k.T)
         inside = np.arange(nk)[None, :] < vl[:, None]
         dh = np.where(inside, dh, -np.inf)
         dmax = dh.max(axis=1)
@@ -419,8 +422,8 @@ def _arb_rows(task):
         drop_bits = prec + 30
         thresh = drop_bits * math.log(2)
         # gap <= sgn*(D* - D_ij): D* >= dmax - e, D_ij <= dh + e, less the rounding of gap
-        gap = (dmax[:, None] - dh) - 2 * e[:, None]
-        with np.errstate(invalid="ignore"):  # -inf - -inf on masked keys: never skipped
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, NaN: never skipped
+            gap = (dmax[:, None] - dh) - 2 * e[:, None]
             gap = gap - 4 * U * (np.abs(dmax)[:, None] + np.abs(dh) + 2 * e[:, None])
             s_abs = abs(scale if scale is not None else 1 / math.sqrt(d))
             skip = inside & np.isfinite(gap) & (s_abs * gap * (1 - 1e-12) > thresh)
@@ -621,8 +624,13 @@ def _fp64(q, k, v, vis, scale):
             R = w.sum(dim=1) / lo
             Y = (wk @ absV) / lo[:, None] + R[:, None] * o.abs()
             n_sub = (inside & ~normal).sum(dim=1).to(torch.float64)
-            eta = n_sub * 2.0**-1019 * absV.max()
-            e = (Y.amax(dim=1) / (1 - R)) * safety + eta
+            vmax = absV.max() if dv else 0.0
+            eta = n_sub * 2.0**-1019 * vmax
+            e = (Y.amax(dim=1) if dv else torch.zeros_like(R)) / (1 - R)
+            e = e * safety + eta
+            # float64 overflowed (logits beyond 1e308): no bound
+            bad = ~(torch.isfinite(o).all(dim=1) & torch.isfinite(e))
+            e = e.masked_fill(bad, math.inf)
             out[b, i0:i1] = torch.where(live[:, None], o, 0.0)
             err[b, i0:i1] = torch.where(live, e, 0.0)
             mx[b, i0:i1] = torch.where(live, m, -math.inf)
@@ -650,7 +658,7 @@ def _mpmath(q, k, v, vis, scale, bits):
         K = [[ctx.mpf(x) for x in row] for row in k[b].tolist()]
         VT = [[ctx.mpf(x) for x in col] for col in v[b].T.tolist()]
         A = (q[b].abs() @ k[b].abs().T).numpy()
-        Mv = v[b].abs().amax(dim=0).max().item() if nk else 0.0
+        Mv = v[b].abs().max().item() if v[b].numel() else 0.0
         for i in range(nq):
             c = int(vis[i])
             if c == 0:

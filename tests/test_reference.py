@@ -142,6 +142,40 @@ def test_exact_tie_is_rounded_to_even():
     assert reference(q, k, v, cache=False).out.item() == 1.0 + 2.0**-51
 
 
+@pytest.mark.parametrize("method", ["certified", "fp64", "mpmath"])
+def test_empty_and_extreme_shapes(method):
+    g = gen(18)
+    r = reference(
+        torch.randn(3, 4, generator=g),
+        torch.zeros(0, 4),
+        torch.zeros(0, 2),
+        method=method,
+        cache=False,
+    )  # no keys: every row is fully masked
+    assert bool((r.out == 0).all() and r.masked.all() and (r.err_bound == 0).all())
+    r = reference(
+        torch.zeros(2, 0, 4), torch.zeros(2, 3, 4), torch.zeros(2, 3, 5), method=method, cache=False
+    )
+    assert r.out.shape == (2, 0, 5) and r.lse.shape == (2, 0)
+    r = reference(
+        torch.randn(3, 4, generator=g),
+        torch.randn(5, 4, generator=g),
+        torch.zeros(5, 0),
+        method=method,
+        cache=False,
+    )  # dv = 0: lse still defined
+    assert r.out.shape == (3, 0) and bool(torch.isfinite(r.lse).all())
+
+
+def test_logits_beyond_float64_range_round_to_inf():
+    # |q.k| ~ 1e320: the exact row max and lse overflow float64, as correct rounding says
+    q, k, v = qkv((3, 4), nk=5, dv=2, seed=19, sq=1e160, sk=1e160)
+    c = reference(q, k, v, cache=False)
+    assert bool(torch.isposinf(c.row_max).all() and torch.isposinf(c.lse).all())
+    assert_same(c, reference(q, k, v, method="mpmath", cache=False))
+    assert bool(torch.isposinf(reference(q, k, v, method="fp64", cache=False).err_bound).all())
+
+
 def test_precision_is_raised_until_the_rounding_is_certain():
     # at 64 bits the balls are ~2^-55 wide relative: too wide for 2^-60, so every row
     # is recomputed at 128 bits; the result is the same correctly rounded float64
@@ -297,6 +331,7 @@ def test_input_hash_sees_every_option():
         (dict(scale=float("nan")), "scale must be None or a finite real, got nan"),
         (dict(causal="yes"), "causal must be True or False"),
         (dict(q=torch.ones(4, 8, dtype=torch.complex128)), "valid: a real float"),
+        (dict(q=torch.zeros(4, 0), k=torch.zeros(5, 0)), "d=0; valid: a head dim d >= 1"),
     ],
 )
 def test_bad_input_raises_one_clear_error(change, match):
