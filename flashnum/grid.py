@@ -1,0 +1,306 @@
+"""An experiment's grid: from the composed config to a list of cases.
+
+A *case* is one point of a sweep (DESIGN.md): distribution + params + shape +
+precision + policy + tiling + variant + backend + causal + seed. Its `case_id`
+is the first 16 hex digits of sha256 of the case as canonical JSON (sorted keys,
+no spaces), so it is the same on every machine and in every process, and names
+the case in the results table, in resume and in sharding.
+
+The grid is a list of *slices*. A slice maps axes to lists of values; its cases
+are the product of those lists, every other axis taken from the config's single
+case (precision=, policy=, tiling=, distribution=, shape=, ...). The grid is
+the union of its slices, in order, each case once. `zip` ties axes together:
+`zip: [{block_m: 32, block_n: 32}, {block_m: 128, block_n: 64}]`. A slice with
+`search: {...}` (flashnum.search.worst_case arguments, over the config's
+`search:`) makes search cases: their inputs are the worst the search finds
+(distribution "worst_case", the search's settings as its params).
+
+    grid:
+      - name: broad                       # a label, not an axis
+        policy: [fa2, naive, lowp]
+        block_n: [16, 32, 64, 128]
+        seq_len_k: [256, 1024]
+        distribution: [gaussian, {name: late_max, params: {gap: 8.0}}]
+
+Canonical form (so that one computation has one case_id): axes that cannot
+change the result are set to fixed values: tau unless variant is lazy, beta
+unless qiu_yao, mp_bits unless the backend is mp, the tiling of standard
+attention on the emulator (policy naive: no blocks, so block_m, block_n and
+order take the config's defaults), the policy of precision mp (the mp recurrence
+has none: "exact"). seq_len_k null means seq_len_q; `seq_len` sets both.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+POLICIES = ("fa2", "naive", "lowp", "exact", "uniform")
+
+
+@dataclass(frozen=True)
+class Case:
+    distribution: str
+    dist_params: str  # canonical JSON of the distribution's parameters
+    batch: int
+    heads: int
+    seq_len_q: int
+    seq_len_k: int
+    head_dim: int
+    precision: str
+    policy: str
+    policy_sites: str  # canonical JSON of per-site format overrides, "{}" for none
+    block_m: int
+    block_n: int
+    order: str
+    variant: str
+    tau: float
+    beta: float
+    rounding: str
+    backend: str
+    mp_bits: int
+    causal: bool
+    seed: int
+
+    @property
+    def case_id(self) -> str:
+        return case_id(self)
+
+    @property
+    def params(self) -> dict:
+        return json.loads(self.dist_params)
+
+    @property
+    def sites(self) -> dict:
+        return json.loads(self.policy_sites)
+
+    @property
+    def is_search(self) -> bool:
+        """A worst_case search case (its inputs come from flashnum.search)."""
+        return self.distribution == "worst_case" and '"search"' in self.dist_params
+
+    def input_key(self) -> tuple:
+        """Cases with the same key draw their inputs from one make() call per block_n."""
+        return (self.distribution, self.dist_params, self.batch, self.heads, self.seq_len_q,
+                self.seq_len_k, self.head_dim, self.seed)
+
+
+CASE_FIELDS = tuple(f.name for f in fields(Case))
+# axes a slice may sweep: every case field but the two JSON ones, and these helpers
+AXES = tuple(f for f in CASE_FIELDS if f not in ("dist_params", "policy_sites")) + (
+    "seq_len", "policy_sites", "zip",
+)
+_INT = ("batch", "heads", "seq_len_q", "seq_len_k", "head_dim", "block_m", "block_n",
+        "mp_bits", "seed")
+_FLOAT = ("tau", "beta")
+
+
+def canonical_json(obj) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def case_id(case: Case) -> str:
+    return hashlib.sha256(canonical_json(asdict(case)).encode()).hexdigest()[:16]
+
+
+def in_shard(cid: str, shard: int, num_shards: int) -> bool:
+    """Shards split the grid by case hash: balanced, and stable when the grid grows."""
+    return int(cid, 16) % num_shards == shard
+
+
+def _plain(x):
+    if isinstance(x, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(x, resolve=True)
+    return x
+
+
+def distribution_params(name: str, conf_dir: Path = CONF) -> dict:
+    """A distribution's parameters: the code's defaults, then conf/distribution/<name>.yaml."""
+    return dict(_distribution_params(name, str(conf_dir)))
+
+
+@functools.cache
+def _distribution_params(name: str, conf_dir: str) -> dict:
+    from .distributions import params
+
+    conf_dir = Path(conf_dir)
+    out = dict(params(name))
+    f = conf_dir / "distribution" / f"{name}.yaml"
+    if f.exists():
+        y = OmegaConf.to_container(OmegaConf.load(f), resolve=True) or {}
+        out.update(y.get("params") or {})
+    return out
+
+
+def base_case(cfg) -> dict:
+    """The config's single case, as a dict of axes (not yet canonical)."""
+    return dict(
+        distribution={"name": cfg.distribution.name, "params": _plain(cfg.distribution.params)},
+        batch=cfg.shape.batch, heads=cfg.shape.heads, seq_len_q=cfg.shape.seq_len_q,
+        seq_len_k=cfg.shape.seq_len_k, head_dim=cfg.shape.head_dim,
+        precision=cfg.precision.name, policy=cfg.policy.name,
+        policy_sites=_plain(cfg.policy.sites), block_m=cfg.tiling.block_m,
+        block_n=cfg.tiling.block_n, order=cfg.tiling.order, variant=cfg.variant, tau=cfg.tau,
+        beta=cfg.beta, rounding=cfg.rounding, backend=cfg.backend.name,
+        mp_bits=cfg.backend.mp_bits, causal=cfg.causal, seed=cfg.seed,
+    )
+
+
+def check_case(d: dict, where: str = "grid", search: bool = False) -> None:
+    """Raise one ValueError naming the first bad axis value of a case dict, and the choices."""
+    from . import distributions as dist
+    from .config import check_choice, check_format, check_positive
+    from .engine import BACKENDS, VARIANTS
+    from .formats import ROUNDINGS
+    from .policy import SITES
+    from .tiling import ORDERS
+
+    def at(msg):
+        return f"{msg} (in {where})"
+
+    try:
+        if search:  # the search makes its own inputs
+            d = {**d, "distribution": {"name": "gaussian", "params": {}}}
+        name = d["distribution"]["name"] if isinstance(d["distribution"], dict) else None
+        if not isinstance(name, str):
+            raise ValueError(f"distribution must be a name or {{name:, params:}}, got "
+                             f"{d['distribution']!r}")
+        check_choice("distribution", name, tuple(dist.DISTRIBUTIONS))
+        given = d["distribution"].get("params") or {}
+        valid = dist.params(name)
+        bad = sorted(set(given) - set(valid))
+        if bad:
+            raise ValueError(f"unknown parameter(s) {', '.join(bad)} of distribution {name!r}; "
+                             f"valid: {', '.join(valid) or '(none)'}")
+        check_format("precision", d["precision"])
+        check_choice("policy", d["policy"], POLICIES)
+        sites = d.get("policy_sites") or {}
+        if not isinstance(sites, dict):
+            raise ValueError(f"policy_sites must be a mapping site -> format, got {sites!r}")
+        for site, fmt in sites.items():
+            check_choice("policy site", site, SITES)
+            check_format(f"format for site {site}", fmt)
+        for key in ("block_m", "block_n", "batch", "heads", "seq_len_q", "head_dim"):
+            check_positive(key, d[key])
+        if d["seq_len_k"] is not None:
+            check_positive("seq_len_k", d["seq_len_k"])
+        check_choice("order", d["order"], ORDERS)
+        check_choice("variant", d["variant"], VARIANTS)
+        check_choice("rounding", d["rounding"], ROUNDINGS)
+        check_choice("backend", d["backend"], BACKENDS)
+        if isinstance(d["mp_bits"], bool) or not isinstance(d["mp_bits"], int) or d["mp_bits"] < 2:
+            raise ValueError(f"mp_bits must be an integer >= 2, got {d['mp_bits']!r}")
+        if isinstance(d["seed"], bool) or not isinstance(d["seed"], int) or d["seed"] < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {d['seed']!r}")
+        if not isinstance(d["causal"], bool):
+            raise ValueError(f"causal must be true or false, got {d['causal']!r}")
+        for key in _FLOAT:
+            if isinstance(d[key], bool) or not isinstance(d[key], (int, float)):
+                raise ValueError(f"{key} must be a number, got {d[key]!r}")
+    except ValueError as e:
+        raise ValueError(at(str(e))) from None
+
+
+def canonical(d: dict, base: dict, conf_dir: Path = CONF, search: dict | None = None) -> Case:
+    """The Case a (checked) dict of axes names: defaults filled, inert axes fixed.
+
+    With `search` (the worst_case experiment) the inputs are whatever the search
+    finds: the case's distribution is "worst_case" and its params the search's settings.
+    """
+    d = dict(d)
+    if search:
+        dist_name, params = "worst_case", {"search": search}
+    else:
+        dist_name = d["distribution"]["name"]
+        params = {**distribution_params(dist_name, conf_dir),
+                  **(d["distribution"].get("params") or {})}
+    if d["seq_len_k"] is None:
+        d["seq_len_k"] = d["seq_len_q"]
+    if d["variant"] != "lazy":
+        d["tau"] = 8.0
+    if d["variant"] != "qiu_yao":
+        d["beta"] = 2.0
+    if d["precision"] == "mp":  # every operation at mp_bits: what `uniform` names
+        d["backend"], d["policy"], d["policy_sites"] = "mp", "uniform", {}
+    if d["backend"] != "mp":
+        d["mp_bits"] = 256
+    if d["backend"] == "emulate" and d["policy"] == "naive":
+        # standard attention forms S whole: the tiling does not exist for it
+        d["block_m"], d["block_n"], d["order"] = base["block_m"], base["block_n"], "forward"
+    kw = {k: d[k] for k in CASE_FIELDS if k not in ("distribution", "dist_params", "policy_sites")}
+    for k in _INT:
+        kw[k] = int(kw[k])
+    for k in _FLOAT:
+        kw[k] = float(kw[k])
+    kw["causal"] = bool(kw["causal"])
+    return Case(distribution=dist_name, dist_params=canonical_json(params),
+                policy_sites=canonical_json(dict(d.get("policy_sites") or {})), **kw)
+
+
+def _set(d: dict, axis: str, value, where: str) -> None:
+    if axis == "seq_len":
+        d["seq_len_q"] = d["seq_len_k"] = value
+    elif axis == "distribution":
+        d["distribution"] = value if isinstance(value, dict) else {"name": value, "params": {}}
+    elif axis == "zip":
+        if not isinstance(value, dict):
+            raise ValueError(f"zip entries must be mappings of axes, got {value!r} (in {where})")
+        for k, v in value.items():
+            if k not in AXES or k == "zip":
+                raise ValueError(f"unknown axis {k!r} in zip (in {where}); valid: "
+                                 f"{', '.join(a for a in AXES if a != 'zip')}")
+            _set(d, k, v, where)
+    else:
+        d[axis] = value
+
+
+def expand(cfg, conf_dir: Path = CONF) -> list[Case]:
+    """Every case of the config's grid (its single case when the grid is empty), in order."""
+    base = base_case(cfg)
+    slices = _plain(cfg.grid) or [{}]
+    cases, seen = [], set()
+    for i, sl in enumerate(slices):
+        if not isinstance(sl, dict):
+            raise ValueError(f"grid slice {i} must be a mapping of axes to lists, got {sl!r}")
+        where = f"grid slice {sl.get('name', i)!r}" if sl else "config"
+        search = None
+        if "search" in sl:  # a search slice: worst_case's arguments, over cfg.search
+            extra = sl["search"]
+            if not isinstance(extra, dict):
+                raise ValueError(f"search must be a mapping of flashnum.search.worst_case "
+                                 f"arguments, got {extra!r} (in {where})")
+            search = {**(_plain(cfg.search) or {}), **extra}
+        axes, values = [], []
+        for axis, vals in sl.items():
+            if axis in ("name", "search"):
+                continue
+            if axis not in AXES:
+                raise ValueError(f"unknown grid axis {axis!r} (in {where}); valid: "
+                                 f"{', '.join(AXES)}")
+            vals = vals if isinstance(vals, list) else [vals]
+            if not vals:
+                raise ValueError(f"grid axis {axis!r} has no values (in {where})")
+            axes.append(axis)
+            values.append(vals)
+        for combo in itertools.product(*values):
+            d = dict(base)
+            for axis, val in zip(axes, combo, strict=True):
+                _set(d, axis, val, where)
+            check_case(d, where, search=bool(search))
+            case = canonical(d, base, conf_dir, search)
+            cid = case.case_id
+            if cid not in seen:
+                seen.add(cid)
+                cases.append(case)
+    return cases
+
+
+def select(cases: list[Case], shard: int = 0, num_shards: int = 1) -> list[Case]:
+    return [c for c in cases if in_shard(c.case_id, shard, num_shards)]
