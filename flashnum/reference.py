@@ -393,8 +393,10 @@ def _arb_rows(task):
         if scale is None:
             e4 = int(round(math.log(d, 4)))
             sc = arb(2) ** (-e4) if 4**e4 == d else arb(d).rsqrt()  # exact when d = 4^k
+            pow2 = 4**e4 == d
         else:
             sc = arb(scale)
+            pow2 = scale != 0 and math.frexp(abs(scale))[0] == 0.5
         sgn = -1.0 if (scale is not None and scale < 0) else 1.0
 
         # -- locate the row max with float64, then evaluate it exactly --
@@ -435,7 +437,9 @@ def _arb_rows(task):
         for t in range(live.size):
             flat.extend(ql[t].tolist())
             flat.append(-dstar[t])
-        X = (arb_mat(live.size, d + 1, flat) * KT1) * sc
+        Qa = arb_mat(live.size, d + 1, flat)
+        # a power-of-two scale multiplies the small [Q | -D*] (exactly, in arb), not X
+        X = (Qa * sc) * KT1 if pow2 else (Qa * KT1) * sc
         ent = X.entries()
         exp = arb.exp
         zero = arb(0)
