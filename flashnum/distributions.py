@@ -575,34 +575,95 @@ def underflow(g, sh: Shape, *, span: float = 24.0, logit_std: float = 0.1,
     return dict(q=q, k=k, v=_round(v, grid))
 
 
-def plateau(g, sh: Shape, *, gap: float = 0.7, spread: float = 0.3, n_peak: int = 1,
-            v_mean: float = 1.0, v_std: float = 0.0, grid: str = "common"):
-    """A few peak keys, and all other keys *identical*: the P-cast bias the search found.
+def plateau(g, sh: Shape, *, gap: float = 3.0, spread: float = 1.0, n_peak: int = 1,
+            peak_block: int = 0, v_mean: float = 4.0, v_std: float = 0.05,
+            grid: str = "common"):
+    """A peak key in the first block and every other key *identical*: the FA2 P-cast bias.
 
-    The non-peak keys are one repeated vector, so in every row they share one logit,
-    gap_i below the peak (gap_i = gap + spread * N(0, 1) from the query, different per
-    row). Their P = exp(-gap_i) is one fp32 number that the FA2 cast to the input
-    format rounds the same way for all of them, while l is summed from the fp32 P
-    (Triton's tutorial: l and P @ V see different P). With V of one sign
-    (v_mean, v_std) every key's rounding error adds up: out is off by up to
-    u_input * |V| relative (2^-8 in bf16 just above a power of two), not averaged
-    away as for gaussian inputs. Across rows gap_i samples every position of the
-    rounding sawtooth, so the worst row sits near the maximum.
+    The structure the worst-case search converges to for bf16 `fa2` (docs/distributions.md).
+    The non-peak keys are one repeated vector, so in each row they share one logit,
+    gap_i = gap + spread * z_i below the peak (z_i ~ N(0, 1) per query). With the peak
+    in key block `peak_block` = 0, forward order meets the row max first, so every
+    later block computes P = exp(-gap_i) against the final max: one fp32 number that
+    the cast to the input format (FA2 casts P before P @ V) rounds the same way for
+    all ~Nk keys, while l sums the fp32 P (Triton's tutorial: l and P @ V see
+    different P). With V of one sign the errors add coherently: out is off by up to
+    2^-8 relative in bf16 (P just above a power of two), not averaged away; the
+    spread of gap_i over rows samples every position of that rounding sawtooth.
+    V ~ N(v_mean, v_std^2) with v_mean = 4 (the largest |V| of a gaussian draw of
+    1024 x 64) puts out just above 4, where bf16's ulp (2^-5) is largest relative
+    to the value, so the output rounding adds up to half an ulp. v_std > 0 matters:
+    with a constant V the exact output is a bf16 number and the rounding snaps back.
+    With the peak in the last block instead, every earlier P is exactly 1 (no error).
     """
-    _check(isinstance(n_peak, int) and 1 <= n_peak < sh.nk,
-           f"n_peak must be an int in [1, {sh.nk}), got {n_peak!r}")
-    _check(sh.d >= 3, f"plateau needs head_dim >= 3, got {sh.d}")
-    # channel 0: bias (peak keys +gap); channel 1: per-row gap spread; others zero
+    _check(isinstance(n_peak, int) and 1 <= n_peak <= min(sh.block_n, sh.nk - 1),
+           f"n_peak must be an int in [1, {min(sh.block_n, sh.nk - 1)}], got {n_peak!r}")
+    _check(isinstance(peak_block, int) and -sh.n_kb <= peak_block < sh.n_kb,
+           f"peak_block must be an int in [{-sh.n_kb}, {sh.n_kb}), got {peak_block!r}")
+    _check(sh.d >= 2, f"plateau needs head_dim >= 2, got {sh.d}")
+    _check(spread >= 0 and v_std >= 0, "spread and v_std must be >= 0")
+    # dim 0: the peak's bias (q0 = 1, k0 = gap / scale); dim 1: its per-row spread
     q = torch.zeros(sh.batch, sh.heads, sh.nq, sh.d, dtype=torch.float64)
     k = torch.zeros(sh.batch, sh.heads, sh.nk, sh.d, dtype=torch.float64)
     q[..., 0] = 1.0
     q[..., 1] = spread * _randn(g, sh.batch, sh.heads, sh.nq)
-    peak = torch.randperm(sh.nk, generator=g)[:n_peak]
+    start = (peak_block % sh.n_kb) * sh.block_n
+    peak = torch.arange(start, min(start + n_peak, sh.nk))
     k[..., peak, 0] = gap / sh.scale
     k[..., peak, 1] = 1.0 / sh.scale
     v = v_mean + v_std * _randn(g, sh.batch, sh.heads, sh.nk, sh.d)
     return dict(q=_round(q, grid), k=_round(k, grid), v=_round(v, grid),
-                params=dict(peaks=peak.sort().values.tolist()))
+                params=dict(peaks=peak.tolist()))
+
+
+def structured(g, sh: Shape, *, logit_std: float = 1.0, distinct: float = 1.0,
+               peak_gap: float = 0.0, peak_frac: float = 0.0, peak_pos: float = 0.0,
+               row_spread: float = 0.0, ramp: float = 0.0, v_mean: float = 0.0,
+               v_std: float = 1.0, v_clip: float = 0.0, grid: str = "common"):
+    """The worst-case search's family: gaussian at the defaults, the catalogue at its corners.
+
+    Keys: a pool of max(1, round(distinct * Nk)) random vectors (entries N(0, logit_std)
+    in dims 3.., so the random logit has std ~logit_std); key slot j holds pool vector
+    perm(j) mod pool size, so distinct < 1 repeats keys exactly (ties, a plateau).
+    Peaks: n_peak = max(1, round(peak_frac * Nk)) contiguous keys from slot
+    floor(peak_pos * (Nk - n_peak)) get logit bias peak_gap + row_spread * z_i (z_i ~
+    N(0, 1) per query: the gap differs per row); peak_frac = 0 means no peak. Ramp:
+    key block b gets bias ramp * b (> 0: ramp/late max; < 0: early max). Values:
+    V ~ N(v_mean, v_std^2), clamped to [-v_clip, v_clip] when v_clip > 0.
+    Bias channels (exact products, see the module docstring): dim 0 carries the peak
+    (q0 = peak_gap / scale, k0 = 1 on peaks), dim 1 the ramp (q1 = ramp / scale,
+    k1 = b, exact for b < 256), dim 2 the row spread (q2 = row_spread z_i / scale,
+    k2 = 1 on peaks). Needs head_dim >= 4.
+    """
+    _check(sh.d >= 4, f"structured needs head_dim >= 4, got {sh.d}")
+    _check(logit_std >= 0 and v_std >= 0 and v_clip >= 0 and row_spread >= 0,
+           "logit_std, row_spread, v_std and v_clip must be >= 0")
+    _check(0 < distinct <= 1 and 0 <= peak_frac < 1 and 0 <= peak_pos <= 1,
+           f"need 0 < distinct <= 1, 0 <= peak_frac < 1, 0 <= peak_pos <= 1; got "
+           f"{distinct}, {peak_frac}, {peak_pos}")
+    r = math.sqrt(logit_std)
+    q = _randn(g, sh.batch, sh.heads, sh.nq, sh.d) * r
+    n_pool = max(1, round(distinct * sh.nk))
+    pool = _randn(g, sh.batch, sh.heads, n_pool, sh.d) * r
+    k = pool[..., torch.randperm(sh.nk, generator=g) % n_pool, :].clone()
+    z = _randn(g, sh.batch, sh.heads, sh.nq)
+    v = v_mean + v_std * _randn(g, sh.batch, sh.heads, sh.nk, sh.d)
+    if v_clip > 0:
+        v = v.clamp(-v_clip, v_clip)
+    peak = torch.zeros(sh.nk, dtype=torch.float64)
+    n_peak = 0
+    if peak_frac > 0:
+        n_peak = max(1, round(peak_frac * sh.nk))
+        start = math.floor(peak_pos * (sh.nk - n_peak))
+        peak[start : start + n_peak] = 1.0
+    q[..., 0] = peak_gap / sh.scale
+    k[..., 0] = peak
+    q[..., 1] = ramp / sh.scale
+    k[..., 1] = sh.block_of_key().to(torch.float64)
+    q[..., 2] = row_spread * z / sh.scale
+    k[..., 2] = peak
+    return dict(q=_round(q, grid), k=_round(k, grid), v=_round(v, grid),
+                params=dict(n_pool=n_pool, n_peak=n_peak))
 
 
 def worst_case(g, sh: Shape, *, path: str = ""):
@@ -623,7 +684,7 @@ DISTRIBUTIONS = {
     for f in (
         gaussian, fa3_outliers, scaled, late_max, ramp, early_max, ties, sink, flat,
         near_overflow, heavy_tail, outlier_channels, low_rank, cancellation, masked,
-        underflow, plateau, worst_case,
+        underflow, plateau, structured, worst_case,
     )
 }
 
