@@ -31,6 +31,9 @@ with every numerically relevant choice an argument, taken from the flashnum Poli
     fp_fusion     Triton's enable_fp_fusion (FMA contraction) on a GPU; default False
                   so that the GPU rounds where the policy says (the tutorial runs with
                   Triton's default, True)
+    fp8_max_imprecise_acc  fp8 dots on sm_90 sum this many products in the MMA's
+                  reduced-precision accumulator before promoting to fp32 (None keeps
+                  Triton's default: 2^30 on sm_90, i.e. the whole dot unpromoted)
 
 Fully masked rows (causal with Nq > Nk) keep m = -inf and l = 0 and give out = 0
 (flagged in Result.masked); key tiles that are entirely above the causal diagonal
@@ -141,9 +144,11 @@ def _round_rne(x, DROP: tl.constexpr):
 
 
 @triton.jit
-def _dot(a, b, acc, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+def _dot(a, b, acc, PRECISION: tl.constexpr, EMULATE: tl.constexpr, IMPRECISE: tl.constexpr):
     # acc + a @ b with the dot's input precision; on the interpreter the tf32
-    # roundings that a GPU's tensor cores would do are done here
+    # roundings that a GPU's tensor cores would do are done here. IMPRECISE: fp8 dots
+    # on sm_90 accumulate in the MMA's reduced precision for this many products
+    # before promoting to fp32 (None: Triton's default, 2^30 on sm_90: never)
     if EMULATE and PRECISION == "tf32":
         acc = tl.dot(_round_rne(a, 13), _round_rne(b, 13), acc, input_precision="ieee")
     elif EMULATE and PRECISION == "tf32x3":
@@ -155,7 +160,7 @@ def _dot(a, b, acc, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
         acc = tl.dot(a_big, b_small, acc, input_precision="ieee")
         acc = tl.dot(a_big, b_big, acc, input_precision="ieee")
     else:
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION, max_num_imprecise_acc=IMPRECISE)
     return acc
 
 
@@ -187,8 +192,8 @@ def _fa2_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, USE_EXP2: tl.constexpr, L_FROM_CAST: tl.constexpr,
     QK_PRECISION: tl.constexpr, PV_PRECISION: tl.constexpr,
-    P_FORMAT: tl.constexpr, OUT_FORMAT: tl.constexpr,
-    EMULATE: tl.constexpr, TRACE: tl.constexpr,
+    P_FORMAT: tl.constexpr, OUT_FORMAT: tl.constexpr, FP8_IMPRECISE: tl.constexpr,
+    FORWARD: tl.constexpr, EMULATE: tl.constexpr, TRACE: tl.constexpr,
 ):
     start_m = tl.program_id(0) * BLOCK_M
     z = tl.program_id(1).to(tl.int64)
@@ -209,7 +214,10 @@ def _fa2_fwd(
     # bottom-right aligned causal mask: query i sees key j iff j <= i + (Nk - Nq)
     last_key = tl.minimum(start_m + BLOCK_M, Nq) - 1 + (Nk - Nq)
     for step in range(0, n_kb):
-        kb = tl.load(ORDER + z * stride_order_z + tl.program_id(0) * n_kb + step)
+        if FORWARD:
+            kb = step  # the forward order needs no index load (same numbers, fewer loads)
+        else:
+            kb = tl.load(ORDER + z * stride_order_z + tl.program_id(0) * n_kb + step)
         start_n = kb * BLOCK_N
         if CAUSAL:
             visible = start_n <= last_key
@@ -222,7 +230,8 @@ def _fa2_fwd(
                 K + z * stride_kz + cols[None, :] * stride_kn + offs_d[:, None],
                 mask=(cols[None, :] < Nk) & (offs_d[:, None] < D), other=0.0,
             )
-            qk = _dot(q, k_t, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QK_PRECISION, EMULATE)
+            qk = _dot(q, k_t, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QK_PRECISION, EMULATE,
+                      FP8_IMPRECISE)
             s = qk * qk_scale  # the logits (base 2 for exp2), rounded to fp32
             keep = cols[None, :] < Nk
             if CAUSAL:
@@ -254,7 +263,7 @@ def _fa2_fwd(
                 mask=(cols[:, None] < Nk) & (offs_dv[None, :] < DV), other=0.0,
             )
             acc = acc * alpha[:, None]
-            acc = _dot(p_c, v, acc, PV_PRECISION, EMULATE)
+            acc = _dot(p_c, v, acc, PV_PRECISION, EMULATE, FP8_IMPRECISE)
             m_i = m_new
         if TRACE:
             t_off = z * n_kb * Nq + step * Nq + offs_m
@@ -403,12 +412,14 @@ def fa2_forward(
     q3, k3, v3, order_t, *, qk_scale: float, block_m: int, block_n: int, causal: bool,
     base2: bool, l_from_cast: bool, qk_precision: str, pv_precision: str, p_format: str,
     out_format: str, trace: bool = False, fp_fusion: bool = False,
+    fp8_max_imprecise_acc: int | None = None,
     num_warps: int | None = None, num_stages: int | None = None,
 ) -> dict:
     """Launch the kernel on prepared tensors; no checks, no rounding (attention_triton's job).
 
     q3 (Z, Nq, d), k3 (Z, Nk, d), v3 (Z, Nk, dv) in the kernel's storage dtype (bf16 as
-    fp32 on the interpreter), on the kernel's device; order_t int32 (Z or 1, n_qb, n_kb).
+    fp32 on the interpreter), on the kernel's device; order_t int32 (Z or 1, n_qb, n_kb),
+    or None for the forward order.
     Returns o (Z, Nq, dv) in the output format's storage dtype, m, l (Z, Nq) fp32,
     n_rescales (Z, Nq) int32, trace_m, trace_l (Z, n_kb, Nq) fp32 or None.
     """
@@ -416,6 +427,10 @@ def fa2_forward(
     Z, nq, d = q3.shape
     nk, dv = v3.shape[1], v3.shape[2]
     n_qb, n_kb = n_blocks(nq, block_m), n_blocks(nk, block_n)
+    if order_t is None:  # forward: the kernel reads no order (no host sync either)
+        forward, order_t = True, torch.zeros(1, 1, 1, dtype=torch.int32, device=q3.device)
+    else:
+        forward = bool((order_t == torch.arange(n_kb, device=order_t.device)).all())
     device = q3.device
     out_dtype = torch.float32 if (INTERPRET and out_format == "bf16") else _TORCH[out_format]
     o = torch.empty(Z, nq, dv, dtype=out_dtype, device=device)
@@ -444,8 +459,8 @@ def fa2_forward(
         BLOCK_M=block_m, BLOCK_N=block_n,
         CAUSAL=bool(causal), USE_EXP2=bool(base2), L_FROM_CAST=bool(l_from_cast),
         QK_PRECISION=qk_precision, PV_PRECISION=pv_precision,
-        P_FORMAT=p_format, OUT_FORMAT=out_format,
-        EMULATE=INTERPRET, TRACE=bool(trace),
+        P_FORMAT=p_format, OUT_FORMAT=out_format, FP8_IMPRECISE=fp8_max_imprecise_acc,
+        FORWARD=forward, EMULATE=INTERPRET, TRACE=bool(trace),
         **launch,
     )
     return dict(o=o, m=m, l=l, n_rescales=n_resc, trace_m=tm if trace else None,
@@ -470,6 +485,7 @@ def attention_triton(
     input_precision: str | None = None,
     rounding: str = "nearest",
     fp_fusion: bool = False,
+    fp8_max_imprecise_acc: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
 ) -> Result:
@@ -484,6 +500,9 @@ def attention_triton(
     input_precision: None (from the policy), ieee, tf32, tf32x3 (fp32 dots only)
     rounding:        nearest (the only one a kernel does)
     fp_fusion:       allow FMA contraction on a GPU (Triton's enable_fp_fusion)
+    fp8_max_imprecise_acc: fp8 dots on sm_90: products summed in the MMA's reduced
+                     precision before each promotion to fp32 (None: Triton's default,
+                     2^30 on sm_90, i.e. never promoted)
     num_warps, num_stages: GPU launch parameters (no effect on the numbers' meaning)
     """
     pol = make_policy(policy, precision)
@@ -534,7 +553,8 @@ def attention_triton(
         q3, k3, v3, order_t, qk_scale=qk_scale, block_m=block_m, block_n=block_n,
         causal=causal, base2=base2, l_from_cast=pol.l_from == "p_cast", qk_precision=qk_prec,
         pv_precision=pv_prec, p_format=pol.p_cast, out_format=pol.out, trace=trace,
-        fp_fusion=fp_fusion, num_warps=num_warps, num_stages=num_stages,
+        fp_fusion=fp_fusion, fp8_max_imprecise_acc=fp8_max_imprecise_acc,
+        num_warps=num_warps, num_stages=num_stages,
     )
     o, m, l, n_resc = k_out["o"], k_out["m"], k_out["l"], k_out["n_rescales"]
     tm, tl_ = k_out["trace_m"], k_out["trace_l"]
@@ -561,6 +581,7 @@ def attention_triton(
             order=order if isinstance(order, str) else "permutation", variant=variant,
             causal=bool(causal), scale=scale, rounding=rounding, seed=seed,
             input_precision=(qk_prec, pv_prec), interpreter=INTERPRET, fp_fusion=fp_fusion,
+            fp8_max_imprecise_acc=fp8_max_imprecise_acc,
         ),
     )
 
@@ -592,8 +613,9 @@ def compare_with_engine(q, k, v, **kw) -> dict:
 
     q, k, v = (x.detach().cpu() for x in (q, k, v))
     res_k = attention_triton(q, k, v, **kw)
-    kw_e = {a: b for a, b in kw.items() if a not in ("input_precision", "fp_fusion",
-                                                     "num_warps", "num_stages")}
+    kernel_only = ("input_precision", "fp_fusion", "fp8_max_imprecise_acc", "num_warps",
+                   "num_stages")
+    kw_e = {a: b for a, b in kw.items() if a not in kernel_only}
     res_e = flashnum.attention(q, k, v, backend="emulate", **kw_e)
     pol = make_policy(kw.get("policy", "fa2"), kw.get("precision", "bf16"))
     fin, fout = get_format(pol.inputs), get_format(pol.out)
