@@ -70,16 +70,20 @@ What the interpreter (triton 3.9) gets wrong, checked here, and what we do about
 What still differs between the interpreter and a GPU (by construction, not fixed):
   - exp/exp2: the interpreter calls numpy's float32 exp/exp2 (measured: 39% / 21% of
     float32 results differ from the correctly rounded value, by <= 2 / 1 ulp); a GPU
-    runs ex2.approx.f32 (tl.exp multiplies by log2(e) first, an extra rounding);
-    the engine's exp is correctly rounded.
+    runs the approximate ex2 instruction (tl.exp multiplies by log2(e) first, one more
+    rounding); the engine's exp is correctly rounded.
   - accumulation order: the interpreter's dots are numpy matmuls and `acc = dot(p, v,
     acc)` is matmul + add (two roundings); a GPU's MMA accumulates into acc in its own
     order. tl.sum is np.sum (pairwise) here, a thread/warp tree on a GPU.
   - FMA contraction: never in the interpreter; on a GPU only with fp_fusion=True.
-  - tf32 on a GPU: the MMA reads the fp32 operands' top 19 bits (Triton inserts no
-    rounding for input_precision="tf32"), not the nearest-even rounding emulated here.
-  - subnormals: ex2.approx.f32 on a GPU flushes subnormal results to zero (ftz);
+  - tf32 on a GPU: Triton hands the fp32 operands to the tf32 MMA without a rounding
+    instruction and the tensor core drops the low 13 bits (truncation,
+    triton-lang/triton#4574), not the nearest-even rounding emulated here.
+  - subnormals: the GPU's approximate ex2 may flush subnormal results (its .ftz form);
     numpy keeps them.
+  - the dots' summation order: numpy sums the head dim sequentially (measured for d up
+    to 256); torch's CPU matmul (the engine's) does too for d <= 192 but splits at 256,
+    so kernel and engine logits can differ in the last bit at d = 256 on a CPU.
 """
 
 from __future__ import annotations
