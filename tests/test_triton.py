@@ -105,6 +105,16 @@ def test_l_from_cast_p_bit_exact(engine_arithmetic):
     assert not torch.equal(default.l, r.l)  # the knob reaches the kernel
 
 
+@interpreter_only
+@pytest.mark.parametrize("p_cast", ["tf32", "bf16", "fp16"])
+def test_p_cast_narrower_than_fp32_inputs_bit_exact(engine_arithmetic, p_cast):
+    q, k, v = qkv((1,), 40, 50, 16, seed=8)
+    pol = flashnum.make_policy("fa2", "fp32").with_sites(p_cast=p_cast)
+    r = tf.attention_triton(q, k, v, policy=pol, block_m=16, block_n=16)
+    e = flashnum.attention(q, k, v, policy=pol, block_m=16, block_n=16)
+    assert torch.equal(r.out, e.out) and torch.equal(r.l, e.l)
+
+
 # ---------------------------------------------------------------------------
 # the interpreter as it is: ulp distribution of kernel - engine
 

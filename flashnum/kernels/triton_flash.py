@@ -113,8 +113,8 @@ PRECISIONS = ("ieee", "tf32", "tf32x3")
 IN_FORMATS = ("fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2")
 OUT_FORMATS = ("fp16", "bf16", "fp32")
 FP8 = ("fp8_e4m3", "fp8_e5m2")
-# formats whose numbers widen exactly into another's: P may be cast to the first and
-# then fed to a dot in the second
+# inputs format -> the formats P may be cast to: their numbers widen exactly into the
+# inputs' dtype, in which the P @ V dot runs
 _EXACT_INTO = {
     "fp32": ("fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2"),
     "fp16": ("fp16", "fp8_e4m3", "fp8_e5m2"),
@@ -173,6 +173,8 @@ def _cast(x, FMT: tl.constexpr, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
     # x (fp32) rounded to FMT and handed on in the dot's dtype (an exact widening)
     if FMT == "fp32":
         y = x
+    elif FMT == "tf32":
+        y = _round_rne(x, 13)  # Triton has no tf32 dtype to cast to, on any device
     elif FMT == "bf16" and EMULATE:
         y = _round_rne(x, 16)  # the interpreter's own cast truncates
     elif FMT == "bf16":
@@ -477,7 +479,7 @@ def attention_triton(
     v: torch.Tensor,
     *,
     policy: str | Policy = "fa2",
-    precision: str = "bf16",
+    precision: str | None = None,
     block_m: int = 64,
     block_n: int = 64,
     order="forward",
@@ -497,7 +499,8 @@ def attention_triton(
 
     q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv), one float dtype; values are
     rounded (nearest even, from float64) to the policy's inputs format first.
-    policy:          a Policy or a preset name with `precision` (fa2 in fp16 bf16 fp32 tf32)
+    policy:          a Policy, or a preset name with `precision` (fa2 in fp16 bf16 fp32 tf32;
+                     precision None: bf16 for a preset, the Policy's inputs for a Policy)
     block_m/block_n: 16 32 64 128
     order:           forward reverse random max_ascending max_descending, or a permutation
     variant:         fa2 (exp), exp2 (log2 e folded into the scale)
@@ -509,6 +512,8 @@ def attention_triton(
                      2^30 on sm_90, i.e. never promoted)
     num_warps, num_stages: GPU launch parameters (no effect on the numbers' meaning)
     """
+    if precision is None:  # a Policy names its own formats; a preset defaults to bf16
+        precision = policy.inputs if isinstance(policy, Policy) else "bf16"
     pol = make_policy(policy, precision)
     qk_prec, pv_prec = _kernel_spec(pol, input_precision)
     if variant not in VARIANTS:
@@ -580,7 +585,7 @@ def attention_triton(
         out=back(o, nq, dv), m=m64, l=l64, lse=lse, masked=~torch.isfinite(m64),
         n_rescales=n_resc.to(home, torch.int64).reshape(*lead, nq), trace=tr, backend="triton",
         info=dict(
-            precision=precision if isinstance(policy, str) else None, policy=pol.name,
+            precision=precision, policy=pol.name,
             block_m=block_m, block_n=block_n,
             order=order if isinstance(order, str) else "permutation", variant=variant,
             causal=bool(causal), scale=scale, rounding=rounding, seed=seed,
