@@ -1,14 +1,17 @@
 """Benchmark of the exact reference: certified (arb) on one head against mpmath.
 
-    python bench/bench_reference.py                 # N=4096, d=64, bits=256
-    python bench/bench_reference.py --n 1024 --bits 128 --mp-rows 2
+    python bench/bench_reference.py                       # N=4096, d=64, bits 256 and 128
+    python bench/bench_reference.py --n 1024 --bits 256 --mp-rows 2
 
-Times `reference(method="certified")` on one head (N x N, d), the fp64 method on
-the same head, and the mpmath row loop (method="mpmath") on a few rows; the
-mpmath time of the whole head is extrapolated linearly from those rows (every
-row of a non-causal head does the same work: N dots, N exps, dv dots of length N),
-and the table says so. Prints a table; writes bench/results/reference.json.
-Timings are wall-clock on whatever else the machine is running.
+For each working precision: times `reference(method="certified")` on one head
+(N x N, d = dv), and the mpmath row loop (`method="mpmath"`, the same bits) on a few
+rows, extrapolating its time for the whole head (setup once + N x the per-row time,
+from runs of 1 and 1 + mp_rows rows: every row of a non-causal head does the same
+work). Also times `method="fp64"` on the head and, for context, a textbook mpmath
+row (Python sum of mpf products, as the figure quoted in shared/REFERENCES.md was
+timed) on one row. Reports wall and CPU seconds (this process and its finished
+children, i.e. the certified workers): the machine is shared, and CPU time is far
+less disturbed by other jobs. Prints a table; writes bench/results/reference.json.
 """
 
 from __future__ import annotations
@@ -20,27 +23,51 @@ import platform
 import resource
 import time
 
+import mpmath
 import torch
 
 from flashnum.reference import reference
 
 
 def cpu() -> float:
-    """CPU seconds of this process and its finished children (the certified workers):
-    a measure that other jobs on a shared machine disturb far less than wall time."""
-    me, kids = (
-        resource.getrusage(resource.RUSAGE_SELF),
-        resource.getrusage(resource.RUSAGE_CHILDREN),
-    )
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed(fn):
+    t, c = time.perf_counter(), cpu()
+    res = fn()
+    return res, time.perf_counter() - t, cpu() - c
+
+
+def textbook_row(q, k, v, bits) -> None:
+    """One row the plain way: s_j = sum of mpf products, exp, sum, weighted sums."""
+    ctx = mpmath.MPContext()
+    ctx.prec = bits
+    qi = [ctx.mpf(x) for x in q.tolist()]
+    K = [[ctx.mpf(x) for x in row] for row in k.tolist()]
+    V = [[ctx.mpf(x) for x in row] for row in v.tolist()]
+    sc = 1 / ctx.sqrt(len(qi))
+    s = []
+    for kj in K:
+        acc = ctx.mpf(0)
+        for a, b in zip(qi, kj, strict=True):
+            acc += a * b
+        s.append(acc * sc)
+    m = max(s)
+    p = [ctx.exp(x - m) for x in s]
+    l = sum(p)
+    o = [sum(pj * vj[c] for pj, vj in zip(p, V, strict=True)) / l for c in range(len(V[0]))]
+    return o
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=4096, help="sequence length (Nq = Nk)")
     ap.add_argument("--d", type=int, default=64, help="head dim (d = dv)")
-    ap.add_argument("--bits", type=int, default=256, help="working precision of both")
-    ap.add_argument("--mp-rows", type=int, default=3, help="rows timed in the mpmath loop")
+    ap.add_argument("--bits", type=int, nargs="+", default=[256, 128], help="precisions")
+    ap.add_argument("--mp-rows", type=int, default=3, help="extra rows timed in mpmath")
     ap.add_argument("--workers", type=int, default=None, help="processes for certified")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -48,55 +75,60 @@ def main() -> None:
     )
     a = ap.parse_args()
 
-    load0 = os.getloadavg()[0]  # the machine is shared: say how busy it was
+    load0 = os.getloadavg()[0]
     g = torch.Generator().manual_seed(a.seed)
     q, k, v = (torch.randn(1, a.n, a.d, generator=g, dtype=torch.float64) for _ in range(3))
-
-    t, c = time.perf_counter(), cpu()
-    cert = reference(q, k, v, bits=a.bits, cache=False, workers=a.workers)
-    t_cert, c_cert = time.perf_counter() - t, cpu() - c
-
-    t = time.perf_counter()
-    f64 = reference(q, k, v, method="fp64", cache=False)
-    t_fp64 = time.perf_counter() - t
-
-    # mpmath: time 1 row and 1 + rows rows; the difference is the per-row cost, the rest
-    # is the one-off conversion of K and V to mpf (charged once to the whole head)
-    rows = a.mp_rows
     reference(q[:, :1, :4], k[:, :4, :4], v[:, :4], method="mpmath", cache=False)  # imports
-    t, c = time.perf_counter(), cpu()
-    reference(q[:, :1], k, v, method="mpmath", bits=a.bits, cache=False)
-    t_one, c_one = time.perf_counter() - t, cpu() - c
-    t, c = time.perf_counter(), cpu()
-    mp = reference(q[:, : 1 + rows], k, v, method="mpmath", bits=a.bits, cache=False)
-    t_more, c_more = time.perf_counter() - t, cpu() - c
-    per_row, c_per_row = (t_more - t_one) / rows, (c_more - c_one) / rows
-    setup, c_setup = max(0.0, t_one - per_row), max(0.0, c_one - c_per_row)
-    t_mp = setup + per_row * a.n  # extrapolated: every row of the head costs the same
-    c_mp = c_setup + c_per_row * a.n
-    rows += 1
 
-    same = torch.equal(mp.out, cert.out[:, :rows])
+    f64, t_f64, _ = timed(lambda: reference(q, k, v, method="fp64", cache=False))
+    runs = []
+    cert = None
+    for bits in a.bits:
+        cert, t_c, c_c = timed(
+            lambda b=bits: reference(q, k, v, bits=b, cache=False, workers=a.workers)
+        )
+        _, t1, c1 = timed(
+            lambda b=bits: reference(q[:, :1], k, v, method="mpmath", bits=b, cache=False)
+        )
+        mp, t2, c2 = timed(
+            lambda b=bits: reference(
+                q[:, : 1 + a.mp_rows], k, v, method="mpmath", bits=b, cache=False
+            )
+        )
+        row_t, row_c = (t2 - t1) / a.mp_rows, (c2 - c1) / a.mp_rows
+        mp_t = max(0.0, t1 - row_t) + a.n * row_t  # extrapolated to the whole head
+        mp_c = max(0.0, c1 - row_c) + a.n * row_c
+        _, tb_t, tb_c = timed(lambda b=bits: textbook_row(q[0, 0], k[0], v[0], b))
+        runs.append(
+            {
+                "bits": bits,
+                "certified_wall_s": t_c,
+                "certified_cpu_s": c_c,
+                "certified_workers": cert.info["workers"],
+                "certified_max_prec": cert.info["max_prec"],
+                "certified_uncertain_rows": cert.info["uncertain_rows"],
+                "mpmath_per_row_wall_s": row_t,
+                "mpmath_per_row_cpu_s": row_c,
+                "mpmath_head_wall_s_extrapolated": mp_t,
+                "mpmath_head_cpu_s_extrapolated": mp_c,
+                "mpmath_rows_timed": 1 + a.mp_rows,
+                "mpmath_rows_bitwise_equal_certified": torch.equal(
+                    mp.out, cert.out[:, : 1 + a.mp_rows]
+                ),
+                "speedup_wall": mp_t / t_c,
+                "speedup_cpu": mp_c / c_c,
+                "textbook_row_wall_s": tb_t,
+                "textbook_row_cpu_s": tb_c,
+            }
+        )
+
     err64 = (f64.out - cert.out).abs().amax(-1)
     res = {
         "n": a.n,
         "d": a.d,
-        "bits": a.bits,
         "seed": a.seed,
-        "certified_s": t_cert,
-        "certified_cpu_s": c_cert,
-        "certified_workers": cert.info["workers"],
-        "certified_max_prec": cert.info["max_prec"],
-        "certified_uncertain_rows": cert.info["uncertain_rows"],
-        "fp64_s": t_fp64,
-        "mpmath_rows": rows,
-        "mpmath_per_row_s": per_row,
-        "mpmath_setup_s": setup,
-        "mpmath_head_s_extrapolated": t_mp,
-        "mpmath_head_cpu_s_extrapolated": c_mp,
-        "speedup_vs_mpmath": t_mp / t_cert,
-        "speedup_vs_mpmath_cpu": c_mp / c_cert,
-        "mpmath_rows_bitwise_equal_certified": same,
+        "runs": runs,
+        "fp64_wall_s": t_f64,
         "fp64_max_err": err64.max().item(),
         "fp64_max_bound": f64.err_bound.max().item(),
         "fp64_bound_holds": bool((err64 <= f64.err_bound).all()),
@@ -105,27 +137,37 @@ def main() -> None:
         "python": platform.python_version(),
         "torch": torch.__version__,
     }
-    w = len("certified (arb)")
+
     print(
-        f"one head, N={a.n}, d={a.d}, bits={a.bits}; shared machine, "
-        f"load average {load0:.1f} at start, {os.cpu_count()} cores"
+        f"one head, N={a.n}, d={a.d}; shared machine with {os.cpu_count()} cores, load "
+        f"average {load0:.1f} at start and {os.getloadavg()[0]:.1f} at the end"
     )
-    print(f"{'method':<{w}}  {'wall s':>9}  {'cpu s':>9}  note")
+    print(f"{'method':<28} {'bits':>5} {'wall s':>9} {'cpu s':>9}  note")
+    for r in runs:
+        b = r["bits"]
+        print(
+            f"{'certified (arb)':<28} {b:>5} {r['certified_wall_s']:9.2f} "
+            f"{r['certified_cpu_s']:9.2f}  {r['certified_workers']} process(es), "
+            f"max precision {r['certified_max_prec']}"
+        )
+        print(
+            f"{'mpmath row loop, whole head':<28} {b:>5} "
+            f"{r['mpmath_head_wall_s_extrapolated']:9.1f} "
+            f"{r['mpmath_head_cpu_s_extrapolated']:9.1f}  extrapolated from "
+            f"{r['mpmath_rows_timed']} rows ({r['mpmath_per_row_cpu_s']:.3f} cpu s/row); "
+            f"bitwise equal: {r['mpmath_rows_bitwise_equal_certified']}"
+        )
+        print(
+            f"{'  speedup of certified':<28} {b:>5} {r['speedup_wall']:8.0f}x "
+            f"{r['speedup_cpu']:8.0f}x"
+        )
+        print(
+            f"{'textbook mpmath, one row':<28} {b:>5} {r['textbook_row_wall_s']:9.3f} "
+            f"{r['textbook_row_cpu_s']:9.3f}  (context: Python sum of mpf products)"
+        )
     print(
-        f"{'certified (arb)':<{w}}  {t_cert:9.2f}  {c_cert:9.2f}  "
-        f"{cert.info['workers']} process(es), max precision {cert.info['max_prec']} bits"
-    )
-    print(
-        f"{'fp64':<{w}}  {t_fp64:9.2f}  {'':>9}  max err {res['fp64_max_err']:.2e} <= "
-        f"bound {res['fp64_max_bound']:.2e}: {res['fp64_bound_holds']}"
-    )
-    print(
-        f"{'mpmath':<{w}}  {t_mp:9.1f}  {c_mp:9.1f}  extrapolated: setup + {a.n} x "
-        f"{per_row:.3f} s/row, timed on {rows} rows; bitwise equal to certified: {same}"
-    )
-    print(
-        f"certified vs the mpmath row loop: {res['speedup_vs_mpmath']:.0f}x faster in wall "
-        f"time, {res['speedup_vs_mpmath_cpu']:.0f}x in CPU time"
+        f"{'fp64':<28} {53:>5} {t_f64:9.2f} {'':>9}  max err {res['fp64_max_err']:.2e} "
+        f"<= bound {res['fp64_max_bound']:.2e}: {res['fp64_bound_holds']}"
     )
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as fh:

@@ -492,6 +492,8 @@ def _certified(q, k, v, vis, scale, bits, workers):
     work = B * nq * max(nk, 1)
     if workers is None:
         workers = (os.cpu_count() or 1) if work >= (1 << 21) else 1
+    if multiprocessing.current_process().daemon:
+        workers = 1  # inside a Pool worker (a sweep's): daemons may not have children
     workers = max(1, min(int(workers), len(tasks)))
     max_prec = 16 * bits
     prec_used = bits
@@ -672,9 +674,8 @@ def _mpmath(q, k, v, vis, scale, bits):
             m = max(s)
             p = [ctx.exp(x - m) for x in s]
             l = ctx.fsum(p)
-            for col in range(dv):
-                vc = VT[col] if c == nk else VT[col][:c]
-                out[b, i, col] = _mpf_to_float(ctx.fdot(p, vc) / l)
+            row = [_mpf_to_float(ctx.fdot(p, vc if c == nk else vc[:c]) / l) for vc in VT]
+            out[b, i] = torch.tensor(row, dtype=torch.float64)
             mx[b, i] = _mpf_to_float(m)
             lse[b, i] = _mpf_to_float(m + ctx.log(l))
             width = float(m - min(s))
@@ -683,7 +684,7 @@ def _mpmath(q, k, v, vis, scale, bits):
             rr = math.expm1(tau) / (1 - math.expm1(tau))
             kappa = 3 * _g(c + 1, u) + 2 * u
             e_mp = (2 * rr + kappa) * Mv * 1.01
-            half = max(_half_ulp(float(out[b, i, col])) for col in range(dv)) if dv else 0.0
+            half = max(map(_half_ulp, row), default=0.0)
             err[b, i] = _up(half + e_mp)
     return out, lse, mx, err, {}
 
