@@ -282,3 +282,14 @@ def test_unknown_param_lists_valid_params():
 def test_bad_params(name, kw, match):
     with pytest.raises(ValueError, match=match):
         make(name, **kw)
+
+
+def test_every_distribution_has_a_config_with_its_defaults():
+    import yaml
+
+    root = Path(__file__).resolve().parents[1] / "conf" / "distribution"
+    for name in DISTRIBUTIONS:
+        conf = yaml.safe_load((root / f"{name}.yaml").read_text())
+        assert conf["name"] == name
+        if name != "worst_case":  # its only parameter, the path, has no default
+            assert conf["params"] == params(name), name
