@@ -531,6 +531,11 @@ def attention_triton(
             "truncates fp8 casts. Valid on CPU: fp16, bf16, fp32"
         )
     _check_inputs(q, k, v, block_m, block_n)
+    if pol.inputs in FP8 and min(block_n, q.shape[-1], v.shape[-1]) <= 16:
+        raise ValueError(
+            f"fp8 dots need K >= 32 (Triton's minimum for 8-bit operands): got block_n="
+            f"{block_n}, d={q.shape[-1]}, dv={v.shape[-1]}; valid: block_n >= 32, d, dv > 16"
+        )
 
     lead = q.shape[:-2]
     nq, nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
