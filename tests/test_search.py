@@ -14,11 +14,11 @@ SMALL = dict(policy="fa2", precision="bf16", seq_len=128, head_dim=16, block_n=3
 @pytest.fixture(scope="module")
 def found(tmp_path_factory):
     out = tmp_path_factory.mktemp("worst")
-    return worst_case(**SMALL, seed=1, max_evals=30, save=out)
+    return worst_case(**SMALL, seed=1, max_evals=24, save=out)
 
 
 def test_search_beats_gaussian_and_respects_the_v_bound(found):
-    assert found.n_evals == 30
+    assert found.n_evals == 24
     assert found.error >= found.baseline
     assert found.screen["gaussian"] == found.baseline  # the screen reruns the baseline
     assert float(found.inputs.v.abs().max()) <= found.bound
@@ -47,7 +47,7 @@ def test_objective_reference_agrees_with_certified(found):
 
 
 def test_same_seed_same_search(found, tmp_path):
-    again = worst_case(**SMALL, seed=1, max_evals=30, save=False, verify=False)
+    again = worst_case(**SMALL, seed=1, max_evals=24, save=False, verify=False)
     assert again.error == found.error and again.params == found.params
     assert torch.equal(again.inputs.q, found.inputs.q)
     assert torch.equal(again.inputs.v, found.inputs.v)
