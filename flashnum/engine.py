@@ -335,7 +335,7 @@ def _logits(ar: Arith, blocks: _Blocks, kb, scale_s, bm, bn, causal, tall):
 
 def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, trace, tau, beta):
     lead = q.shape[:-2]
-    nq, nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    nq, nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     dtype = _carrier(pol)
     ar = Arith(pol, rounding, seed, dtype)
     fin = pol.fmt("inputs")

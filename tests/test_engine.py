@@ -133,7 +133,7 @@ def test_mp_256_bits_block_order_and_size_change_the_output_by_less_than_2_pow_m
         outs.append(flashnum.attention(q, k, v, precision="mp", mp_bits=256, block_n=bn,
                                        order=order).info["out_mp"])
     for o in outs[1:]:
-        diff = max(abs(a - b) for a, b in zip(o.flatten(), outs[0].flatten()))
+        diff = max(abs(a - b) for a, b in zip(o.flatten(), outs[0].flatten(), strict=True))
         assert diff < 2.0**-200
     # and the mp recurrence agrees with the certified reference to float64 rounding
     ref = flashnum.reference(q, k, v)
