@@ -244,8 +244,9 @@ def attention(
         from .kernels.triton_flash import attention_triton
 
         return attention_triton(
-            q, k, v, policy=pol, block_m=block_m, block_n=block_n, order=order,
-            variant=variant, causal=causal, scale=scale, seed=seed, trace=trace,
+            q, k, v, policy=pol, precision=precision, block_m=block_m, block_n=block_n,
+            order=order, variant=variant, causal=causal, scale=scale, seed=seed, trace=trace,
+            rounding=rounding,
         )
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -360,9 +361,12 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
     # -- the order of key blocks, per (batch*head, query block) --
     tall = not needs_block_max(order)
     if needs_block_max(order):
+        # a tile's largest logit over its *real* query rows: padded rows would add logit 0
+        real = (torch.arange(n_qb)[:, None] * bm + torch.arange(bm) < nq)[..., None]
         bmax = torch.stack(
             [
                 _logits(ar, blocks, torch.full((1, n_qb), j), scale_s, bm, bn, causal, tall)
+                .masked_fill(~real, -math.inf)
                 .amax(dim=(-1, -2))
                 for j in range(n_kb)
             ],

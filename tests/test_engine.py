@@ -190,6 +190,17 @@ def test_variants_agree_with_the_reference_to_bf16_accuracy():
         assert (res.out - ref.out).abs().max() < 8 * 2.0**-8 * ref.out.abs().max()
 
 
+def test_max_orders_rank_tiles_over_real_query_rows_only():
+    # all logits negative and Nq not a multiple of block_m: zero-padded query rows
+    # (logit 0) must not decide the order
+    q, k, v = qkv(1, 1, nq=5, nk=32, d=4)
+    q = q.abs()
+    k = -(k.abs() + torch.arange(32, dtype=torch.float64)[:, None] * 0.1)  # later keys smaller
+    res = flashnum.attention(q, k, v, precision="fp32", policy="fa2", block_m=8, block_n=8,
+                             order="max_ascending", trace=True)
+    assert res.trace.order[0, 0, 0].tolist() == [3, 2, 1, 0]
+
+
 def test_lazy_rescaling_skips_rescales_below_tau():
     q, k, v = qkv(1, 1, nq=16, nk=256, d=16, sigma=2.0)
     eager = flashnum.attention(q, k, v, precision="fp32", policy="fa2", block_n=16)
