@@ -38,6 +38,7 @@ What each figure shows (the selection is also written into its \\Sel macro):
                         of the emulator on the same cases
     precision_bits      precision_bits: median error vs significand bits p
     tab_tightness       the sweeps: bound / measured error per precision and policy
+    tab_presets         the presets' format per site (from flashnum.policy: no experiment)
     tab_worst_case      worst_case: the worst distributions against gaussian
     tab_repro_*         the reproductions: published numbers beside ours
 """
@@ -121,6 +122,13 @@ NUMBERS = {
     "WorstCaseDist": "the distribution with the largest error (worst_case)",
     "WorstCaseErr": "its error (worst_case)",
     "WorstCaseRatio": "its error / gaussian's under the same setting (worst_case)",
+    "BoundHeld": "rows whose error is within the deterministic bound (the sweeps)",
+    **{f"{k}{what}": f"{name}: {desc}"
+       for k, name in (("FaThree", "repro_fa3_table3"), ("Golden", "repro_is_flash_stable"),
+                       ("QiuYao", "repro_qiu_yao"), ("Pcast", "repro_fp8_pcast"))
+       for what, desc in (("Match", "exp RMS log(ours / published) over published rows"),
+                          ("Protocol", "the protocol of the rows shown"),
+                          ("Text", "sentences: match factor, disagreements, protocol"))},
 }
 
 COLORS = {
@@ -178,8 +186,10 @@ def tex_num(x, digits: int = 2) -> str:
     if x == 0:
         return "0"
     e = math.floor(math.log10(abs(x)))
-    if -2 <= e < 4:
+    if -2 <= e < digits:
         return f"{x:.{max(digits - 1 - e, 0)}f}"
+    if digits <= e < 6:  # 1082 -> 1{,}100: a whole number, still `digits` significant
+        return f"{round(x, digits - 1 - e):,.0f}".replace(",", "{,}")
     m = f"{x:.{digits - 1}e}"
     mant, exp = m.split("e")
     return rf"\ensuremath{{{mant}\times 10^{{{int(exp)}}}}}"
@@ -220,15 +230,19 @@ class Figures:
     def select(self, stem: str, parts: list[str]) -> None:
         self.selections[stem] = tex_escape("; ".join(parts))
 
-    def save(self, fig, stem: str) -> None:
-        """Write stem.pdf and stem.png without timestamps, and stem.tex including the PDF."""
+    def save(self, fig, stem: str, width: float = 1.0) -> None:
+        """Write stem.pdf and stem.png without timestamps, and stem.tex including the PDF.
+
+        width: the fraction of the text width the paper shows it at (the figure sizes
+        below are chosen so that the 8 pt labels print at about 8 pt).
+        """
         import matplotlib.pyplot as plt
 
         fig.savefig(self.out / f"{stem}.pdf", metadata={"CreationDate": None})
         fig.savefig(self.out / f"{stem}.png", dpi=150, metadata={"Software": None})
         plt.close(fig)
         _write(self.out / f"{stem}.tex",
-               f"\\includegraphics[width=\\linewidth]{{figures/{stem}.pdf}}\n")
+               f"\\includegraphics[width={width:g}\\linewidth]{{figures/{stem}.pdf}}\n")
         self.made.append(stem)
 
     def placeholder(self, stem: str, experiment: str) -> None:
@@ -272,6 +286,16 @@ def _prefer(df: pd.DataFrame, sel: list[str], **want) -> pd.DataFrame:
     return df
 
 
+def _trusted(df: pd.DataFrame, sel: list[str]) -> pd.DataFrame:
+    """Drop rows whose reference is not accurate enough to measure their error (ref_ok)."""
+    if "ref_ok" in df.columns:
+        bad = ~df["ref_ok"].astype(bool)
+        if bad.any():
+            sel.append(f"{int(bad.sum())} rows without a trusted reference left out")
+            df = df[~bad]
+    return df
+
+
 def _slope(x, y) -> float:
     """Least-squares exponent a of y ~ x^a (positive values only); nan with < 2 points."""
     x, y = np.asarray(x, float), np.asarray(y, float)
@@ -289,11 +313,19 @@ def _style():
 
     plt.rcParams.update({
         "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "legend.fontsize": 7,
-        "xtick.labelsize": 7, "ytick.labelsize": 7, "pdf.fonttype": 42,
-        "axes.grid": True, "grid.alpha": 0.3, "savefig.bbox": "tight",
-        "svg.hashsalt": "flashnum",
+        "xtick.labelsize": 7, "ytick.labelsize": 7,
+        "axes.grid": True, "grid.alpha": 0.3,
+        "svg.hashsalt": "flashnum", "figure.constrained_layout.use": True,
+        "lines.markersize": 4,
     })
     return plt
+
+
+def _log2_ticks(ax, values) -> None:
+    """Tick a log axis at the swept values themselves (powers of two, mostly)."""
+    v = sorted({int(x) for x in values})
+    ax.set_xticks(v, [str(x) for x in v])
+    ax.minorticks_off()
 
 
 def _color(key: str) -> str:
@@ -310,7 +342,7 @@ def error_vs_n(F: Figures) -> None:
         return F.placeholder("error_vs_n", "seqlen_growth")
     plt = _style()
     sel = []
-    df = _prefer(df, sel, policy="fa2", distribution="gaussian", variant="fa2",
+    df = _prefer(_trusted(df, sel), sel, policy="fa2", distribution="gaussian", variant="fa2",
                  order="forward", backend="emulate")
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
     for prec in sorted(df.precision.unique()):
@@ -335,9 +367,10 @@ def error_vs_n(F: Figures) -> None:
     F.num("NMax", int(df.seq_len_k.max()))
     ax.set(xscale="log", yscale="log", xlabel="sequence length N",
            ylabel=r"max$|\hat o - o|$ (median over seeds)")
-    ax.legend(ncol=2, loc="best")
+    _log2_ticks(ax, df.seq_len_k)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     F.select("error_vs_n", sel + [f"median and range over {df.seed.nunique()} seeds"])
-    F.save(fig, "error_vs_n")
+    F.save(fig, "error_vs_n", width=0.85)
 
 
 def error_vs_block_n(F: Figures) -> None:
@@ -346,7 +379,7 @@ def error_vs_block_n(F: Figures) -> None:
         return F.placeholder("error_vs_block_n", "block_size")
     plt = _style()
     sel = []
-    df = _prefer(df, sel, precision="bf16", distribution="gaussian", variant="fa2",
+    df = _prefer(_trusted(df, sel), sel, precision="bf16", distribution="gaussian", variant="fa2",
                  order="forward", backend="emulate")
     # one N: the largest, where the number of rescales differs most between block sizes
     n = int(df.seq_len_k.max())
@@ -356,6 +389,9 @@ def error_vs_block_n(F: Figures) -> None:
     for pol in sorted(df.policy.unique()):
         g = df[df.policy == pol].groupby("block_n")[ERR]
         b, med = np.array(sorted(g.groups)), g.median().sort_index().values
+        if len(b) == 1:  # standard attention has no key blocks: one level for every block_n
+            ax.axhline(med[0], color=_color(pol), ls="--", label=f"{pol} (no blocks)")
+            continue
         ax.plot(b, med, "o-", color=_color(pol), label=pol)
         if pol == "fa2":
             F.num("SlopeBlockN", _slope(b, med))
@@ -364,11 +400,10 @@ def error_vs_block_n(F: Figures) -> None:
     F.num("BlockNMax", int(df.block_n.max()))
     ax.set(xscale="log", yscale="log", xlabel="keys per block (block_n)",
            ylabel=r"max$|\hat o - o|$ (median)")
-    ax.set_xticks(sorted(df.block_n.unique()), [str(b) for b in sorted(df.block_n.unique())])
-    ax.minorticks_off()
+    _log2_ticks(ax, df.block_n)
     ax.legend()
     F.select("error_vs_block_n", sel + [f"median over {df.seed.nunique()} seeds"])
-    F.save(fig, "error_vs_block_n")
+    F.save(fig, "error_vs_block_n", width=0.8)
 
 
 def error_by_order(F: Figures) -> None:
@@ -376,13 +411,15 @@ def error_by_order(F: Figures) -> None:
     if df is None:
         return F.placeholder("error_by_order", "block_order")
     plt = _style()
+    from matplotlib.ticker import FormatStrFormatter
     sel = []
-    df = _prefer(df, sel, precision="bf16", policy="fa2", variant="fa2", backend="emulate")
+    df = _prefer(_trusted(df, sel), sel, precision="bf16", policy="fa2", variant="fa2",
+                 backend="emulate")
     med = df.groupby(["distribution", "order"])[ERR].median().unstack("order")
     if "forward" not in med:
         raise ValueError("block_order has no forward-order rows to compare against")
     ratio = med.div(med["forward"], axis=0)
-    orders = ["forward"] + sorted(o for o in ratio.columns if o != "forward")
+    orders = sorted(o for o in ratio.columns if o != "forward")  # forward is the line at 1
     dists = sorted(ratio.index)
     fig, ax = plt.subplots(figsize=(6.0, 3.0))
     w = 0.8 / len(orders)
@@ -391,8 +428,10 @@ def error_by_order(F: Figures) -> None:
         ax.bar(x + (i - (len(orders) - 1) / 2) * w, ratio.loc[dists, o].values, w, label=o)
     ax.set_xticks(x, dists, rotation=30, ha="right")
     ax.set(yscale="log", ylabel="median error / forward order's")
-    ax.axhline(1.0, color="k", lw=0.6)
-    ax.legend(ncol=3)
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+    ax.axhline(1.0, color="k", lw=0.8, label="forward")
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(orders) + 1)
     others = ratio.drop(columns="forward").stack()
     if len(others):
         (wd, wo), (bd, bo) = others.idxmax(), others.idxmin()
@@ -403,7 +442,7 @@ def error_by_order(F: Figures) -> None:
         F.num("OrderBestRatio", float(others.min()))
         F.num("OrderBestDist", tex_word(bd))
     F.select("error_by_order", sel + [f"median over seeds and N ({df.seed.nunique()} seeds)"])
-    F.save(fig, "error_by_order")
+    F.save(fig, "error_by_order", width=0.9)
 
 
 def heatmap(F: Figures) -> None:
@@ -411,23 +450,27 @@ def heatmap(F: Figures) -> None:
     if df is None:
         return F.placeholder("heatmap", "bf16_sweep")
     plt = _style()
+    import matplotlib
     F.num("SweepCases", len(df))
     sel = []
-    df = _prefer(df, sel, precision="bf16", variant="fa2", backend="emulate", order="forward",
-                 block_n=64)
+    df = _prefer(_trusted(df, sel), sel, precision="bf16", variant="fa2", backend="emulate",
+                 order="forward", block_n=64)
     med = df.groupby(["distribution", "policy"])[ERR].median().unstack("policy")
     med = med.sort_index()[sorted(med.columns)]
     fig, ax = plt.subplots(figsize=(4.8, 0.28 * len(med) + 1.2))
-    with np.errstate(divide="ignore"):
-        z = np.log10(med.values.astype(float))
-    im = ax.imshow(z, aspect="auto", cmap="viridis")
+    v = med.values.astype(float)
+    ok = np.isfinite(v) & (v > 0)
+    z = np.ma.masked_array(np.log10(np.where(ok, v, 1.0)), mask=~ok)  # grey: overflow or 0
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.8")
+    im = ax.imshow(z, aspect="auto", cmap=cmap)
     ax.set_xticks(range(med.shape[1]), med.columns)
     ax.set_yticks(range(med.shape[0]), med.index)
     ax.grid(False)
-    for (i, j), v in np.ndenumerate(med.values):
-        if np.isfinite(v):
-            ax.text(j, i, f"{v:.1e}", ha="center", va="center", fontsize=6,
-                    color="w" if z[i, j] < np.nanmean(z) else "k")
+    mid = float(z.mean()) if ok.any() else 0.0
+    for (i, j), x in np.ndenumerate(v):
+        text = f"{x:.1e}" if np.isfinite(x) else ("inf" if x > 0 else "n/a")
+        light = ok[i, j] and z[i, j] < mid
+        ax.text(j, i, text, ha="center", va="center", fontsize=6, color="w" if light else "k")
     fig.colorbar(im, ax=ax, label=r"$\log_{10}$ median max$|\hat o - o|$")
     if "fa2" in med:
         fa = med["fa2"]
@@ -438,7 +481,7 @@ def heatmap(F: Figures) -> None:
             if pol in med:
                 F.num(name, float((med[pol] / fa).median()))
     F.select("heatmap", sel + ["median over N and seeds"])
-    F.save(fig, "heatmap")
+    F.save(fig, "heatmap", width=0.75)
 
 
 def attribution(F: Figures) -> None:
@@ -449,7 +492,7 @@ def attribution(F: Figures) -> None:
 
     plt = _style()
     sel = []
-    df = _prefer(df, sel, precision="bf16", policy="fa2")
+    df = _prefer(_trusted(df, sel), sel, precision="bf16", policy="fa2")
     dists = sorted(df.distribution.unique()) if "distribution" in df else ["all"]
     first = [d for d in ("gaussian", "ties") if d in dists]
     dists = (first + [d for d in dists if d not in first])[:4]
@@ -466,7 +509,6 @@ def attribution(F: Figures) -> None:
         total = float(d["total"].median())
         ax.axvline(total, color="k", lw=0.8, label="all sites rounded")
         ax.set_yticks(y, sites)
-        ax.invert_yaxis()
         ax.set(xscale="log", title=dist, xlabel=r"max$|\hat o - o|$")
         if only.notna().any():
             top = only.idxmax()
@@ -477,7 +519,9 @@ def attribution(F: Figures) -> None:
                       if total > 0 else math.nan)
             if dist == "ties":
                 F.num("AttrTiesDominantSite", tex_word(top))
-    axes[0][0].legend(loc="lower left", fontsize=6)
+    axes[0][0].invert_yaxis()  # shared y: invert once, so the sites read top-down in data order
+    h, lab = axes[0][0].get_legend_handles_labels()
+    fig.legend(h, lab, loc="outside lower center", ncol=3)
     F.select("attribution", sel + ["median over cases"])
     F.save(fig, "attribution")
 
@@ -502,7 +546,7 @@ def kernel_vs_emulator(F: Figures) -> None:
     a1.hist([eu.values, ku.values], bins=bins, label=["emulator", "Triton kernel"],
             color=[_color("emulate"), _color("triton")])
     a1.set(xlabel="max error in ulps of the output format", ylabel="cases")
-    a1.legend()
+    a1.legend(loc="upper right")
     ke, ee = wide[ERR]["triton"], wide[ERR]["emulate"]
     a2.loglog(ee.values, ke.values, ".", ms=3)
     lo, hi = float(min(ee.min(), ke.min())), float(max(ee.max(), ke.max()))
@@ -525,7 +569,7 @@ def precision_bits(F: Figures) -> None:
 
     plt = _style()
     sel = []
-    df = _prefer(df, sel, policy="fa2", distribution="gaussian", variant="fa2")
+    df = _prefer(_trusted(df, sel), sel, policy="fa2", distribution="gaussian", variant="fa2")
     mp = df["mp_bits"] if "mp_bits" in df else pd.Series(256, index=df.index)
     df = df.assign(p=[get_format(pr, int(b)).p for pr, b in zip(df.precision, mp, strict=True)])
     fig, ax = plt.subplots(figsize=(5.0, 3.0))
@@ -543,7 +587,7 @@ def precision_bits(F: Figures) -> None:
     ax.set(xlabel="significand bits p", ylabel=r"max$|\hat o - o|$ (median)")
     ax.legend()
     F.select("precision_bits", sel + ["median over seeds"])
-    F.save(fig, "precision_bits")
+    F.save(fig, "precision_bits", width=0.75)
 
 
 # ---------------------------------------------------------------------------
@@ -573,6 +617,7 @@ def tab_tightness(F: Figures) -> None:
                      tex_num(d.t.min()), tex_num(int((d.t < 1).sum()))])
     F.num("BoundCases", len(df))
     F.num("BoundViolations", int((df.t < 1).sum()))
+    F.num("BoundHeld", int((df.t >= 1).sum()))
     fa = df[df.policy == "fa2"]
     if len(fa):
         F.num("TightnessMedian", float(fa.t.median()))
@@ -609,40 +654,101 @@ def tab_worst_case(F: Figures) -> None:
     F.write_table("tab_worst_case", _tabular(cols, rows, "l" * (1 + len(keys)) + "rr"))
 
 
+def tab_presets(F: Figures) -> None:
+    """The presets' format per site (from flashnum.policy, not from an experiment)."""
+    from .policy import PRESETS, SITES, make_policy
+
+    pols = [make_policy(name, "bf16") for name in PRESETS if name != "exact"]
+    rows = [[tex_word(site)] + [tex_word(getattr(p, site)) for p in pols] for site in SITES]
+    rows += [[tex_word(a)] + [tex_word(getattr(p, a)) for p in pols]
+             for a in ("structure", "l_from")]
+    F.write_table("tab_presets", _tabular(["site"] + [tex_word(p.name) for p in pols], rows))
+
+
 # columns a reproduction table never shows (bookkeeping, not results)
 _HIDDEN = {"experiment", "case_id", "wall_s", "dist_params", "policy_sites", "m_ok", "l_ok",
-           "reference_method", "batch", "mp_bits", "tau", "beta", "rounding"}
+           "reference_method", "batch", "mp_bits", "tau", "beta", "rounding", "best",
+           "match", "ours_over_published", "ours_se", "published", "ours"}
+_LABELS = ("row", "quantity", "claim", "case", "name")
+AGREE = 2.0  # a published number and ours "agree" within this factor (same order, same sign)
+
+
+def _cell(v) -> str:
+    if v is None or (isinstance(v, (float, np.floating)) and not np.isfinite(v)):
+        return "--"
+    if isinstance(v, str):
+        return tex_escape(v)
+    return tex_num(v)
 
 
 def tab_repro(F: Figures, name: str) -> None:
-    """A reproduction's table as stored: published beside ours, one row per quantity."""
-    stem = f"tab_{name}"
+    """A reproduction's table: published beside ours, and a sentence saying where they differ.
+
+    The table holds tidy rows with `published` and `ours` (flashnum.reproduce). Where it
+    marks a best-matching protocol (`best`), only those rows are shown and the protocol
+    (the columns constant over them) is named in the text.
+    """
+    stem, key = f"tab_{name}", REPRO_KEYS[name]
     df = F.table(name)
     if df is None:
         return F.placeholder(stem, name)
-    cols = [c for c in df.columns if c not in _HIDDEN and df[c].notna().any()]
-    # constant columns describe the protocol, not the rows: keep them out of the table
-    varying = [c for c in cols if df[c].astype(str).nunique() > 1 or c in ("published", "ours")]
-    cols = varying or cols
+    if not {"published", "ours"} <= set(df.columns):
+        cols = [c for c in df.columns if c not in _HIDDEN - {"published", "ours"}]
+        rows = [[_cell(r[c]) for c in cols] for _, r in df[cols].head(30).iterrows()]
+        return F.write_table(stem, _tabular([tex_escape(c) for c in cols], rows))
+    if "best" in df.columns and df["best"].astype(bool).any():
+        df = df[df["best"].astype(bool)]
+    label = next((c for c in _LABELS if c in df.columns), None)
+    shown = [c for c in df.columns if c not in _HIDDEN and c != label
+             and df[c].astype(str).nunique() > 1][:3]
+    fixed = [c for c in df.columns if c not in _HIDDEN and c != label and c not in shown
+             and df[c].notna().all() and df[c].astype(str).nunique() == 1]
+    has_se = "ours_se" in df.columns
     rows = []
-    for _, r in df[cols].iterrows():
-        cells = []
-        for c in cols:
-            v = r[c]
-            if isinstance(v, str):
-                cells.append(tex_escape(v))
-            elif isinstance(v, (float, np.floating)) and not np.isfinite(v):
-                cells.append("--")
-            else:
-                cells.append(tex_num(v))
-        rows.append(cells)
-    align = "".join("l" if df[c].dtype == object else "r" for c in cols)
-    F.write_table(stem, _tabular([tex_escape(c) for c in cols], rows, align))
+    for _, r in df.head(30).iterrows():
+        ours = _cell(r["ours"])
+        if has_se and np.isfinite(r["ours_se"]) and r["ours_se"] > 0:
+            ours += r" $\pm$ " + _cell(r["ours_se"])
+        ratio = r["ours"] / r["published"] if np.isfinite(r["published"]) else math.nan
+        rows.append(([_cell(r[label])] if label else []) + [_cell(r[c]) for c in shown]
+                    + [_cell(r["published"]), ours, _cell(ratio)])
+    cols = ([tex_escape(label)] if label else []) + [tex_escape(c) for c in shown]
+    cols += ["published", "ours", "ours / published"]
+    F.write_table(stem, _tabular(cols, rows, "l" * (len(cols) - 3) + "rrr"))
+    # the sentence: how well the published numbers are matched, and which are not
+    pub = df[np.isfinite(df["published"]) & (df["published"] != 0)]
+    text = []
+    if len(pub):
+        r = (pub["ours"] / pub["published"]).astype(float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            match = float(np.exp(np.sqrt(np.mean(np.log(r.abs()) ** 2))))
+        F.num(f"{key}Match", match)
+        what = "the published number" if len(pub) == 1 else f"the {len(pub)} published numbers"
+        text.append(f"Over {what} our values differ by a match "
+                    f"factor of {tex_num(match)} (ours over published from "
+                    f"{tex_num(float(r.min()))} to {tex_num(float(r.max()))}).")
+        off = pub[(r > AGREE) | (r < 1 / AGREE)]
+        if len(off):
+            items = [f"{_cell(x[label]) if label else 'row'} "
+                     f"({tex_num(float(x['ours'] / x['published']))}$\\times$)"
+                     for _, x in off.iterrows()]
+            text.append(f"We disagree by more than a factor of {AGREE:g} on: "
+                        + "; ".join(items) + ".")
+        else:
+            text.append(f"Every published number is matched within a factor of {AGREE:g}.")
+    proto = ", ".join(f"{tex_escape(c)} {_cell(df[c].iloc[0])}" for c in fixed[:8])
+    F.num(f"{key}Protocol", proto or "not recorded in the table")
+    if proto:
+        text.append(f"Protocol: {proto}.")
+    F.num(f"{key}Text", " ".join(text))
 
 
-REPROS = ("repro_fa3_table3", "repro_is_flash_stable", "repro_qiu_yao", "repro_fp8_pcast")
+REPRO_KEYS = {"repro_fa3_table3": "FaThree", "repro_is_flash_stable": "Golden",
+              "repro_qiu_yao": "QiuYao", "repro_fp8_pcast": "Pcast"}
+REPROS = tuple(REPRO_KEYS)
 FIGURES = (error_vs_n, error_vs_block_n, error_by_order, heatmap, attribution,
-           kernel_vs_emulator, precision_bits, tab_tightness, tab_worst_case)
+           kernel_vs_emulator, precision_bits, tab_tightness, tab_worst_case, tab_presets)
+PLOTS = tuple(f.__name__ for f in FIGURES if not f.__name__.startswith("tab_"))
 
 
 def write_numbers(F: Figures) -> None:
@@ -656,9 +762,9 @@ def write_numbers(F: Figures) -> None:
     for name, what in NUMBERS.items():
         lines.append(f"\\newcommand{{\\{name}}}{{{F.numbers.get(name, chr(92) + 'nyr')}}}"
                      f" % {what}")
-    stems = [f.__name__ for f in FIGURES]
-    for stem in stems:
-        lines.append(f"\\newcommand{{\\Sel{tex_name(stem)}}}{{{F.selections.get(stem, '')}}}")
+    for stem in PLOTS:
+        sel = F.selections.get(stem, chr(92) + "nyr")
+        lines.append(f"\\newcommand{{\\Sel{tex_name(stem)}}}{{{sel}}}")
     _write(F.out / "numbers.tex", "\n".join(lines) + "\n")
 
 
