@@ -87,6 +87,7 @@ class ChecksConf:
     m_exact: bool = True  # emulate: final m == max of engine.logits, bit for bit
     naive_ratio: bool = True  # also run standard attention in the precision
     bound: bool = True  # flashnum.bounds.bound for every case
+    bound_prob: bool = True  # and its probabilistic bound (Higham & Mary)
 
 
 @dataclass
@@ -134,19 +135,19 @@ def _choices(valid) -> str:
     return ", ".join(str(v) for v in valid)
 
 
-def check_format(what: str, name) -> None:
-    from .formats import PRECISIONS, get_format
+def check_format(what: str, name, site: bool = False) -> None:
+    """A precision (fp64 ... mp, p<bits>) or, with site=True, a site's format (no mp)."""
+    from .formats import FORMAT_NAMES, PRECISIONS, get_format
 
-    ok = isinstance(name, str)
+    ok = isinstance(name, str) and not (site and name.startswith("mp"))
     if ok:
         try:
             get_format(name)
         except ValueError:
             ok = False
-    if not ok or name == "exact":
-        raise ValueError(
-            f"unknown {what} {name!r}; valid: {_choices(PRECISIONS)}, or p<bits> (2..52)"
-        )
+    if not ok or (name == "exact" and not site):
+        valid = FORMAT_NAMES if site else PRECISIONS
+        raise ValueError(f"unknown {what} {name!r}; valid: {_choices(valid)}, or p<bits> (2..52)")
 
 
 def check_choice(what: str, value, valid) -> None:

@@ -186,7 +186,7 @@ def check_case(d: dict, where: str = "grid", search: bool = False) -> None:
             raise ValueError(f"policy_sites must be a mapping site -> format, got {sites!r}")
         for site, fmt in sites.items():
             check_choice("policy site", site, SITES)
-            check_format(f"format for site {site}", fmt)
+            check_format(f"format for site {site}", fmt, site=True)
         for key in ("block_m", "block_n", "batch", "heads", "seq_len_q", "head_dim"):
             check_positive(key, d[key])
         if d["seq_len_k"] is not None:

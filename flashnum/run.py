@@ -234,7 +234,8 @@ def run_case(case: Case, inp, ref_of, experiment: str, opts: dict) -> dict:
         try:
             b = bounds.bound(q, k, v, policy=pol, block_n=case.block_n,
                              n_rescales=res.n_rescales, causal=causal, scale=inp.scale,
-                             variant=case.variant)
+                             variant=case.variant, rounding=case.rounding, tau=case.tau,
+                             beta=case.beta, prob=opts["bound_prob"])
             terms = {s: _num(t) for s, t in (b.get("terms") or {}).items()}
             row.update(bound=_num(b["bound"]), bound_prob=_num(b.get("bound_prob")),
                        dominant_site=b.get("dominant_site"),
@@ -486,8 +487,10 @@ def run(cfg) -> dict:
     mpath = _manifest_path(exp_dir, cfg)
     exp_dir.mkdir(parents=True, exist_ok=True)
     _write_manifest(mpath, info)
+    store.write_grid(exp_dir, [c.case_id for c in cases_all])
 
     opts = dict(trace=cfg.checks.trace, naive_ratio=cfg.checks.naive_ratio, bound=cfg.checks.bound,
+                bound_prob=cfg.checks.bound_prob,
                 certified_max_logits=cfg.reference.certified_max_logits, bits=cfg.reference.bits,
                 ok_ratio=cfg.reference.ok_ratio)
     tasks = tasks_of(todo, n_workers)
@@ -499,7 +502,7 @@ def run(cfg) -> dict:
     info.update(end_time=_now(), wall_s=wall, counts=counts)
     _write_manifest(mpath, info)
     ids = {c.case_id for c in cases}
-    df = store.load(exp_dir) if store._files(exp_dir) else None
+    df = store.load(exp_dir, all_rows=True) if store._files(exp_dir) else None
     df = df[df["case_id"].isin(ids)].reset_index(drop=True) if df is not None else None
     print(summary(df, cfg, counts, wall, n_workers, failures), flush=True)
     return dict(counts=counts, table=df, failures=failures, wall_s=wall)
@@ -516,8 +519,10 @@ def _execute(tasks, experiment, exp_dir, opts, n_workers, progress) -> list:
 
     total = sum(len(t) for _, t in tasks)
     failures: list = []
+    # a terminal gets a live bar; a log file one line every 30 s
     bar = tqdm(total=total, unit="case", disable=not progress or total == 0, file=sys.stderr,
-               dynamic_ncols=True, smoothing=0.05)
+               dynamic_ncols=True, smoothing=0.05,
+               mininterval=0.1 if sys.stderr.isatty() else 30.0)
     if n_workers <= 1:
         import torch
 
@@ -616,7 +621,7 @@ def summary(df, cfg, counts, wall, n_workers, failures) -> str:
     lines.append(f"worst {len(worst)} cases by max_abs_err:")
     lines.append(_table(worst[cols]))
     rows = []
-    for y in ("max_abs_err", "rmse"):
+    for y in ("max_abs_err", "normwise_rel_err"):
         gn, gb = growth(df, "seq_len_k", y), growth(df, "block_n", y)
         for pol in sorted(set(gn) | set(gb)):
             a, b = gn.get(pol), gb.get(pol)
@@ -653,10 +658,16 @@ def _options(group: str) -> list[str]:
     from hydra.core.global_hydra import GlobalHydra
 
     try:
-        return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+        opts = list(GlobalHydra.instance().config_loader().get_group_options(group))
     except Exception:
-        d = CONF / group
-        return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+        opts = []
+    d = CONF / group
+    opts += [p.stem for p in d.glob("*.yaml")] if d.is_dir() else []
+    if group == "distribution":
+        from .distributions import DISTRIBUTIONS
+
+        opts += list(DISTRIBUTIONS)
+    return sorted(set(opts))
 
 
 def _schema_keys(key: str) -> list[str]:
@@ -688,6 +699,9 @@ def explain(exc: BaseException) -> str:
     if m:
         full = re.search(r"full_key: (\S+)", text)
         key = full.group(1) if full else m.group(1)
+        parent = key.rsplit(".", 1)[0]
+        if parent.split(".")[-1] in ("sites", "params", "search"):  # open mappings
+            return f"{key} is not set yet; add it with +{key}=VALUE"
         valid = _schema_keys(key)
         return f"unknown key {key!r}; valid: {', '.join(valid)}" if valid else (
             f"unknown key {key!r}")
@@ -746,7 +760,7 @@ def _fail(msg: str, code: int = 2):
     sys.exit(code)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
 def _hydra_main(cfg) -> None:
     try:
         check(cfg)
@@ -777,4 +791,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # run the importable module, not __main__: workers and submitit jobs unpickle
+    # functions by module name, and `__main__` is another module in their process
+    from flashnum.run import main as _main
+
+    _main()

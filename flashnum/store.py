@@ -13,6 +13,7 @@ Layout of experiments/<name>/:
     manifest.json         what ran: the composed config, git commit and dirty flag,
                           versions, machine, start and end time (manifest.shard-i-of-n.json
                           for a shard of a sharded run), and the earlier runs
+    grid.json             the case_ids of the grid last run (every shard writes the same)
 
 Why it never corrupts: every file is written whole to a temporary name in the same
 folder, flushed to disk, then renamed over its final name (os.replace is atomic on
@@ -40,6 +41,7 @@ import pyarrow.parquet as pq
 RESULTS = "results.parquet"
 PARTS = "parts"
 MANIFEST = "manifest.json"
+GRID = "grid.json"
 LOCK = ".compact.lock"
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,10 +109,17 @@ def _files(exp_dir: Path) -> list[Path]:
 def done_ids(name_or_path, root=None) -> set[str]:
     """The case_ids that already have a row (reads only that column)."""
     exp_dir = experiment_dir(name_or_path, root)
-    ids: set[str] = set()
-    for f in _files(exp_dir):
-        ids.update(pq.read_table(f, columns=["case_id"]).column("case_id").to_pylist())
-    return ids
+    for attempt in range(3):
+        ids: set[str] = set()
+        try:
+            for f in _files(exp_dir):
+                ids.update(pq.read_table(f, columns=["case_id"]).column("case_id").to_pylist())
+            return ids
+        except FileNotFoundError:
+            # a compaction removed a part between listing and reading: list again
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _read(files: list[Path]) -> pd.DataFrame:
@@ -123,9 +132,22 @@ def _read(files: list[Path]) -> pd.DataFrame:
     return df.sort_values("case_id", kind="stable").reset_index(drop=True)
 
 
-def load(name_or_path, root=None) -> pd.DataFrame:
+def write_grid(exp_dir, case_ids: list[str]) -> None:
+    """Record the case_ids of the grid just run (what `load` shows by default)."""
+    write_json(Path(exp_dir) / GRID, {"n": len(case_ids), "case_ids": sorted(case_ids)})
+
+
+def grid_ids(name_or_path, root=None) -> set[str] | None:
+    f = experiment_dir(name_or_path, root) / GRID
+    return set(json.loads(f.read_text())["case_ids"]) if f.exists() else None
+
+
+def load(name_or_path, root=None, all_rows: bool = False) -> pd.DataFrame:
     """The experiment's table: results.parquet and every part, one row per case_id.
 
+    By default only the rows of the grid last run (grid.json): rows of cases that
+    left the grid (a distribution's defaults changed, a smaller override) stay on
+    disk, append-only, and come back with all_rows=True.
     Raises FileNotFoundError naming the folder when there is no table at all.
     """
     exp_dir = experiment_dir(name_or_path, root)
@@ -136,7 +158,11 @@ def load(name_or_path, root=None) -> pd.DataFrame:
                 f"no results in {exp_dir} (run: python -m flashnum.run experiment={exp_dir.name})"
             )
         try:
-            return _read(files)
+            df = _read(files)
+            ids = None if all_rows else grid_ids(exp_dir)
+            if ids is not None and len(df):
+                df = df[df["case_id"].isin(ids)].reset_index(drop=True)
+            return df
         except FileNotFoundError:
             # a compaction removed a part between listing and reading: list again
             if attempt == 2:
