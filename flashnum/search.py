@@ -57,7 +57,10 @@ import torch
 from .distributions import DISTRIBUTIONS, Inputs, make
 from .policy import make_policy
 
-METRICS = ("max_abs", "rmse", "max_abs_v")
+# max_abs: max |out - exact|; rmse: its root mean square (FlashAttention-3's Table 3);
+# max_abs_v: max_abs / max|V| (scale-free); max_ulp: max |out - exact| / ulp(exact) in
+# the output format (1/2 is a correctly rounded output; near-zero exact values blow it up)
+METRICS = ("max_abs", "rmse", "max_abs_v", "max_ulp")
 FAMILY = "structured"
 DEFAULT_DIR = Path("experiments/worst_case/inputs")
 # not screened: the family itself, saved files, and shapes of their own (masked has Nk < Nq)
@@ -120,10 +123,15 @@ def reference_out(inp: Inputs, method: str = "torch64") -> torch.Tensor:
     return p @ inp.v
 
 
-def metric_of(out: torch.Tensor, ref: torch.Tensor, v: torch.Tensor, metric: str) -> float:
+def metric_of(out: torch.Tensor, ref: torch.Tensor, v: torch.Tensor, metric: str,
+              out_format=None) -> float:
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
     err = (out - ref).abs()
+    if metric == "max_ulp":
+        if not hasattr(out_format, "ulp"):
+            raise ValueError(f"metric max_ulp needs a rounded output format, got {out_format}")
+        return float((err / out_format.ulp(ref)).max())
     if metric == "rmse":
         return float(err.pow(2).mean().sqrt())
     e = float(err.max())
@@ -150,7 +158,8 @@ def evaluate(inp: Inputs, engine_kw: dict, metric: str = "max_abs",
     from .engine import attention
 
     res = attention(inp.q, inp.k, inp.v, causal=inp.causal, scale=inp.scale, **engine_kw)
-    return metric_of(res.out, reference_out(inp, reference), inp.v, metric)
+    fmt = make_policy(engine_kw["policy"], engine_kw["precision"]).fmt("out")
+    return metric_of(res.out, reference_out(inp, reference), inp.v, metric, fmt)
 
 
 def _into_range(inp: Inputs, bound: float) -> Inputs:
@@ -347,6 +356,40 @@ def _verify(inp: Inputs, kw: dict, metric: str) -> dict:
     except ImportError:
         return {}
     return {m: evaluate(inp, kw, metric, reference=m) for m in ("fp64", "certified")}
+
+
+def anatomy(inp: Inputs, engine_kw: dict) -> dict:
+    """Where and why a case errs: the worst output element and the structure around it.
+
+    Returns the worst (row, col), the exact and computed values and the error in ulps
+    of the output format at the exact value; for that row: how many distinct logits
+    and how many keys share the max, which key block holds the max, the share of
+    softmax mass on keys whose logit is shared with another key (repeated logits:
+    their P round alike, so their cast errors add up), and the share of that V
+    column's entries with the majority sign.
+    """
+    from .distributions import dot_logits
+    from .engine import attention
+
+    res = attention(inp.q, inp.k, inp.v, causal=inp.causal, scale=inp.scale, **engine_kw)
+    ref = reference_out(inp)
+    err = (res.out - ref).abs()
+    idx = tuple(int(t) for t in torch.unravel_index(err.flatten().argmax(), err.shape))
+    *bh, i, c = idx
+    s = dot_logits(inp.q[tuple(bh)][i : i + 1], inp.k[tuple(bh)], inp.softmax_scale)[0]
+    p = torch.exp(s - s.max())
+    vals, inverse, counts = torch.unique(s, return_inverse=True, return_counts=True)
+    fmt = make_policy(engine_kw["policy"], engine_kw["precision"]).fmt("out")
+    x = ref[idx]
+    vcol = inp.v[tuple(bh)][:, c]
+    return dict(
+        row=i, col=c, exact=float(x), computed=float(res.out[idx]),
+        error=float(err[idx]), error_ulps=float(err[idx] / fmt.ulp(x)),
+        distinct_logits=int(vals.numel()), keys_at_max=int((s == s.max()).sum()),
+        max_key_block=int(s.argmax()) // engine_kw["block_n"],
+        repeated_mass=float(p[counts[inverse] >= 2].sum() / p.sum()),
+        v_col_same_sign=float(max((vcol > 0).double().mean(), (vcol < 0).double().mean())),
+    )
 
 
 # -- saving and replaying -------------------------------------------------------------
