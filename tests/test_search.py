@@ -99,4 +99,4 @@ def test_plateau_peak_first_beats_peak_last():
     first = evaluate(prepare(make("plateau", seq_len_q=256), "bf16", "fa2"), kw, "max_ulp")
     last = evaluate(prepare(make("plateau", seq_len_q=256, peak_block=-1), "bf16", "fa2"), kw,
                     "max_ulp")
-    assert first > 0.75 > last  # measured 1.24 and 0.58 ulps of bf16
+    assert first > 0.75 > last  # measured 1.24 and 0.69 ulps of bf16 (seed 0, N = 256)
