@@ -85,10 +85,16 @@ class SearchResult:
     verified: dict = field(default_factory=dict)  # reference method -> error (final check)
     config: dict = field(default_factory=dict)
 
+    def seconds_to(self, ratio: float) -> float | None:
+        """Seconds from the start until the best error first reached ratio x baseline."""
+        hit = [t for _, t, e in self.history if e >= ratio * self.baseline]
+        return hit[0] if hit else None
+
     def summary(self) -> dict:
         d = asdict(self)
         d.pop("inputs")
         d.pop("history")
+        d["seconds_to_10x"] = self.seconds_to(10.0)
         return d
 
 
@@ -450,11 +456,13 @@ def main(argv=None) -> SearchResult:
     ap.add_argument("--max-evals", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(DEFAULT_DIR))
+    ap.add_argument("--no-screen", action="store_true", help="skip the catalogue screen")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
     res = worst_case(a.policy, a.precision, a.seq_len, a.head_dim, a.block_n, a.block_m,
                      a.order, a.metric, a.budget, a.seed, variant=a.variant,
-                     max_evals=a.max_evals, save=a.out, verbose=not a.quiet)
+                     max_evals=a.max_evals, screen=not a.no_screen, save=a.out,
+                     verbose=not a.quiet)
     print(json.dumps(res.summary(), default=str))
     return res
 
