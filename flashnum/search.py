@@ -95,6 +95,7 @@ class SearchResult:
         d.pop("inputs")
         d.pop("history")
         d["seconds_to_10x"] = self.seconds_to(10.0)
+        d["certified"] = self.verified.get("certified")  # None when not verified
         return d
 
 
@@ -230,16 +231,23 @@ def worst_case(policy: str = "fa2", precision: str = "bf16", seq_len: int = 1024
                head_dim: int = 64, block_n: int = 64, block_m: int = 64,
                order: str = "forward", metric: str = "max_abs", budget_s: float = 100.0,
                seed: int = 0, *, variant: str = "fa2", batch: int = 1, heads: int = 1,
-               max_evals: int | None = None, population: int = 16, screen: bool = True,
+               max_evals: int | None = None, population: int = 16,
+               popsize: int | None = None, screen: bool = True,
                save: bool | str | Path = True, verify: bool = True,
                verbose: bool = False) -> SearchResult:
-    """Search inputs for the largest error; see the module docstring for what and how."""
+    """Search inputs for the largest error; see the module docstring for what and how.
+
+    population: members of the DE population (16). popsize: scipy's multiplier, kept
+    for older configs: population = popsize x 9 when given.
+    """
     from scipy.optimize import differential_evolution
 
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
     if budget_s <= 0 and max_evals is None:
         raise ValueError(f"budget_s must be > 0 (or give max_evals), got {budget_s}")
+    if popsize is not None:
+        population = popsize * 9
     t0 = time.perf_counter()
     deadline = t0 + budget_s if budget_s > 0 else math.inf
     kw = _engine_kw(policy, precision, block_m, block_n, order, variant)
