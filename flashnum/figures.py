@@ -36,7 +36,7 @@ What each figure shows (the selection is also written into its \\Sel macro):
                         rounded and with all but that site rounded
     kernel_vs_emulator  kernel_vs_emulator: max ulp error of the Triton kernel and
                         of the emulator on the same cases
-    precision_bits      precision_bits: median error vs significand bits p
+    precision_bits      precision_bits: median error vs significand bits p, per policy
     tab_tightness       the sweeps: bound / measured error per precision and policy
     tab_presets         the presets' format per site (from flashnum.policy: no experiment)
     tab_worst_case      worst_case: the worst distributions against gaussian
@@ -225,6 +225,10 @@ def tex_word(s: str) -> str:
 # the context: tables in, files and numbers out
 
 
+class Unplottable(ValueError):
+    """The table exists but cannot make this figure (e.g. the swept axis does not vary)."""
+
+
 @dataclass
 class Figures:
     experiments: Path
@@ -233,6 +237,7 @@ class Figures:
     selections: dict = field(default_factory=dict)  # figure -> TeX text
     made: list = field(default_factory=list)
     placeholders: list = field(default_factory=list)  # (file stem, experiment)
+    not_drawn: list = field(default_factory=list)  # (file stem, experiment, why)
     _tables: dict = field(default_factory=dict)
 
     def table(self, name: str) -> pd.DataFrame | None:
@@ -275,6 +280,14 @@ class Figures:
         _write(self.out / f"{stem}.tex", f"\\notyetrun{{{cmd}}}\n")
         self.placeholders.append((stem, experiment))
 
+    def cannot_draw(self, stem: str, experiment: str, why: str) -> None:
+        """A framed box saying why a table that exists does not give this figure."""
+        for ext in ("pdf", "png"):
+            (self.out / f"{stem}.{ext}").unlink(missing_ok=True)
+        _write(self.out / f"{stem}.tex",
+               f"\\notdrawn{{{tex_escape(experiment)}: {tex_escape(why)}}}\n")
+        self.not_drawn.append((stem, experiment, why))
+
     def write_table(self, stem: str, body: str) -> None:
         _write(self.out / f"{stem}.tex", body)
         self.made.append(stem)
@@ -315,6 +328,13 @@ def _trusted(df: pd.DataFrame, sel: list[str]) -> pd.DataFrame:
         if bad.any():
             sel.append(f"{int(bad.sum())} rows without a trusted reference left out")
             df = df[~bad]
+    return _rows(df, "trusted-reference")
+
+
+def _rows(df: pd.DataFrame, what: str) -> pd.DataFrame:
+    """df, or Unplottable when the selection left no rows."""
+    if df.empty:
+        raise Unplottable(f"has no {what} rows")
     return df
 
 
@@ -403,6 +423,10 @@ def error_vs_block_n(F: Figures) -> None:
     sel = []
     df = _prefer(_trusted(df, sel), sel, precision="bf16", distribution="gaussian", variant="fa2",
                  order="forward", backend="emulate")
+    # one block_m (rows are independent, but keep the swapped-tile slice out of the line)
+    bm = int(df.block_m.mode().min())
+    df = df[df.block_m == bm]
+    sel.append(f"block_m {bm}")
     # one N: the largest, where the number of rescales differs most between block sizes
     n = int(df.seq_len_k.max())
     df = df[df.seq_len_k == n]
@@ -436,12 +460,14 @@ def error_by_order(F: Figures) -> None:
     from matplotlib.ticker import FormatStrFormatter
     sel = []
     df = _prefer(_trusted(df, sel), sel, precision="bf16", policy="fa2", variant="fa2",
-                 backend="emulate")
+                 backend="emulate", policy_sites="{}")
     med = df.groupby(["distribution", "order"])[ERR].median().unstack("order")
     if "forward" not in med:
-        raise ValueError("block_order has no forward-order rows to compare against")
+        raise Unplottable("has no forward-order rows to compare against")
     ratio = med.div(med["forward"], axis=0)
     orders = sorted(o for o in ratio.columns if o != "forward")  # forward is the line at 1
+    if not orders:
+        raise Unplottable("has no key-block order other than forward")
     dists = sorted(ratio.index)
     fig, ax = plt.subplots(figsize=(6.0, 3.0))
     w = 0.8 / len(orders)
@@ -559,7 +585,7 @@ def kernel_vs_emulator(F: Figures) -> None:
     wide = df.pivot_table(index=keys, columns="backend", values=["max_ulp_err", ERR],
                           aggfunc="first")
     if not {"triton", "emulate"} <= set(df.backend):
-        raise ValueError("kernel_vs_emulator needs rows of both backends, triton and emulate")
+        raise Unplottable("lacks rows of one backend (needs triton and emulate)")
     wide = wide.dropna()
     ku, eu = wide["max_ulp_err"]["triton"], wide["max_ulp_err"]["emulate"]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(6.3, 2.8))
@@ -591,24 +617,28 @@ def precision_bits(F: Figures) -> None:
 
     plt = _style()
     sel = []
-    df = _prefer(_trusted(df, sel), sel, policy="fa2", distribution="gaussian", variant="fa2")
-    mp = df["mp_bits"] if "mp_bits" in df else pd.Series(256, index=df.index)
-    df = df.assign(p=[get_format(pr, int(b)).p for pr, b in zip(df.precision, mp, strict=True)])
+    df = _prefer(_trusted(df, sel), sel, distribution="gaussian", variant="fa2",
+                 backend="emulate")
+    df = _rows(df[df.precision.str.fullmatch(r"p\d+")], "p<bits> precision")  # mp: not here
+    n = int(df.seq_len_k.max())  # the longest rows: the most roundings per output
+    df = df[df.seq_len_k == n]
+    sel.append(f"N {n}")
+    df = df.assign(p=[get_format(pr).p for pr in df.precision])
     fig, ax = plt.subplots(figsize=(5.0, 3.0))
-    for n in sorted(df.seq_len_k.unique()):
-        g = df[df.seq_len_k == n].groupby("p")[ERR].median().sort_index()
-        ax.semilogy(g.index, g.values, "o-", label=f"N = {n}")
-    g = df.groupby("p")[ERR].median().sort_index()
-    p = g.index.values.astype(float)
+    for pol in sorted(df.policy.unique()):
+        g = df[df.policy == pol].groupby("p")[ERR].median().sort_index()
+        ax.semilogy(g.index, g.values, "o-", color=_color(pol), label=pol)
+        ok = g.values > 0
+        if pol == "fa2" and ok.sum() >= 2:
+            p = g.index.values.astype(float)
+            F.num("SlopeBits", float(np.polyfit(p[ok], np.log2(g.values[ok]), 1)[0]))
+    p = np.array(sorted(df.p.unique()), dtype=float)
     ax.semilogy(p, 2.0 ** -p, "k--", lw=0.8, label=r"$u = 2^{-p}$")
-    ok = g.values > 0
-    if ok.sum() >= 2:
-        F.num("SlopeBits", float(np.polyfit(p[ok], np.log2(g.values[ok]), 1)[0]))
     F.num("BitsMin", int(p.min()))
     F.num("BitsMax", int(p.max()))
     ax.set(xlabel="significand bits p", ylabel=r"max$|\hat o - o|$ (median)")
     ax.legend()
-    F.select("precision_bits", sel + ["median over seeds"])
+    F.select("precision_bits", sel + [f"median over {df.seed.nunique()} seeds"])
     F.save(fig, "precision_bits", width=0.75)
 
 
@@ -977,16 +1007,26 @@ def tab_repro(F: Figures, name: str) -> None:
 FIGURES = (error_vs_n, error_vs_block_n, error_by_order, heatmap, attribution,
            kernel_vs_emulator, precision_bits, tab_tightness, tab_worst_case, tab_presets)
 PLOTS = tuple(f.__name__ for f in FIGURES if not f.__name__.startswith("tab_"))
+# the experiment each figure reads (for messages; tab_tightness reads all three sweeps)
+SOURCES = {"error_vs_n": "seqlen_growth", "error_vs_block_n": "block_size",
+           "error_by_order": "block_order", "heatmap": "bf16_sweep",
+           "attribution": "attribution", "kernel_vs_emulator": "kernel_vs_emulator",
+           "precision_bits": "precision_bits", "tab_tightness": "bf16_sweep",
+           "tab_worst_case": "worst_case", "tab_presets": "policy"}
 
 
 def write_numbers(F: Figures) -> None:
     lines = [
         "% generated by python -m flashnum.figures from experiments/*: do not edit",
         r"\providecommand{\nyr}{\textsf{[not yet run]}}",
+        r"\providecommand{\notyetrun}[1]{\fbox{not yet run: \texttt{#1}}}",
+        r"\providecommand{\notdrawn}[1]{\fbox{not drawn: #1}}",
     ]
     for name in EXPERIMENTS:
         sw = f"have{tex_name(name)}"
-        lines.append(f"\\newif\\if{sw} \\{sw}{'true' if F.have(name) else 'false'}")
+        # an experiment whose figure could not be drawn is not quoted either
+        ok = F.have(name) and name not in {e for _, e, _ in F.not_drawn}
+        lines.append(f"\\newif\\if{sw} \\{sw}{'true' if ok else 'false'}")
     for name, what in NUMBERS.items():
         lines.append(f"\\newcommand{{\\{name}}}{{{F.numbers.get(name, chr(92) + 'nyr')}}}"
                      f" % {what}")
@@ -1003,7 +1043,10 @@ def generate(experiments=None, out=None) -> Figures:
     out.mkdir(parents=True, exist_ok=True)
     F = Figures(experiments, out)
     for fn in FIGURES:
-        fn(F)
+        try:
+            fn(F)
+        except Unplottable as e:
+            F.cannot_draw(fn.__name__, SOURCES[fn.__name__], str(e))
     for name in REPROS:
         tab_repro(F, name)
     write_numbers(F)
@@ -1023,6 +1066,8 @@ def main(argv=None) -> int:
         print(f"  made         {stem}")
     for stem, exp in F.placeholders:
         print(f"  placeholder  {stem}: no table {exp}; run: {EXPERIMENTS[exp]}")
+    for stem, exp, why in F.not_drawn:
+        print(f"  not drawn    {stem}: table {exp} {why}")
     missing = sorted({exp for _, exp in F.placeholders})
     if missing:
         print(f"{len(missing)} experiment(s) not yet run: {', '.join(missing)}")

@@ -92,7 +92,8 @@ def synthetic_tree(root: Path, skip=()) -> Path:
     t["precision_bits"] = [
         _row("precision_bits", i, precision=f"p{p}", seq_len_k=n, max_abs_err=2.0**-p * 10)
         for i, (p, n) in enumerate((p, n) for p in (6, 8, 11, 16, 24) for n in (256, 1024))
-    ]
+    ] + [_row("precision_bits", 99, precision="mp", mp_bits=16, policy="exact", seq_len_k=64,
+              max_abs_err=1.0)]  # the mp recurrence: another backend, not on the p-bit line
     t["kernel_vs_emulator"] = [
         _row("kernel_vs_emulator", i, backend=b, seed=s, distribution=d,
              max_ulp_err=float(1 + (s % 3) + (b == "triton" and s == 1)),
@@ -306,11 +307,17 @@ def test_missing_experiment_gives_placeholder_and_names_the_command(tmp_path, ca
     assert (out / "tab_repro_fa3_table3.tex").read_text().startswith(r"\begin{tabular}")
 
 
-def test_reproduction_table_of_unknown_shape_is_shown_as_stored(tmp_path):
+def test_tables_that_cannot_give_their_figure_say_so(tmp_path):
+    """A table of unknown shape is shown as stored; one without the swept axis is not drawn."""
     root = tmp_path / "experiments"
     _save(root, "repro_fp8_pcast", [dict(experiment="repro_fp8_pcast", case_id="x", mse=1e-5)])
+    _save(root, "block_order", [_row("block_order", 0)])  # forward order only
     out = tmp_path / "figures"
-    generate(root, out)
+    F = generate(root, out)
+    assert F.not_drawn == [("error_by_order", "block_order",
+                            "has no key-block order other than forward")]
+    assert (out / "error_by_order.tex").read_text().startswith(r"\notdrawn{block\_order: ")
+    assert r"\haveBlockOrderfalse" in (out / "numbers.tex").read_text()  # not quoted either
     assert "mse" in (out / "tab_repro_fp8_pcast.tex").read_text()
     text = _macros((out / "numbers.tex").read_text())["PcastText"]
     assert "lacks the columns" in text and r"\texttt{order}" in text
