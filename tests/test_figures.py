@@ -156,7 +156,8 @@ def synthetic_tree(root: Path, skip=()) -> Path:
              else "")
         for i, (dist, pol, var, z) in enumerate(
             (("ties", "lowp", "fa2", 4.0), ("ties", "lowp", "qiu_yao", 0.5),
-             ("gaussian", "lowp", "fa2", 0.2), ("ties", "fa2", "fa2", 1.0)))
+             ("gaussian", "lowp", "fa2", 0.2), ("ties", "fa2", "fa2", 1.0),
+             ("ties_broken", "lowp", "fa2", 0.5)))
     ]
     t["repro_fp8_pcast"] = [
         dict(experiment="repro_fp8_pcast", case_id=f"p{i}", n=1024, realised_height=10.0,
@@ -270,6 +271,7 @@ def test_quoted_numbers_come_from_the_data(full):
     assert _close(m["QiuYaoZ"], -4.0) and _close(m["QiuYaoZFixed"], -0.5)
     assert "confirms the published negative bias" in m["QiuYaoText"]
     assert "the fix removes it" in m["QiuYaoText"]
+    assert "the bias needs the exact ties, as published" in m["QiuYaoText"]  # control z=-0.5
     # P cast: a gain of 6 lies in the published 3-10
     assert _close(m["PcastRatio"], 6.0) and "agrees with the published range" in m["PcastText"]
     assert "$S=256$" in m["PcastText"]  # an exact parameter is printed exactly
