@@ -896,14 +896,24 @@ def repro_qiu_yao(F: Figures, df: pd.DataFrame, key: str) -> str:
     """Qiu & Yao: the bias (mean signed error, z over heads) with and without the fix."""
     df = _sort(df, distribution=("ties", "ties_broken", "gaussian"), logit_std=None,
                policy=("lowp", "fa2"), variant=("fa2", "qiu_yao"))
+    # one row per input and policy: without the adjustment, then with it
     rows = []
-    for _, r in df.iterrows():
-        rows.append([_cell(r.distribution), _cell(r.logit_std), _cell(r.policy),
-                     _cell(r.variant), _pm(r.ours, r.get("ours_se")), _cell(r.z_heads),
-                     _cell(r.z_fix), _cell(r.get("published_finding", ""))])
-    cols = ["inputs", "logit std", "policy", "variant", "mean signed error", "$z$",
+    keys = [c for c in ("distribution", "logit_std", "policy") if c in df]
+    for _, g in df.groupby(keys, sort=False, dropna=False):
+        plain, fix = g[g.variant == "fa2"], g[g.variant == "qiu_yao"]
+        r = (plain if len(plain) else g).iloc[0]
+        rf = fix.iloc[0] if len(fix) else None
+        finding = " / ".join(x for x in (r.get("published_finding", ""),
+                                         "" if rf is None else rf.get("published_finding", ""))
+                             if isinstance(x, str) and x)
+        rows.append([_cell(r.distribution), _cell(r.get("logit_std")), _cell(r.policy),
+                     _pm(r.ours, r.get("ours_se")) if len(plain) else "--",
+                     _cell(r.z_heads) if len(plain) else "--",
+                     "--" if rf is None else _cell(rf.z_heads),
+                     "--" if rf is None else _cell(rf.z_fix), finding or "--"])
+    cols = ["inputs", "logit std", "policy", "mean signed error", "$z$", "$z$ with fix",
             "$z$ of the fix", "published"]
-    F.write_table("tab_repro_qiu_yao", _tabular(cols, rows, "lrllrrrl"))
+    F.write_table("tab_repro_qiu_yao", _tabular(cols, rows, "lrlrrrrl"))
 
     def z(dist, pol, variant):
         d = df[(df.distribution == dist) & (df.policy == pol) & (df.variant == variant)]
@@ -951,16 +961,26 @@ def repro_qiu_yao(F: Figures, df: pd.DataFrame, key: str) -> str:
 def repro_pcast(F: Figures, df: pd.DataFrame, key: str) -> str:
     """fp8 P cast: MSE by key order and static scale, its gain over forward order."""
     df = _sort(df, n=None, realised_height=None, p_scale=None, order=("forward", "reverse"))
+    # one row per length and sink: the baseline (forward, no scale) and the gains over it
+    top = df.p_scale.max()
     rows = []
-    for _, r in df.iterrows():
-        pub = (f"{_cell(r.published_ratio_lo)}--{_cell(r.published_ratio_hi)}"
-               if np.isfinite(r.get("published_ratio_lo", math.nan)) else "--")
-        rows.append([tex_num(int(r.n)), _cell(r.realised_height), _cell(r.p_scale),
-                     _cell(r.order), _pm(r.ours, r.get("ours_se")),
-                     _cell(r.underflow_fraction), _cell(r.ratio_vs_forward), pub])
-    cols = ["$N$", "sink height", "scale $S$", "order", "MSE", "underflow",
-            "gain", "published gain"]
-    F.write_table("tab_repro_fp8_pcast", _tabular(cols, rows, "rrrlrrrr"))
+    for _, g in df.groupby(["n", "realised_height"], sort=False):
+        def at(order, sc, col, g=g):
+            d = g[(g.order == order) & (g.p_scale == sc)]
+            return d[col].iloc[0] if len(d) else math.nan
+        best = g[(g.order == "reverse") & (g.p_scale == top)]
+        pub = (f"{_cell(best.published_ratio_lo.iloc[0])}--{_cell(best.published_ratio_hi.iloc[0])}"
+               if len(best) and np.isfinite(best.published_ratio_lo.iloc[0]) else "--")
+        rows.append([tex_num(int(g.n.iloc[0])), _cell(g.realised_height.iloc[0]),
+                     _pm(at("forward", 1, "ours"), at("forward", 1, "ours_se")),
+                     _cell(at("forward", 1, "underflow_fraction")),
+                     _cell(at("reverse", 1, "ratio_vs_forward")),
+                     _cell(at("forward", top, "ratio_vs_forward")),
+                     _cell(at("reverse", top, "ratio_vs_forward")),
+                     _cell(at("reverse", top, "underflow_fraction")), pub])
+    cols = ["$N$", "sink height", "MSE, forward", "underflow", "reverse",
+            f"$S={tex_num(top)}$", f"reverse, $S={tex_num(top)}$", "underflow", "published"]
+    F.write_table("tab_repro_fp8_pcast", _tabular(cols, rows, "rrrrrrrrr"))
     top = df.p_scale.max()
     best = df[(df.order == "reverse") & (df.p_scale == top)].ratio_vs_forward
     rev = df[(df.order == "reverse") & (df.p_scale == 1)].ratio_vs_forward
