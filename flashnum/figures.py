@@ -1074,6 +1074,10 @@ def write_numbers(F: Figures) -> None:
         # an experiment whose figure could not be drawn is not quoted either
         ok = F.have(name) and name not in {e for _, e, _ in F.not_drawn}
         lines.append(f"\\newif\\if{sw} \\{sw}{'true' if ok else 'false'}")
+    # a GPU run of the kernel benchmark (bench/bench_triton_gpu.py) is stored beside the code
+    gpu = (F.experiments.parent / "bench" / "results" / "triton_gpu.json").exists()
+    tf = "true" if gpu else "false"
+    lines.append(f"\\newif\\ifhaveGpuMeasurements \\haveGpuMeasurements{tf}")
     for name, what in NUMBERS.items():
         lines.append(f"\\newcommand{{\\{name}}}{{{F.numbers.get(name, chr(92) + 'nyr')}}}"
                      f" % {what}")
