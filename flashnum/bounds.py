@@ -479,14 +479,15 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: str, scale: float, l
         if pc_common:
             H = H + n * P["eta_pc"] * Xc
         eta_pc_n = 0.0 if pc_common else P["eta_pc"]
+        # o * alpha, l * alpha may underflow: eta_o, eta_l, times the later rescales (<= Xc)
         A_N = row(1 + Ostar) * (row(n * Xc) * (eta_pc_n * vabsA + eta_key)
-                                 + row(r * P["eta_o"]))
-        A_D = r * P["eta_l"] * (1 + Lstar)
+                                 + row(r * P["eta_o"] * Xc))
+        A_D = r * P["eta_l"] * (1 + Lstar) * Xc
         if variant == "fa1":
             H = H + (T * bn) * P["eta_p"] * wide
             L_hi = n * wide * (1 + Lstar)
-            A_N = A_N + row((1 + Ostar) * (3 * T * P["eta_o"] + T * P["eta_div"] * L_hi))
-            A_D = 2 * T * P["eta_l"] * (1 + Lstar)
+            A_N = A_N + row((1 + Ostar) * Xc * (3 * T * P["eta_o"] + T * P["eta_div"] * L_hi))
+            A_D = 2 * T * P["eta_l"] * (1 + Lstar) * Xc
             Fin_m1 = U("out")
         else:
             Fin_m1 = _x(U("div"), U("out"))
@@ -497,7 +498,7 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: str, scale: float, l
     Cb, Ls, Hr = row(Cbar), row(Lstar), row(Hd)
     num = (deltaA * (Cb + Hr) + row(Ostar) * (nuA + vabsA * Cb + Hr * vabsA)
            + Ls * yA * (1 + Cb + Hr) + AN + yA * row(AD))
-    den = (1 - Cbar) * (1 - Lstar) - AD
+    den = (1 - Cbar - Hd) * (1 - Lstar) - AD
     ok = den > 0
     ratio = num / row(torch.where(ok, den, torch.ones_like(den)))
     bB = (1 + Fin_m1) * (ratio + A_out) + Fin_m1 * yA + eta_fin
