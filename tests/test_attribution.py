@@ -32,7 +32,7 @@ def test_table_has_one_row_per_rounded_site_and_metric():
     pol = Policy(inputs="bf16", out="bf16", name="two")
     t = attribute(inp.q, inp.k, inp.v, policy=pol, ref_out=ref, block_n=16)
     assert list(t.columns) == ["site", "format", "metric", "err_only", "err_without", "total"]
-    assert sorted(zip(t.site, t.metric)) == sorted(
+    assert sorted(zip(t.site, t.metric, strict=True)) == sorted(
         (s, m) for s in ("inputs", "out") for m in ("max_abs", "rmse", "mean_signed"))
     assert rounded_sites(make_policy("fa2", "bf16")) == list(
         make_policy("fa2", "bf16").sites())  # fa2 gives every site a format

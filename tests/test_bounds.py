@@ -18,7 +18,6 @@ from flashnum.engine import attention
 from flashnum.reference import reference
 
 
-
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     # tiny matmuls on a shared 2-core machine: one intra-op thread is ~1000x faster than
