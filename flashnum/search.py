@@ -208,7 +208,7 @@ def _space(n: int, bound: float):
 
 
 def _initial(population: int, dim: int, seed: int):
-    """DE's first population: a scrambled Sobol sample (seeded) plus the gaussian corner.
+    """DE's first population: a seeded Sobol or Latin hypercube sample, plus the gaussian.
 
     Smaller than scipy's default (15 x dim) so that evolution starts within a budget
     of a few dozen evaluations on a loaded machine. The gaussian corner (logit_std 1,
@@ -218,7 +218,10 @@ def _initial(population: int, dim: int, seed: int):
 
     if population < 5:
         raise ValueError(f"population must be >= 5, got {population}")
-    x = qmc.Sobol(dim, scramble=True, seed=seed).random(population)
+    if population & (population - 1) == 0:  # Sobol's balance needs a power of two
+        x = qmc.Sobol(dim, scramble=True, seed=seed).random(population)
+    else:
+        x = qmc.LatinHypercube(dim, seed=seed).random(population)
     x[0] = [1 / 3, 1.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.25][:dim]
     return x
 
