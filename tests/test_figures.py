@@ -346,5 +346,11 @@ def test_paper_uses_only_defined_macros():
     switches = {f"ifhave{figures.tex_name(e)}" for e in EXPERIMENTS} | {"ifhaveGpuMeasurements"}
     used = set(re.findall(r"\\((?:Sel|ifhave)[A-Za-z]+)", tex))
     assert used - declared - switches == set()
+    # every capitalised macro is a generated number, one the paper defines, or TeX's own
+    tex_own = {"S", "P", "L", "O", "Delta", "Gamma", "Lambda", "Omega", "Phi", "Pi", "Psi",
+               "Sigma", "Theta", "Upsilon", "Xi", "Pr"}
+    own = set(re.findall(r"\\newcommand\{\\([A-Za-z]+)\}", tex))
+    capital = set(re.findall(r"\\([A-Z][A-Za-z]*)", tex))
+    assert capital - declared - own - tex_own == set()
     for stem in [f.__name__ for f in figures.FIGURES] + [f"tab_{r}" for r in REPROS]:
         assert f"figures/{stem}" in tex, f"paper.tex never inputs {stem}"
