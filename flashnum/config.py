@@ -179,3 +179,6 @@ def check(cfg) -> None:
     from .grid import base_case, check_case
 
     check_case(base_case(cfg), where="config")
+
+
+register()  # importing the schema makes it composable (hydra's compose API, the runner)

@@ -513,9 +513,12 @@ def run(cfg) -> dict:
 
 
 def _init_worker() -> None:
+    import signal
+
     import torch
 
     torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
 
 def _execute(tasks, experiment, exp_dir, opts, n_workers, progress) -> list:
@@ -543,21 +546,25 @@ def _execute(tasks, experiment, exp_dir, opts, n_workers, progress) -> list:
     # spawn, not fork: a forked torch may hang in its thread pool; children inherit the env
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(n_workers, mp_context=ctx, initializer=_init_worker) as pool:
+    pool = ProcessPoolExecutor(n_workers, mp_context=ctx, initializer=_init_worker)
+    finished = False
+    try:
         futures = [pool.submit(fn, t, experiment, exp_dir, opts) for fn, t in tasks]
-        try:
-            for f in as_completed(futures):
-                r = f.result()
-                failures += r["failures"]
-                bar.update(r["n"])
-                if failures:
-                    bar.set_postfix(failed=len(failures))
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
-        finally:
-            bar.close()
+        for f in as_completed(futures):
+            r = f.result()
+            failures += r["failures"]
+            bar.update(r["n"])
+            if failures:
+                bar.set_postfix(failed=len(failures))
+        finished = True
+    finally:
+        if not finished:
+            # interrupted: stop the workers now (a part is written whole or not at all);
+            # otherwise they would finish every queued task before the process can exit
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.terminate()
+        pool.shutdown(wait=finished, cancel_futures=True)
+        bar.close()
     return failures
 
 
