@@ -235,7 +235,9 @@ def run_case(case: Case, inp, ref_of, experiment: str, opts: dict) -> dict:
     row.update(bound=math.nan, bound_prob=math.nan, dominant_site=None, bound_terms=None)
     if opts["bound"] and pol is not None:
         try:
-            b = bounds.bound(q, k, v, policy=pol, block_n=case.block_n,
+            # q, k, v are already in the inputs format and the reference saw them:
+            # the input rounding contributes nothing here, so the bound must not charge it
+            b = bounds.bound(q, k, v, policy=pol.without("inputs"), block_n=case.block_n,
                              n_rescales=res.n_rescales, causal=causal, scale=inp.scale,
                              variant=case.variant, rounding=case.rounding, tau=case.tau,
                              beta=case.beta, prob=opts["bound_prob"])
