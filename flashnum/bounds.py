@@ -19,7 +19,7 @@ site and |eta| <= half the format's smallest subnormal (additions and subtractio
 have eta = 0). Step A: the rounding of Q, K and the QK^T accumulation and the logit
 roundings perturb each logit by at most E_j = a_A A_j + a_s |s_j| + a_L L1_j + a_0
 (A_j = scale |q|.|k_j|), which moves the output by at most
-exp(E* + E_mean) (u_in nu + Delta E_mean) (a logit-perturbation lemma; Delta = max_j
+exp(E* + E_mean) (u_v nu + Delta E_mean) (a logit-perturbation lemma; Delta = max_j
 |v_j - y|, nu = sum_j pi_j |v_j|). Step B: for the computed logits, the recurrence
 returns (N / D) (1 + div)(1 + out) with N = sum_j w_j (1 + C_j)(1 + O_j) v_j and
 D = sum_j w_j (1 + C_j)(1 + L_j): C_j collects the errors common to l and o (the
@@ -147,7 +147,9 @@ def _dot_rounding(f, carrier, sr: bool):
     return ur, ud, eta, 0.0, 0.0
 
 
-def _params(pol: Policy, rounding: str) -> dict[str, Param]:
+def _params(pol: Policy, rounding: str, on_grid=(False, False, False)) -> dict[str, Param]:
+    """The small parameters of a policy. on_grid: whether q, k, v are already numbers of
+    the inputs' format (their cast is then exact: u = eta = 0)."""
     car = _carrier(pol)
     sr = rounding == "stochastic"
     F = pol.fmt
@@ -168,7 +170,10 @@ def _params(pol: Policy, rounding: str) -> dict[str, Param]:
         out["ud_" + name + "tf"] = Param(tfu, site, "det")  # tf32 operand casts
         out["eta_" + name + "tf"] = Param(tfeta, site, "det")
 
-    put("in", "inputs", F("inputs"), op=False, sr=False, from64=True)  # always nearest
+    for name, exact_cast in zip(("inq", "ink", "inv"), on_grid, strict=True):
+        # the inputs' cast is always to nearest; a number of the format is kept exactly
+        put(name, "inputs", EXACT if exact_cast else F("inputs"), op=False, sr=False,
+            from64=True)
     put_dot("qk", "qk_acc", F("qk_acc"))
     put("sc", "s", F("s"), op=False, sr=sr)  # S from the accumulator into the logits' format
     put("sp", "s", F("s"), op=True, sr=sr)  # times the scale
@@ -402,9 +407,13 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: str, scale: float, l
         bn_eff = bn
     sigma = P["sigma"]
     # -- step A: logits (input rounding of Q, K; tf32 operands; accumulation; s roundings) --
-    rho = _x(U("in"), U("qktf"))
-    alp = P["eta_in"] * (1 + U("qktf")) + P["eta_qktf"]
-    cA_dot = _pw(rho, 2)
+    # |q~_t k~_t - q_t k_t| <= ((1 + rho_q)(1 + rho_k) - 1)|q_t k_t| + alp (1 + rho)(|q_t|
+    # + |k_t|) + alp^2, q~ = tf32(in(q)): rho, alp the larger of q's and k's
+    rho_q, rho_k = _x(U("inq"), U("qktf")), _x(U("ink"), U("qktf"))
+    alp_q = P["eta_inq"] * (1 + U("qktf")) + P["eta_qktf"]
+    alp_k = P["eta_ink"] * (1 + U("qktf")) + P["eta_qktf"]
+    rho, alp = rho_q + rho_k, alp_q + alp_k  # majorants of the larger of the two
+    cA_dot = _x(rho_q, rho_k)
     cL_dot = scale * alp * (1 + rho)
     c0_dot = scale * d * alp**2
     Fm1 = _x(_x(sigma, U("sc")), U("sp"))  # F - 1
@@ -420,7 +429,8 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: str, scale: float, l
     KE = torch.exp(Estar + Ebar)
     row = lambda x: x[..., None]  # noqa: E731  (B, Nq) -> (B, Nq, 1)
     nu, y, delta, vabs = D["nu"], D["y"].abs(), D["delta"], D["vabs"]
-    bA = row(KE) * (U("in") * nu + delta * row(Ebar)) + P["eta_in"]
+    u_v, eta_v = U("inv"), P["eta_inv"]
+    bA = row(KE) * (u_v * nu + delta * row(Ebar)) + eta_v
     # -- step B: the recurrence on the computed logits and values --
     M = D["M"]
     tau_m = U("mc") * (D["Sstar"] + Estar) + P["eta_mc"]
@@ -446,10 +456,10 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: str, scale: float, l
     ud = U("diff")
     Cbar = KE * (Xc * torch.exp(ud * gstar) * ud * gbar + Xc_m1)
     Dinv = torch.exp(dM + Estar)  # 1 / (a lower bound of D = sum_j exp(s^_j - m^_T))
-    nuA = row(KE) * (1 + U("in")) * nu + P["eta_in"]
+    nuA = row(KE) * (1 + u_v) * nu + eta_v
     yA = y + bA
-    vabsA = (1 + U("in")) * vabs + P["eta_in"]
-    deltaA = delta + U("in") * vabs + P["eta_in"] + bA
+    vabsA = (1 + u_v) * vabs + eta_v
+    deltaA = delta + u_v * vabs + eta_v + bA
     tf_pv = _pw(U("pvtf"), 2)
     p_hi = torch.exp(tau_eff) * (1 + ue) + P["eta_p"]
     fno = 0.0 if pc_common else U("pc")
@@ -595,7 +605,12 @@ def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = Fals
     structure = pol.structure
     base2 = variant == "exp2" and structure != "standard"
     d = q.shape[-1]
-    params = _params(pol, rounding)
+    fin = pol.fmt("inputs")
+    on_grid = tuple(
+        isinstance(fin, Format) and fin.p < 53 and fin.representable(x.detach().cpu())
+        for x in (q, k, v)
+    )
+    params = _params(pol, rounding, on_grid)
     scale_exact, sigma = _scale_error(pol, d, scale, base2, rounding)
     params["sigma"] = Param(sigma, "s", "det")
     scale_nat = scale_exact / (1 / math.log(2) if base2 else 1.0)  # natural-unit scale
@@ -669,7 +684,7 @@ def _prob_std(params, D, *, structure, variant, r, l_from, beta, tau):
     Ms0 = beta * torch.clamp(M, min=0) if variant == "qiu_yao" else M
     tau0 = tau if variant == "lazy" else 0.0
     Rm0 = torch.clamp(Ms0 + tau0 - D["Bmin"], min=0)
-    g = u["in"] ** 2 * (Wv + row(D["Qterm"]) * D["var"] + D["Wk"])
+    g = u["inv"] ** 2 * Wv + u["inq"] ** 2 * row(D["Qterm"]) * D["var"] + u["ink"] ** 2 * D["Wk"]
     g = g + u["qk"] ** 2 * d * D["WA2"]
     g = g + (u["sc"] ** 2 + u["sp"] ** 2) * D["Ws2"] + u["diff"] ** 2 * D["Wg"]
     g = g + u["p"] ** 2 * W1
@@ -692,4 +707,81 @@ def _prob_std(params, D, *, structure, variant, r, l_from, beta, tau):
     return torch.sqrt(g)
 
 
-__all__ = ["bound", "VARIANTS"]
+# ---------------------------------------------------------------------------
+# tightness: the bound against the measured error, over the catalogue
+
+
+def tightness_table(distributions=None, *, policies=("fa2", "naive", "lowp"),
+                    precisions=("bf16", "fp16", "fp32"), block_ns=(16, 64),
+                    orders=("forward", "reverse"), variant="fa2", seq_len=256, head_dim=64,
+                    heads=1, seeds=(0,), prob=True, delta=1e-3):
+    """One row per case: the measured max |out - ref|, the bounds, and their ratio.
+
+    measured is max_ij |out - ref| (ref certified, flashnum.reference); holds checks
+    measured <= bound + max ref.err_bound. tightness = bound / measured (>= 1 when the
+    bound holds; inf bounds, e.g. a site that may overflow, give inf). The naive policy
+    ignores tiling and order: it runs once per (distribution, seed, precision, block_n).
+    """
+    import pandas as pd
+
+    from .distributions import DISTRIBUTIONS, make
+    from .engine import attention
+    from .reference import reference
+
+    names = [n for n in DISTRIBUTIONS if n != "worst_case"] if distributions is None else list(
+        distributions)
+    rows = []
+    for name in names:
+        for seed in seeds:
+            for bn in block_ns:
+                nk = seq_len - seq_len // 4 if name == "masked" else None
+                try:
+                    inp = make(name, heads=heads, seq_len_q=seq_len, seq_len_k=nk,
+                               head_dim=head_dim, seed=seed, block_n=bn)
+                except ValueError:
+                    continue  # e.g. late_max needs >= 2 key blocks
+                ref = reference(inp.q, inp.k, inp.v, causal=inp.causal, scale=inp.scale)
+                ref_err = float(ref.err_bound.max())
+                for policy in policies:
+                    for precision in precisions:
+                        for order in (orders if policy != "naive" else orders[:1]):
+                            kw = dict(precision=precision, policy=policy, block_n=bn,
+                                      causal=inp.causal, scale=inp.scale, variant=variant)
+                            res = attention(inp.q, inp.k, inp.v, order=order, **kw)
+                            b = bound(inp.q, inp.k, inp.v, n_rescales=res.n_rescales,
+                                      prob=prob, delta=delta, **kw)
+                            err = float((res.out - ref.out).abs().max())
+                            ratio = lambda x, e=err: x / e if e > 0 else math.inf  # noqa: E731
+                            rows.append(dict(
+                                distribution=name, seed=seed, policy=policy,
+                                precision=precision, block_n=bn, order=order, variant=variant,
+                                measured=err, ref_err=ref_err, bound=b["bound"],
+                                bound_prob=b["bound_prob"], tightness=ratio(b["bound"]),
+                                tightness_prob=ratio(b["bound_prob"]),
+                                holds=err <= b["bound"] + ref_err,
+                                holds_prob=err <= b["bound_prob"] + ref_err,
+                                dominant_site=b["dominant_site"],
+                                first_order=b["first_order"],
+                            ))
+    return pd.DataFrame(rows)
+
+
+def tightness_summary(table):
+    """Per (policy, precision): cases, finite bounds, median / min / max of bound/measured
+    (min is the tightest case, max the loosest), the same for the probabilistic bound, and
+    how often each bound held."""
+    import numpy as np
+
+    fin = table[np.isfinite(table.tightness)]
+    g = fin.groupby(["policy", "precision"])
+    out = g.tightness.agg(["median", "min", "max"]).add_prefix("det_")
+    out = out.join(g.tightness_prob.agg(["median", "min", "max"]).add_prefix("prob_"))
+    allg = table.groupby(["policy", "precision"])
+    out.insert(0, "finite", g.size())
+    out.insert(0, "cases", allg.size())
+    out["holds"] = allg.holds.mean()
+    out["holds_prob"] = allg.holds_prob.mean()
+    return out.reset_index()
+
+
+__all__ = ["bound", "VARIANTS", "tightness_table", "tightness_summary"]
