@@ -239,9 +239,15 @@ def _scale_error(pol: Policy, d: int, scale, base2: bool, rounding: str) -> tupl
         uc = 2.0**-24 if car is torch.float32 else 0.0
         sigma = (1 + float(rel64) * (1 + 2**-40)) * (1 + uc) * (1 + 2 * fs.u) - 1
         return float(exact), sigma
-    ar = Arith(pol, "nearest", 0, car)
-    scale_s = float(ar.rnd(torch.tensor(s64, dtype=car), fs))
-    sigma = float(abs(ctx.mpf(scale_s) / exact - 1)) * (1 + 2**-40) + 2.0**-200
+    # the larger of the errors on both carriers: a caller may bound a run with a policy that
+    # differs from the engine's only at exact-on-this-data sites (e.g. inputs already in
+    # the format), which can change the carrier and so the double rounding of the scale
+    sigma = 0.0
+    for c in (car, torch.float64 if car is torch.float32 else torch.float32):
+        if c is torch.float32 and (fs is EXACT or isinstance(fs, Exact) or fs.p > 24):
+            continue  # no fp32 carrier with this logits format
+        scale_s = float(Arith(pol, "nearest", 0, c).rnd(torch.tensor(s64, dtype=c), fs))
+        sigma = max(sigma, float(abs(ctx.mpf(scale_s) / exact - 1)) * (1 + 2**-40) + 2.0**-200)
     return float(exact), sigma
 
 
@@ -296,30 +302,37 @@ def _row_data(q, k, v, *, causal, scale, block_n, prob, shift0):
         qc = q3[:, r0:r1]
         S = scale * (qc @ k3.transpose(-1, -2))  # (B, r, nk)
         A = scale * (qabs[:, r0:r1] @ kabs.transpose(-1, -2))
-        L1 = qabs[:, r0:r1].sum(-1)[..., None] + k_l1[:, None, :]
-        if causal:
-            vis = torch.arange(nk)[None, :] < n[r0:r1, None]  # (r, nk)
-        else:
-            vis = torch.ones(r1 - r0, nk, dtype=torch.bool)
-        vis = vis.expand(B, -1, -1)
-        any_vis = vis.any(-1)
+        q_l1 = qabs[:, r0:r1].sum(-1)
         ninf = torch.full_like(S, -math.inf)
-        Sm = torch.where(vis, S, ninf)
+        if causal:
+            vis = (torch.arange(nk)[None, :] < n[r0:r1, None]).expand(B, -1, -1)
+            any_vis = vis.any(-1)
+            zero = torch.zeros_like(S)
+            Sm = torch.where(vis, S, ninf)
+            Sv, Av = torch.where(vis, S, zero), torch.where(vis, A, zero)
+            smin = torch.where(vis, S, -ninf).amin(-1)
+            kl1 = torch.where(vis, k_l1[:, None, :].expand_as(S), zero)
+        else:  # every key visible: no masking passes
+            vis, any_vis = None, torch.ones(B, r1 - r0, dtype=torch.bool)
+            Sm = Sv = S
+            Av = A
+            smin = S.amin(-1)
+            kl1 = k_l1[:, None, :]
         M = Sm.amax(-1)
         Msafe = torch.where(any_vis, M, torch.zeros_like(M))
-        e = torch.where(vis, torch.exp(Sm - Msafe[..., None]), torch.zeros_like(S))
+        e = torch.exp(Sm - Msafe[..., None])  # exp(-inf) = 0 where masked
         pi = e / torch.where(any_vis, e.sum(-1), torch.ones_like(M))[..., None]
-        zero = torch.zeros_like(S)
-        Sv, Av, L1v = (torch.where(vis, x, zero) for x in (S, A, L1))
         R["M"][:, r0:r1] = Msafe
-        R["smin"][:, r0:r1] = torch.where(any_vis, torch.where(vis, S, -ninf).amin(-1), Msafe)
+        R["smin"][:, r0:r1] = torch.where(any_vis, smin, Msafe)
         R["Ms"][:, r0:r1] = (pi * Sv).sum(-1)
-        R["Sbar"][:, r0:r1] = (pi * Sv.abs()).sum(-1)
-        R["Sstar"][:, r0:r1] = Sv.abs().amax(-1)
+        Sabs = Sv.abs()
+        R["Sbar"][:, r0:r1] = (pi * Sabs).sum(-1)
+        R["Sstar"][:, r0:r1] = Sabs.amax(-1)
         R["Abar"][:, r0:r1] = (pi * Av).sum(-1)
         R["Astar"][:, r0:r1] = Av.amax(-1)
-        R["L1bar"][:, r0:r1] = (pi * L1v).sum(-1)
-        R["L1star"][:, r0:r1] = L1v.amax(-1)
+        # L1_j = ||q||_1 + ||k_j||_1 over the visible keys
+        R["L1bar"][:, r0:r1] = q_l1 * pi.sum(-1) + (pi * kl1).sum(-1)
+        R["L1star"][:, r0:r1] = torch.where(any_vis, q_l1 + kl1.amax(-1), torch.zeros_like(M))
         # min over the visible key blocks of the block max (the first m of any order)
         pad = n_kb * bn - nk
         Sp = torch.cat([Sm, ninf[..., :1].expand(*Sm.shape[:-1], pad)], -1) if pad else Sm
@@ -344,9 +357,10 @@ def _row_data(q, k, v, *, causal, scale, block_n, prob, shift0):
             C["Ws2"][:, r0:r1] = wsq(pi2 * Sv * Sv)
             C["WA2"][:, r0:r1] = wsq(pi2 * Av * Av)
             qk2 = scale * scale * ((qc * qc) @ K2.transpose(-1, -2))
-            C["Wk"][:, r0:r1] = wsq(pi2 * torch.where(vis, qk2, zero))
+            # pi = 0 on masked keys, so the weights need no masking
+            C["Wk"][:, r0:r1] = wsq(pi2 * qk2)
             ms0, tau0 = shift0(Msafe)
-            g0 = torch.where(vis, (ms0 + tau0)[..., None] - S, zero)
+            g0 = (ms0 + tau0)[..., None] - S
             C["Wg"][:, r0:r1] = wsq(pi2 * g0 * g0)
             R["Qterm"][:, r0:r1] = scale * scale * ((qc * qc) * (pi @ K2)).sum(-1)
     vis_rows = (n > 0).expand(B, nq)
