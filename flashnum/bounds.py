@@ -148,9 +148,19 @@ def _dot_rounding(f, carrier, sr: bool):
 
 
 def _params(pol: Policy, rounding: str, on_grid=(False, False, False)) -> dict[str, Param]:
-    """The small parameters of a policy. on_grid: whether q, k, v are already numbers of
-    the inputs' format (their cast is then exact: u = eta = 0)."""
-    car = _carrier(pol)
+    """The small parameters of a policy, the larger of their values on the two carriers.
+
+    on_grid: whether q, k, v are already numbers of the inputs' format (their cast is then
+    exact: u = eta = 0). Both carriers: a caller may bound a run with a policy that differs
+    from the engine's only at sites that are exact on this data (inputs already in the
+    format), which can change the engine's carrier; the maximum covers either.
+    """
+    one = [_params_on(pol, rounding, on_grid, car) for car in (torch.float32, torch.float64)]
+    return {name: Param(max(a.value, b.value), a.site, a.kind)
+            for (name, a), b in zip(one[0].items(), one[1].values(), strict=True)}
+
+
+def _params_on(pol: Policy, rounding: str, on_grid, car) -> dict[str, Param]:
     sr = rounding == "stochastic"
     F = pol.fmt
     out: dict[str, Param] = {}
@@ -493,8 +503,10 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: str, scale: float, l
         Fin_m1 = U("out")
         eta_fin = P["eta_out"]
     else:
-        k_o = (3 * T) if variant == "fa1" else (T + r)
-        k_l = (2 * T) if variant == "fa1" else (T + r)
+        # +1: a key's P @ V tile and row sum are rounded into o's and l's formats once,
+        # before they are added (flashnum.engine; a no-op when o and l are fp32)
+        k_o = (3 * T + 1) if variant == "fa1" else (T + r + 1)
+        k_l = (2 * T + 1) if variant == "fa1" else (T + r + 1)
         Ostar = _x(_x(_x(fno, pw("pv", bn)), tf_pv), pw("o", k_o))
         if variant == "fa1":
             Ostar = _x(Ostar, pw("div", T))
@@ -505,13 +517,13 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: str, scale: float, l
         eta_pc_n = 0.0 if pc_common else P["eta_pc"]
         # o * alpha, l * alpha may underflow: eta_o, eta_l, times the later rescales (<= Xc)
         A_N = row(1 + Ostar) * (row(n * Xc) * (eta_pc_n * vabsA + eta_key)
-                                 + row(r * P["eta_o"] * Xc))
-        A_D = r * P["eta_l"] * (1 + Lstar) * Xc
+                                 + row((r + T) * P["eta_o"] * Xc))
+        A_D = (r + T) * P["eta_l"] * (1 + Lstar) * Xc
         if variant == "fa1":
             H = H + (T * bn) * P["eta_p"] * wide
             L_hi = n * wide * (1 + Lstar)
-            A_N = A_N + row((1 + Ostar) * Xc * (3 * T * P["eta_o"] + T * P["eta_div"] * L_hi))
-            A_D = 2 * T * P["eta_l"] * (1 + Lstar) * Xc
+            A_N = A_N + row((1 + Ostar) * Xc * (4 * T * P["eta_o"] + T * P["eta_div"] * L_hi))
+            A_D = 3 * T * P["eta_l"] * (1 + Lstar) * Xc
             Fin_m1 = U("out")
         else:
             Fin_m1 = _x(U("div"), U("out"))

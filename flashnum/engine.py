@@ -25,7 +25,10 @@ rounded once. Reductions (the two dots, the block row sum) accumulate in their
 site's format: fp64/exact in float64, fp32 by real fp32 arithmetic (torch's
 float32 matmul/sum, whose summation order is the BLAS's, as a GPU's is its
 own), tf32 by rounding the operands to tf32 and summing in fp32 (tensor cores),
-narrower formats by recursive summation rounded after every addition. The
+narrower formats by recursive summation rounded after every addition. A
+block's row sum and its P @ V tile are stored in l's and o's formats before they
+are added into l and o (what a pure-PyTorch port does with bf16 tensors; a no-op
+when l and o are fp32, as in FA2 kernels). The
 carrier is float32 when every site is fp32 or narrower (exact for +, -, *, /
 since 24 >= 2p + 2 for p <= 11 makes the double rounding innocuous), else
 float64. exp is always evaluated in float64 and then rounded, so it is
@@ -404,9 +407,13 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
             alpha = ar.exp(ar.rnd(m - m_safe, f_m), f_p, base2)
             p = ar.exp(ar.rnd(s - m_safe[..., None], f_diff), f_p, base2)
             pc = ar.site(p, "p_cast")
-            l_blk = ar.rowsum(pc if pol.l_from == "p_cast" else p, pol.fmt("l_acc"))
+            # a block's row sum and P @ V tile are values in l's and o's formats before
+            # they are added (pure-PyTorch ports store them in the dtype; for fa2 they are
+            # already fp32: no rounding)
+            l_blk = ar.site(ar.rowsum(pc if pol.l_from == "p_cast" else p, pol.fmt("l_acc")),
+                            "l")
             l = ar.site(ar.site(l * alpha, "l") + l_blk, "l")
-            pv = _tile_dot(ar, pc, vj, pol.fmt("pv_acc"), tall)
+            pv = ar.site(_tile_dot(ar, pc, vj, pol.fmt("pv_acc"), tall), "o")
             o = ar.site(ar.site(o * alpha[..., None], "o") + pv, "o")
             m = m_new
         if trace:
@@ -450,11 +457,12 @@ def _fa1_step(ar, s, vj, m, l, o, m_blk, f_diff, n_rescales, tall):
     m_new_safe = torch.where(torch.isfinite(m_new), m_new, zero)
     p = ar.exp(ar.rnd(s - m_blk_safe[..., None], f_diff), f_p)  # P~ relative to the block max
     pc = ar.site(p, "p_cast")
-    l_blk = ar.rowsum(pc if ar.policy.l_from == "p_cast" else p, ar.policy.fmt("l_acc"))
+    l_blk = ar.site(ar.rowsum(pc if ar.policy.l_from == "p_cast" else p,
+                              ar.policy.fmt("l_acc")), "l")
     a_old = ar.exp(ar.rnd(m - m_new_safe, f_m), f_p)
     a_blk = ar.exp(ar.rnd(m_blk - m_new_safe, f_m), f_p)
     l_new = ar.site(ar.site(a_old * l, "l") + ar.site(a_blk * l_blk, "l"), "l")
-    pv = _tile_dot(ar, pc, vj, ar.policy.fmt("pv_acc"), tall)
+    pv = ar.site(_tile_dot(ar, pc, vj, ar.policy.fmt("pv_acc"), tall), "o")
     num = ar.site(
         ar.site(ar.site(l * a_old, "o")[..., None] * o, "o")
         + ar.site(a_blk[..., None] * pv, "o"),

@@ -17,8 +17,10 @@ Sites, in the order the data flows (FA2 recurrence, REFERENCES.md):
     p_cast   P as it enters P @ V (FA2 casts P to the input dtype here)
     pv_acc   accumulation of the dot P @ V
     l_acc    accumulation of the block row sum rowsum(P)
-    l        the running normaliser l_i = l_{i-1} alpha + rowsum(P)
-    o        the accumulator o_i = o_{i-1} alpha + P V
+    l        the running normaliser l_i = l_{i-1} alpha + rowsum(P), and each block's
+             rowsum(P) as stored before it is added
+    o        the accumulator o_i = o_{i-1} alpha + P V, and each block's P V tile as
+             stored before it is added
     div      the final division o / l
     out      the output as stored
 
