@@ -98,11 +98,13 @@ class Arith:
         if fmt is EXACT or fmt.p >= 53:
             return x
         stochastic = self.stochastic and not nearest
-        if self.dtype is torch.float32 and not stochastic:
+        if x.dtype is torch.float32 and not stochastic:
             if fmt.name == "fp32":
                 return x  # fp32 ops on the fp32 carrier are already rounded once
             if fmt.torch_dtype is not None and fmt.saturate == (fmt.name == "fp8_e4m3"):
-                # torch's fp32 -> low cast is one round-to-nearest-even (checked in tests)
+                # torch's fp32 -> low cast is one round-to-nearest-even (checked in tests);
+                # a float64 value (the inputs) must not take it: fp64 -> fp32 -> low
+                # would round twice
                 return x.to(fmt.torch_dtype).to(torch.float32)
         rounding = "stochastic" if stochastic else "nearest"
         y = fmt.round(x.to(torch.float64), rounding, self.gen)

@@ -174,6 +174,13 @@ def test_stochastic_rounding_is_reproducible_by_seed_and_differs_across_seeds():
     assert torch.equal(a.out, b.out) and not torch.equal(a.out, c.out)
 
 
+def test_float64_inputs_are_rounded_once_into_the_input_format():
+    # fp64 -> fp32 -> bf16 would give -0.7421875; the nearest bf16 is -0.73828125
+    x = torch.full((1, 1, 1, 4), -0.7402343453901017, dtype=torch.float64)
+    res = flashnum.attention(x, x, x, precision="bf16", policy="fa2")
+    assert bool((res.out == -0.73828125).all())
+
+
 def test_outputs_are_numbers_of_the_output_format():
     q, k, v = qkv()
     for precision in ("fp16", "bf16", "fp8_e4m3"):
