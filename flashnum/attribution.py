@@ -23,6 +23,7 @@ the sites interact (for instance the P cast rounds values that p already rounded
 From the shell (the experiment form of the table):
 
     python -m flashnum.attribution --distribution ties --precision bf16 --policy lowp
+    python -m flashnum.attribution --experiment     # the stored grid: experiments/attribution
 """
 
 from __future__ import annotations
@@ -111,6 +112,43 @@ def dominant_site(q, k, v, *, precision: str = "bf16", policy="fa2", metric: str
     return str(t.loc[t.err_only.abs().idxmax(), "site"])
 
 
+EXPERIMENT = dict(
+    distributions=("gaussian", "ties", "fa3_outliers", "plateau", "sink", "late_max"),
+    policies=("fa2", "lowp", "naive"), precisions=("bf16", "fp16"), seeds=(0,),
+    seq_len=256, head_dim=64, heads=2, block_n=64,
+)
+
+
+def experiment(**overrides) -> pd.DataFrame:
+    """The stored attribution experiment: `attribute` over a grid of inputs x policies x
+    precisions (EXPERIMENT, overridable), one tidy table with the case's columns."""
+    from .distributions import make
+    from .reference import reference
+
+    g = {**EXPERIMENT, **overrides}
+    frames = []
+    for dist in g["distributions"]:
+        for seed in g["seeds"]:
+            inp = make(dist, heads=g["heads"], seq_len_q=g["seq_len"], head_dim=g["head_dim"],
+                       seed=seed, block_n=g["block_n"])
+            for precision in g["precisions"]:
+                # the inputs as stored in the format: the error is the algorithm's own
+                fin = make_policy("fa2", precision).fmt("inputs")
+                q, k, v = fin.round(inp.q), fin.round(inp.k), fin.round(inp.v)
+                ref = reference(q, k, v, causal=inp.causal, scale=inp.scale).out
+                for policy in g["policies"]:
+                    t = attribute(q, k, v, precision=precision, policy=policy, ref_out=ref,
+                                  block_n=g["block_n"], causal=inp.causal, scale=inp.scale)
+                    t.insert(0, "distribution", dist)
+                    t.insert(1, "precision", precision)
+                    t.insert(2, "policy", policy)
+                    t.insert(3, "seed", seed)
+                    t.insert(4, "seq_len_k", g["seq_len"])
+                    t.insert(5, "block_n", g["block_n"])
+                    frames.append(t)
+    return pd.concat(frames, ignore_index=True)
+
+
 def main(argv=None):
     from .distributions import make
 
@@ -125,7 +163,21 @@ def main(argv=None):
     ap.add_argument("--order", default="forward")
     ap.add_argument("--variant", default="fa2")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--experiment", action="store_true",
+                    help="run the stored grid (EXPERIMENT) into experiments/attribution/")
     a = ap.parse_args(argv)
+    if a.experiment:
+        import time
+
+        from .reproduce import save
+
+        t0 = time.perf_counter()
+        t = experiment()
+        cfg = {key: list(val) if isinstance(val, tuple) else val
+               for key, val in EXPERIMENT.items()}
+        path = save("attribution", t, dict(cfg, wall_s=time.perf_counter() - t0))
+        print(f"stored {len(t)} rows in {path}")
+        return t
     inp = make(a.distribution, heads=a.heads, seq_len_q=a.seq_len, head_dim=a.head_dim,
                seed=a.seed, block_n=a.block_n)
     t = attribute(inp.q, inp.k, inp.v, precision=a.precision, policy=a.policy,
@@ -142,4 +194,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["attribute", "dominant_site", "rss", "rounded_sites", "METRICS"]
+__all__ = ["attribute", "dominant_site", "experiment", "rss", "rounded_sites", "METRICS"]

@@ -70,7 +70,7 @@ EXPERIMENTS = {
     "precision_bits": _RUN.format("precision_bits"),
     "kernel_vs_emulator": _RUN.format("kernel_vs_emulator"),
     "worst_case": _RUN.format("worst_case"),
-    "attribution": _RUN.format("attribution"),
+    "attribution": "python -m flashnum.attribution --experiment",
     "repro_fa3_table3": _REPRO.format("fa3_table3"),
     "repro_is_flash_stable": _REPRO.format("is_flash_stable"),
     "repro_qiu_yao": _REPRO.format("qiu_yao"),
@@ -542,6 +542,8 @@ def attribution(F: Figures) -> None:
 
     plt = _style()
     sel = []
+    if "metric" in df:  # the tidy table holds max_abs, rmse and mean_signed rows
+        df = df[df.metric == "max_abs"]
     df = _prefer(_trusted(df, sel), sel, precision="bf16", policy="fa2")
     dists = sorted(df.distribution.unique()) if "distribution" in df else ["all"]
     first = [d for d in ("gaussian", "ties") if d in dists]
