@@ -339,19 +339,22 @@ def _logits(ar: Arith, blocks: _Blocks, kb, scale_s, bm, bn, causal, tall):
     return s
 
 
+def _stored(ar: Arith, *xs):
+    """The inputs as stored in memory (a round-to-nearest cast into the inputs format), on
+    the carrier, leading dims flattened: (B, N, d) each."""
+    fin = ar.policy.fmt("inputs")
+    return tuple(
+        ar.rnd(x.detach().to("cpu", torch.float64), fin, nearest=True).to(ar.dtype)
+        .reshape(-1, *x.shape[-2:]) for x in xs
+    )
+
+
 def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, trace, tau, beta):
     lead = q.shape[:-2]
     nq, nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     dtype = _carrier(pol)
     ar = Arith(pol, rounding, seed, dtype)
-    fin = pol.fmt("inputs")
-    # inputs as stored in memory: a round-to-nearest cast
-    q3, k3, v3 = (
-        ar.rnd(x.detach().to("cpu", torch.float64), fin, nearest=True)
-        .to(dtype)
-        .reshape(-1, *x.shape[-2:])
-        for x in (q, k, v)
-    )
+    q3, k3, v3 = _stored(ar, q, k, v)
     B = q3.shape[0]
     blocks = _Blocks(
         _tiles(q3, bm), _tiles(k3, bn), _tiles(v3, bn), nq, nk, n_blocks(nq, bm), n_blocks(nk, bn)
@@ -485,13 +488,7 @@ def _standard(q, k, v, pol, causal, scale, rounding, seed, block_m):
     nq, nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     dtype = _carrier(pol)
     ar = Arith(pol, rounding, seed, dtype)
-    fin = pol.fmt("inputs")
-    q3, k3, v3 = (
-        ar.rnd(x.detach().to("cpu", torch.float64), fin, nearest=True)
-        .to(dtype)
-        .reshape(-1, *x.shape[-2:])
-        for x in (q, k, v)
-    )
+    q3, k3, v3 = _stored(ar, q, k, v)
     B = q3.shape[0]
     f_s, f_m = pol.fmt("s"), pol.fmt("m")
     f_diff = _wider(f_s, f_m)
@@ -536,11 +533,7 @@ def logits(q, k, *, precision="bf16", policy="fa2", block_m=64, block_n=64, caus
     ar = Arith(pol, "nearest", 0, dtype)
     d, nq, nk = q.shape[-1], q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    fin = pol.fmt("inputs")
-    q3, k3 = (
-        ar.rnd(x.detach().to("cpu", torch.float64), fin, nearest=True).to(dtype)
-        .reshape(-1, *x.shape[-2:]) for x in (q, k)
-    )
+    q3, k3 = _stored(ar, q, k)
     blocks = _Blocks(_tiles(q3, block_m), _tiles(k3, block_n), _tiles(k3, block_n), nq, nk,
                      n_blocks(nq, block_m), n_blocks(nk, block_n))
     base2 = variant == "exp2"
