@@ -640,8 +640,6 @@ def save(name: str, df: pd.DataFrame, config: dict, root=None):
     A reproduction is one table: earlier rows of `name` are replaced, not appended to
     (the manifest keeps the earlier runs' times and commits in its history).
     """
-    from .run import _git, _machine, _versions, _write_manifest
-
     exp_dir = store.experiment_dir(name, root)
     exp_dir.mkdir(parents=True, exist_ok=True)
     started = config.get("start_time") or store_now()
@@ -651,11 +649,11 @@ def save(name: str, df: pd.DataFrame, config: dict, root=None):
     df.insert(0, "case_id", case_ids(name, df))
     store.write_part(exp_dir, df.to_dict("records"))
     n = store.compact(exp_dir)
-    info = dict(experiment=name, config=config, overrides=[], argv=sys.argv, git=_git(),
-                versions=_versions(), machine=_machine(), shard=0, num_shards=1,
+    info = dict(experiment=name, config=config, overrides=[], argv=sys.argv, git=store.git_state(),
+                versions=store.versions(), machine=store.machine(), shard=0, num_shards=1,
                 n_workers=1, start_time=started, end_time=store_now(),
                 wall_s=config.get("wall_s"), counts=dict(grid=len(df), run=n, failed=0))
-    _write_manifest(exp_dir / store.MANIFEST, info)
+    store.write_manifest(exp_dir / store.MANIFEST, info)
     return exp_dir
 
 

@@ -43,9 +43,7 @@ import json
 import math
 import multiprocessing
 import os
-import platform
 import re
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -384,43 +382,6 @@ def _n_workers(cfg) -> int:
     return n
 
 
-def _git() -> dict:
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=store.REPO, capture_output=True,
-                                  text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    commit = git("rev-parse", "HEAD")
-    return dict(commit=commit or None, dirty=bool(git("status", "--porcelain")) if commit else None)
-
-
-def _versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": platform.python_version()}
-    for pkg in ("flashnum", "torch", "triton", "mpmath", "python-flint", "numpy", "pandas",
-                "pyarrow", "hydra-core", "omegaconf"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = None
-    return out
-
-
-def _machine() -> dict:
-    out = dict(node=platform.node(), platform=platform.platform(),
-               processor=platform.processor() or platform.machine(), cpus=os.cpu_count())
-    try:
-        import torch
-
-        out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except Exception:
-        out["gpu"] = None
-    return out
-
-
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -438,20 +399,6 @@ def _overrides() -> list:
         return list(HydraConfig.get().overrides.task)
     except ValueError:
         return []
-
-
-def _write_manifest(path: Path, info: dict) -> None:
-    old = {}
-    if path.exists():
-        try:
-            old = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            old = {}
-    history = list(old.get("history", []))
-    if old.get("start_time") and old.get("start_time") != info.get("start_time"):
-        history.append({k: old.get(k) for k in ("start_time", "end_time", "git", "counts",
-                                               "overrides")})
-    store.write_json(path, {**info, "history": history})
 
 
 def root_dir(cfg) -> Path:
@@ -487,12 +434,13 @@ def run(cfg) -> dict:
     if cfg.dry_run:
         return dict(counts=counts, cases=cases)
     info = dict(experiment=cfg.experiment, config=OmegaConf.to_container(cfg, resolve=True),
-                overrides=_overrides(), argv=sys.argv, git=_git(), versions=_versions(),
-                machine=_machine(), shard=cfg.shard, num_shards=cfg.num_shards,
+                overrides=_overrides(), argv=sys.argv, git=store.git_state(),
+                versions=store.versions(), machine=store.machine(), shard=cfg.shard,
+                num_shards=cfg.num_shards,
                 n_workers=n_workers, start_time=started, end_time=None, counts=counts)
     mpath = _manifest_path(exp_dir, cfg)
     exp_dir.mkdir(parents=True, exist_ok=True)
-    _write_manifest(mpath, info)
+    store.write_manifest(mpath, info)
     store.write_grid(exp_dir, [c.case_id for c in cases_all])
 
     opts = dict(trace=cfg.checks.trace, naive_ratio=cfg.checks.naive_ratio, bound=cfg.checks.bound,
@@ -506,7 +454,7 @@ def run(cfg) -> dict:
     if cfg.num_shards == 1:
         store.compact(exp_dir)  # shards leave their parts: one compaction, after all of them
     info.update(end_time=_now(), wall_s=wall, counts=counts)
-    _write_manifest(mpath, info)
+    store.write_manifest(mpath, info)
     ids = {c.case_id for c in cases}
     df = store.load(exp_dir, all_rows=True) if store._files(exp_dir) else None
     df = df[df["case_id"].isin(ids)].reset_index(drop=True) if df is not None else None

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import socket
+import subprocess
 import sys
 import time
 import uuid
@@ -263,3 +265,61 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# -- manifests: what a table was computed with --
+
+
+def git_state() -> dict:
+    """The repository's commit and whether the tree is dirty (for a manifest)."""
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True,
+                                  text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "HEAD")
+    return dict(commit=commit or None, dirty=bool(git("status", "--porcelain")) if commit else None)
+
+
+def versions() -> dict:
+    """Versions of python and the packages whose numerics a result depends on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("flashnum", "torch", "triton", "mpmath", "python-flint", "numpy", "pandas",
+                "pyarrow", "hydra-core", "omegaconf"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def machine() -> dict:
+    """The machine a result was computed on."""
+    out = dict(node=platform.node(), platform=platform.platform(),
+               processor=platform.processor() or platform.machine(), cpus=os.cpu_count())
+    try:
+        import torch
+
+        out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:
+        out["gpu"] = None
+    return out
+
+
+def write_manifest(path: Path, info: dict) -> None:
+    """Write a manifest, keeping the earlier runs' times, commits and counts in its history."""
+    old = {}
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            old = {}
+    history = list(old.get("history", []))
+    if old.get("start_time") and old.get("start_time") != info.get("start_time"):
+        history.append({k: old.get(k) for k in ("start_time", "end_time", "git", "counts",
+                                               "overrides")})
+    write_json(path, {**info, "history": history})
