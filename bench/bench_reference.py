@@ -8,7 +8,7 @@ For each working precision: times `reference(method="certified")` on one head
 rows, extrapolating its time for the whole head (setup once + N x the per-row time,
 from runs of 1 and 1 + mp_rows rows: every row of a non-causal head does the same
 work). Also times `method="fp64"` on the head and, for context, a textbook mpmath
-row (Python sum of mpf products, as the figure quoted in shared/REFERENCES.md was
+row (Python sum of mpf products, as a commonly quoted 3.4 s per N = 128 head was
 timed) on one row. Reports wall and CPU seconds (this process and its finished
 children, i.e. the certified workers): the machine is shared, and CPU time is far
 less disturbed by other jobs. Prints a table; writes bench/results/reference.json.

@@ -8,7 +8,7 @@
 
 For every query block (all at once, vectorised over batch, heads and query
 blocks) it visits the key blocks in the chosen order and runs FlashAttention-2's
-recurrence (REFERENCES.md):
+recurrence (Dao 2023, Algorithm 1):
 
     m_i = max(m_{i-1}, rowmax(S_ij))
     l_i = l_{i-1} exp(m_{i-1} - m_i) + rowsum(exp(S_ij - m_i))

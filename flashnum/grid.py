@@ -1,6 +1,6 @@
 """An experiment's grid: from the composed config to a list of cases.
 
-A *case* is one point of a sweep (DESIGN.md): distribution + params + shape +
+A *case* is one point of a sweep: distribution + params + shape +
 precision + policy + tiling + variant + backend + causal + seed. Its `case_id`
 is the first 16 hex digits of sha256 of the case as canonical JSON (sorted keys,
 no spaces), so it is the same on every machine and in every process, and names

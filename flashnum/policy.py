@@ -5,7 +5,7 @@ format (a name from `flashnum.formats`). The engine rounds at exactly these
 places and nowhere else; everything between two sites is computed in the
 float64 carrier (or, for fp32 accumulations, in real fp32 arithmetic).
 
-Sites, in the order the data flows (FA2 recurrence, REFERENCES.md):
+Sites, in the order the data flows (the FA2 recurrence, Dao 2023):
 
     inputs   Q, K, V as stored in memory
     qk_acc   accumulation of the dot S = Q K^T ('tf32': operands rounded to tf32,

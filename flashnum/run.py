@@ -8,7 +8,7 @@
     python -m flashnum.run -m experiment=bf16_sweep num_shards=4 'shard=range(4)' \\
         hydra/launcher=submitit_slurm hydra.launcher.partition=cpu   # see docs/experiments.md
 
-Every case (flashnum.grid) goes through one data flow (DESIGN.md):
+Every case (flashnum.grid) goes through one data flow, each arrow a plain function:
 
     inputs = distributions.make(case)                  seeded, bitwise reproducible
     truth  = reference(inputs rounded to the policy's input format)

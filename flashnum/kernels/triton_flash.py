@@ -7,7 +7,7 @@
     res = flashnum.attention(q, k, v, precision="bf16", backend="triton", ...)
 
 The kernel (`_fa2_fwd`) is the recurrence of Triton's fused-attention tutorial
-(REFERENCES.md), one program per (query block, batch*head):
+(python/tutorials/06-fused-attention.py), one program per (query block, batch*head):
 
     m_i = max(m_{i-1}, rowmax(S_j));  alpha = exp(m_{i-1} - m_i);  P = exp(S_j - m_i)
     l_i = l_{i-1} alpha + rowsum(P);   o_i = o_{i-1} alpha + cast(P) @ V_j
