@@ -72,6 +72,7 @@ VARIANTS = ("fa2", "fa1", "exp2", "lazy", "qiu_yao")
 BACKENDS = ("emulate", "triton", "mp")
 LOG2E = 1.4426950408889634
 QIU_YAO_WINDOW = 1e-3  # "scores within 1e-3 of the block max" (Qiu & Yao 2025)
+_CHUNK = 1 << 18  # elements of a logit tile per head chunk on the fast path (fits in L2)
 
 
 # ---------------------------------------------------------------------------
@@ -343,10 +344,17 @@ def _stored(ar: Arith, *xs):
     """The inputs as stored in memory (a round-to-nearest cast into the inputs format), on
     the carrier, leading dims flattened: (B, N, d) each."""
     fin = ar.policy.fmt("inputs")
-    return tuple(
-        ar.rnd(x.detach().to("cpu", torch.float64), fin, nearest=True).to(ar.dtype)
-        .reshape(-1, *x.shape[-2:]) for x in xs
-    )
+    return tuple(_store(ar, x, fin).reshape(-1, *x.shape[-2:]) for x in xs)
+
+
+def _store(ar: Arith, x: torch.Tensor, fin) -> torch.Tensor:
+    x = x.detach().to("cpu")
+    if x.dtype is torch.float32 and ar.dtype is torch.float32:
+        # an fp32 value is its own float64 carrier: Arith.rnd's fp32 -> low cast is then
+        # the one correctly rounded conversion (no double rounding), without the trip
+        # through float64
+        return ar.rnd(x, fin, nearest=True)
+    return ar.rnd(x.to(torch.float64), fin, nearest=True).to(ar.dtype)
 
 
 def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, trace, tau, beta):
@@ -384,46 +392,80 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
     else:
         perm = key_block_order(order, n_qb, n_kb, seed)[None]  # (1, n_qb, n_kb)
 
-    shape = (B, n_qb, bm)
-    m = torch.full(shape, -math.inf, dtype=dtype)
-    l = torch.zeros(shape, dtype=dtype)
-    o = torch.zeros(shape + (dv,), dtype=dtype)
-    n_rescales = torch.zeros(shape, dtype=torch.int64)
-    tm, tl = [], []
-    for t in range(n_kb):
-        kb = perm[..., t]
-        s = _logits(ar, blocks, kb, scale_s, bm, bn, causal, tall)
-        vj = _gather(blocks.v, kb, tall)
-        m_blk = ar.rnd(s.amax(dim=-1), f_m)
-        if variant == "qiu_yao":
-            near = (s >= (m_blk - QIU_YAO_WINDOW)[..., None]).sum(-1) >= 2
-            adj = torch.where(m_blk > 0, ar.rnd(beta * m_blk, f_m), torch.zeros_like(m_blk))
-            m_blk = torch.where(near & (m_blk != 0) & torch.isfinite(m_blk), adj, m_blk)
-        if variant == "fa1":
-            m, l, o = _fa1_step(ar, s, vj, m, l, o, m_blk, f_diff, n_rescales, tall)
-        else:
-            m_new = torch.maximum(m, m_blk)
-            if variant == "lazy":
-                keep = torch.isfinite(m) & (m_new - m <= tau)
-                m_new = torch.where(keep, m, m_new)
-            n_rescales += (m_new > m) & torch.isfinite(m)
-            # fully masked so far: shift by 0 so that exp(-inf - 0) = 0, never NaN
-            m_safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
-            alpha = ar.exp(ar.rnd(m - m_safe, f_m), f_p, base2)
-            p = ar.exp(ar.rnd(s - m_safe[..., None], f_diff), f_p, base2)
-            pc = ar.site(p, "p_cast")
-            # a block's row sum and P @ V tile are values in l's and o's formats before
-            # they are added (pure-PyTorch ports store them in the dtype; for fa2 they are
-            # already fp32: no rounding)
-            l_blk = ar.site(ar.rowsum(pc if pol.l_from == "p_cast" else p, pol.fmt("l_acc")),
-                            "l")
-            l = ar.site(ar.site(l * alpha, "l") + l_blk, "l")
-            pv = ar.site(_tile_dot(ar, pc, vj, pol.fmt("pv_acc"), tall), "o")
-            o = ar.site(ar.site(o * alpha[..., None], "o") + pv, "o")
-            m = m_new
-        if trace:
-            tm.append(m.reshape(B, -1)[:, :nq].clone())
-            tl.append(l.reshape(B, -1)[:, :nq].clone())
+    fast = variant != "fa1" and _in_place_ok(ar)
+
+    def recurrence(blocks, perm):
+        Bc = blocks.q.shape[0]
+        shape = (Bc, n_qb, bm)
+        m = torch.full(shape, -math.inf, dtype=dtype)
+        l = torch.zeros(shape, dtype=dtype)
+        o = torch.zeros(shape + (dv,), dtype=dtype)
+        n_rescales = torch.zeros(shape, dtype=torch.int64)
+        tm, tl = [], []
+        bufs = _Buffers(Bc, n_qb, bm, bn, dv) if fast else None
+        if fast:
+            o = bufs.o
+        for t in range(n_kb):
+            kb = perm[..., t]
+            if fast:
+                s = _logits_into(ar, blocks, kb, scale_s, bm, bn, causal, tall, bufs)
+            else:
+                s = _logits(ar, blocks, kb, scale_s, bm, bn, causal, tall)
+            vj = _gather(blocks.v, kb, tall)
+            m_blk = ar.rnd(s.amax(dim=-1), f_m)
+            if variant == "qiu_yao":
+                near = (s >= (m_blk - QIU_YAO_WINDOW)[..., None]).sum(-1) >= 2
+                adj = torch.where(m_blk > 0, ar.rnd(beta * m_blk, f_m), torch.zeros_like(m_blk))
+                m_blk = torch.where(near & (m_blk != 0) & torch.isfinite(m_blk), adj, m_blk)
+            if variant == "fa1":
+                m, l, o = _fa1_step(ar, s, vj, m, l, o, m_blk, f_diff, n_rescales, tall)
+            else:
+                m_new = torch.maximum(m, m_blk)
+                if variant == "lazy":
+                    keep = torch.isfinite(m) & (m_new - m <= tau)
+                    m_new = torch.where(keep, m, m_new)
+                n_rescales += (m_new > m) & torch.isfinite(m)
+                # fully masked so far: shift by 0 so that exp(-inf - 0) = 0, never NaN
+                m_safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+                alpha = ar.exp(ar.rnd(m - m_safe, f_m), f_p, base2)
+                if fast:
+                    l, o = _fa2_update_in_place(ar, s, vj, m_safe, alpha, l, o, base2, tall, bufs)
+                    m = m_new
+                    if trace:
+                        tm.append(m.reshape(Bc, -1)[:, :nq].clone())
+                        tl.append(l.reshape(Bc, -1)[:, :nq].clone())
+                    continue
+                p = ar.exp(ar.rnd(s - m_safe[..., None], f_diff), f_p, base2)
+                pc = ar.site(p, "p_cast")
+                # a block's row sum and P @ V tile are values in l's and o's formats before
+                # they are added (pure-PyTorch ports store them in the dtype; for fa2 they are
+                # already fp32: no rounding)
+                l_blk = ar.site(ar.rowsum(pc if pol.l_from == "p_cast" else p, pol.fmt("l_acc")),
+                                "l")
+                l = ar.site(ar.site(l * alpha, "l") + l_blk, "l")
+                pv = ar.site(_tile_dot(ar, pc, vj, pol.fmt("pv_acc"), tall), "o")
+                o = ar.site(ar.site(o * alpha[..., None], "o") + pv, "o")
+                m = m_new
+            if trace:
+                tm.append(m.reshape(Bc, -1)[:, :nq].clone())
+                tl.append(l.reshape(Bc, -1)[:, :nq].clone())
+        return m, l, o, n_rescales, tm, tl
+
+    # the fast path runs a few heads at a time: each (batch, head) is independent, the
+    # GEMM shapes per head are unchanged, and tiles that fit in cache are much faster
+    # (stochastic rounding never takes it: it would reorder the random stream)
+    step = max(1, _CHUNK // (n_qb * bm * max(bn, dv))) if fast else B
+    parts = []
+    for b0 in range(0, B, step):
+        sub = _Blocks(blocks.q[b0 : b0 + step], blocks.k[b0 : b0 + step],
+                      blocks.v[b0 : b0 + step], nq, nk, n_qb, n_kb)
+        parts.append(recurrence(sub, perm[b0 : b0 + step] if perm.shape[0] > 1 else perm))
+    if len(parts) == 1:
+        m, l, o, n_rescales, tm, tl = parts[0]
+    else:
+        m, l, o, n_rescales = (torch.cat([x[i] for x in parts]) for i in range(4))
+        tm = [torch.cat([x[4][t] for x in parts]) for t in range(len(parts[0][4]))]
+        tl = [torch.cat([x[5][t] for x in parts]) for t in range(len(parts[0][5]))]
 
     masked = m == -math.inf  # +inf (an overflowed logit) is not masking: it shows as NaN
     if variant == "fa1":
@@ -450,6 +492,97 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
         out=rows(out).to(torch.float64), m=m64, l=l64, lse=lse, masked=rows(masked),
         n_rescales=rows(n_rescales), trace=tr,
     )
+
+
+# ---------------------------------------------------------------------------
+# the in-place fast path: the same operations, in the same order, on buffers the
+# step owns. It changes no rounding: an in-place op rounds exactly as the op that
+# returns a new tensor, and fp32 sites on the fp32 carrier need no rounding step.
+# It exists for speed: torch's CPU allocator does not cache large blocks, so every
+# large temporary costs page faults.
+
+
+def _in_place_ok(ar: Arith) -> bool:
+    """Whether every large-tensor site of an fa2-like step is plain fp32 arithmetic."""
+    pol = ar.policy
+    if ar.dtype is not torch.float32 or ar.stochastic:
+        return False
+    fp32 = ("s", "m", "p", "l_acc", "l", "o")
+    return all(pol.fmt(x) is not EXACT and pol.fmt(x).name == "fp32" for x in fp32)
+
+
+class _Buffers:
+    """Tiles reused across key blocks: s/p (fp32), p in fp64 for exp, p_cast, P @ V, o."""
+
+    def __init__(self, B, n_qb, bm, bn, dv):
+        self.s = torch.empty(B, n_qb, bm, bn, dtype=torch.float32)
+        self.p64 = torch.empty(B, n_qb, bm, bn, dtype=torch.float64)
+        self.pc = torch.empty(B, n_qb, bm, bn, dtype=torch.float32)
+        self.low = {}
+        self.pv = torch.empty(B, n_qb, bm, dv, dtype=torch.float32)
+        self.o = torch.zeros(B, n_qb, bm, dv, dtype=torch.float32)
+
+    def lowp(self, dtype):
+        if dtype not in self.low:
+            self.low[dtype] = torch.empty(self.s.shape, dtype=dtype)
+        return self.low[dtype]
+
+
+def _logits_into(ar: Arith, blocks: _Blocks, kb, scale_s, bm, bn, causal, tall, bufs):
+    """`_logits` writing into bufs.s: the same GEMM shape, fp32 s and its fp32 scaling."""
+    kt = _gather(blocks.k, kb, tall).transpose(-1, -2)
+    f = ar.policy.fmt("qk_acc")
+    if tall and f is not EXACT and f.name == "fp32":
+        B, n_qb, _, d = blocks.q.shape
+        out = bufs.s.view(B, 1, n_qb * bm, bn)
+        torch.matmul(blocks.q.reshape(B, 1, n_qb * bm, d), kt, out=out)
+        s = bufs.s
+    else:
+        s = _tile_dot(ar, blocks.q, kt, f, tall)
+    s.mul_(scale_s)  # the fp32 product s * scale_s, rounded once (site s is fp32)
+    vis = _visible(blocks, bm, bn, kb, causal)
+    if vis is not None:
+        s.masked_fill_(~vis, -math.inf)
+    return s
+
+
+def _fa2_update_in_place(ar: Arith, s, vj, m_safe, alpha, l, o, base2, tall, bufs):
+    """l, o of an fa2-like step; s is overwritten with P. See the loop in `_flash`."""
+    pol = ar.policy
+    # s - m in fp32 (torch computes in the inputs' dtype, then widens exactly), exp in
+    # float64, rounded once to fp32: what Arith.exp does
+    p64 = bufs.p64 if s.shape == bufs.p64.shape else torch.empty(s.shape, dtype=torch.float64)
+    torch.sub(s, m_safe[..., None], out=p64)
+    if base2:
+        p64.exp2_()
+    else:
+        p64.exp_()
+    p = s
+    p.copy_(p64)
+    f_pc = pol.fmt("p_cast")
+    if f_pc is not EXACT and f_pc.name == "fp32":
+        pc = p
+    elif (f_pc is not EXACT and f_pc.torch_dtype is not None and f_pc.p < 24
+          and f_pc.saturate == (f_pc.name == "fp8_e4m3") and p.shape == bufs.pc.shape):
+        # fp32 -> low -> fp32: one round-to-nearest-even, as in Arith.rnd
+        low = bufs.lowp(f_pc.torch_dtype)
+        low.copy_(p)
+        pc = bufs.pc
+        pc.copy_(low)
+    else:
+        pc = ar.site(p, "p_cast")
+    l_blk = ar.rowsum(pc if pol.l_from == "p_cast" else p, pol.fmt("l_acc"))
+    l = ar.site(ar.site(l * alpha, "l") + l_blk, "l")
+    f_pv = pol.fmt("pv_acc")
+    if tall and f_pv is not EXACT and f_pv.name == "fp32" and pc.shape == bufs.s.shape:
+        B, n_qb, bm, bn = pc.shape
+        torch.matmul(pc.view(B, 1, n_qb * bm, bn), vj, out=bufs.pv.view(B, 1, n_qb * bm, -1))
+        pv = bufs.pv
+    else:
+        pv = ar.site(_tile_dot(ar, pc, vj, f_pv, tall), "o")
+    o.mul_(alpha[..., None])
+    o.add_(pv)
+    return l, o
 
 
 def _fa1_step(ar, s, vj, m, l, o, m_blk, f_diff, n_rescales, tall):
