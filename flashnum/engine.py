@@ -405,13 +405,17 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
         bufs = _Buffers(Bc, n_qb, bm, bn, dv) if fast else None
         if fast:
             o = bufs.o
+        # key block per step when every query block shares the order (as _gather reads it)
+        js = perm.reshape(-1, n_kb)[0].tolist() if tall else None
+        m_finite = False  # every m finite: the isfinite guards below are the identity
         for t in range(n_kb):
             kb = perm[..., t]
             if fast:
-                s = _logits_into(ar, blocks, kb, scale_s, bm, bn, causal, tall, bufs)
+                s = _logits_into(ar, blocks, kb, scale_s, bm, bn, causal, tall, bufs,
+                                 js[t] if tall else None)
             else:
                 s = _logits(ar, blocks, kb, scale_s, bm, bn, causal, tall)
-            vj = _gather(blocks.v, kb, tall)
+            vj = blocks.v[:, js[t]].unsqueeze(1) if tall else _gather(blocks.v, kb, tall)
             m_blk = ar.rnd(s.amax(dim=-1), f_m)
             if variant == "qiu_yao":
                 near = (s >= (m_blk - QIU_YAO_WINDOW)[..., None]).sum(-1) >= 2
@@ -424,9 +428,17 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
                 if variant == "lazy":
                     keep = torch.isfinite(m) & (m_new - m <= tau)
                     m_new = torch.where(keep, m, m_new)
-                n_rescales += (m_new > m) & torch.isfinite(m)
-                # fully masked so far: shift by 0 so that exp(-inf - 0) = 0, never NaN
-                m_safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+                # the sum of m_new is finite only if every m_new is (an overflowing sum
+                # merely takes the general branch)
+                new_finite = fast and variant != "lazy" and math.isfinite(float(m_new.sum()))
+                if m_finite and new_finite:
+                    n_rescales += m_new > m
+                    m_safe = m_new
+                else:
+                    n_rescales += (m_new > m) & torch.isfinite(m)
+                    # fully masked so far: shift by 0 so that exp(-inf - 0) = 0, never NaN
+                    m_safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+                m_finite = new_finite
                 alpha = ar.exp(ar.rnd(m - m_safe, f_m), f_p, base2)
                 if fast:
                     l, o = _fa2_update_in_place(ar, s, vj, m_safe, alpha, l, o, base2, tall, bufs)
@@ -528,9 +540,10 @@ class _Buffers:
         return self.low[dtype]
 
 
-def _logits_into(ar: Arith, blocks: _Blocks, kb, scale_s, bm, bn, causal, tall, bufs):
-    """`_logits` writing into bufs.s: the same GEMM shape, fp32 s and its fp32 scaling."""
-    kt = _gather(blocks.k, kb, tall).transpose(-1, -2)
+def _logits_into(ar: Arith, blocks: _Blocks, kb, scale_s, bm, bn, causal, tall, bufs, j):
+    """`_logits` writing into bufs.s: the same GEMM shape, fp32 s and its fp32 scaling;
+    j is the key block when tall (kb's common value)."""
+    kt = (blocks.k[:, j].unsqueeze(1) if tall else _gather(blocks.k, kb, tall)).transpose(-1, -2)
     f = ar.policy.fmt("qk_acc")
     if tall and f is not EXACT and f.name == "fp32":
         B, n_qb, _, d = blocks.q.shape
@@ -552,7 +565,8 @@ def _fa2_update_in_place(ar: Arith, s, vj, m_safe, alpha, l, o, base2, tall, buf
     # s - m in fp32 (torch computes in the inputs' dtype, then widens exactly), exp in
     # float64, rounded once to fp32: what Arith.exp does
     p64 = bufs.p64 if s.shape == bufs.p64.shape else torch.empty(s.shape, dtype=torch.float64)
-    torch.sub(s, m_safe[..., None], out=p64)
+    s.sub_(m_safe[..., None])
+    p64.copy_(s)
     if base2:
         p64.exp2_()
     else:
