@@ -94,6 +94,13 @@ class Arith:
         self.stochastic = rounding == "stochastic"
         self.gen = torch.Generator().manual_seed(int(seed)) if self.stochastic else None
         self.dtype = dtype
+        self._fmts = {}  # site -> format, looked up once per run (the policy is fixed)
+
+    def fmt(self, site: str):
+        f = self._fmts.get(site)
+        if f is None:
+            f = self._fmts[site] = self.policy.fmt(site)
+        return f
 
     def rnd(self, x: torch.Tensor, fmt, nearest: bool = False) -> torch.Tensor:
         if fmt is EXACT or fmt.p >= 53:
@@ -112,7 +119,7 @@ class Arith:
         return y.to(self.dtype)
 
     def site(self, x: torch.Tensor, site: str, nearest: bool = False) -> torch.Tensor:
-        return self.rnd(x, self.policy.fmt(site), nearest)
+        return self.rnd(x, self.fmt(site), nearest)
 
     def exp(self, x: torch.Tensor, fmt, base2: bool = False) -> torch.Tensor:
         # evaluated in float64 then rounded once: a correctly rounded exp
@@ -467,11 +474,12 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
     # GEMM shapes per head are unchanged, and tiles that fit in cache are much faster
     # (stochastic rounding never takes it: it would reorder the random stream)
     step = max(1, _CHUNK // (n_qb * bm * max(bn, dv))) if fast else B
-    parts = []
-    for b0 in range(0, B, step):
+    def chunk(b0):
         sub = _Blocks(blocks.q[b0 : b0 + step], blocks.k[b0 : b0 + step],
                       blocks.v[b0 : b0 + step], nq, nk, n_qb, n_kb)
-        parts.append(recurrence(sub, perm[b0 : b0 + step] if perm.shape[0] > 1 else perm))
+        return recurrence(sub, perm[b0 : b0 + step] if perm.shape[0] > 1 else perm)
+
+    parts = [chunk(b0) for b0 in range(0, B, step)]
     if len(parts) == 1:
         m, l, o, n_rescales, tm, tl = parts[0]
     else:
@@ -544,7 +552,7 @@ def _logits_into(ar: Arith, blocks: _Blocks, kb, scale_s, bm, bn, causal, tall, 
     """`_logits` writing into bufs.s: the same GEMM shape, fp32 s and its fp32 scaling;
     j is the key block when tall (kb's common value)."""
     kt = (blocks.k[:, j].unsqueeze(1) if tall else _gather(blocks.k, kb, tall)).transpose(-1, -2)
-    f = ar.policy.fmt("qk_acc")
+    f = ar.fmt("qk_acc")
     if tall and f is not EXACT and f.name == "fp32":
         B, n_qb, _, d = blocks.q.shape
         out = bufs.s.view(B, 1, n_qb * bm, bn)
@@ -562,7 +570,7 @@ def _logits_into(ar: Arith, blocks: _Blocks, kb, scale_s, bm, bn, causal, tall, 
 def _fa2_update_in_place(ar: Arith, s, vj, m_safe, alpha, l, o, base2, tall, bufs):
     """l, o of an fa2-like step; s is overwritten with P. See the loop in `_flash`."""
     pol = ar.policy
-    # s - m in fp32 (torch computes in the inputs' dtype, then widens exactly), exp in
+    # s - m in fp32 (in place), widened exactly to float64, exp in
     # float64, rounded once to fp32: what Arith.exp does
     p64 = bufs.p64 if s.shape == bufs.p64.shape else torch.empty(s.shape, dtype=torch.float64)
     s.sub_(m_safe[..., None])
@@ -573,7 +581,7 @@ def _fa2_update_in_place(ar: Arith, s, vj, m_safe, alpha, l, o, base2, tall, buf
         p64.exp_()
     p = s
     p.copy_(p64)
-    f_pc = pol.fmt("p_cast")
+    f_pc = ar.fmt("p_cast")
     if f_pc is not EXACT and f_pc.name == "fp32":
         pc = p
     elif (f_pc is not EXACT and f_pc.torch_dtype is not None and f_pc.p < 24
@@ -585,9 +593,9 @@ def _fa2_update_in_place(ar: Arith, s, vj, m_safe, alpha, l, o, base2, tall, buf
         pc.copy_(low)
     else:
         pc = ar.site(p, "p_cast")
-    l_blk = ar.rowsum(pc if pol.l_from == "p_cast" else p, pol.fmt("l_acc"))
+    l_blk = ar.rowsum(pc if pol.l_from == "p_cast" else p, ar.fmt("l_acc"))
     l = ar.site(ar.site(l * alpha, "l") + l_blk, "l")
-    f_pv = pol.fmt("pv_acc")
+    f_pv = ar.fmt("pv_acc")
     if tall and f_pv is not EXACT and f_pv.name == "fp32" and pc.shape == bufs.s.shape:
         B, n_qb, bm, bn = pc.shape
         torch.matmul(pc.view(B, 1, n_qb * bm, bn), vj, out=bufs.pv.view(B, 1, n_qb * bm, -1))
