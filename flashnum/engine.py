@@ -72,7 +72,7 @@ VARIANTS = ("fa2", "fa1", "exp2", "lazy", "qiu_yao")
 BACKENDS = ("emulate", "triton", "mp")
 LOG2E = 1.4426950408889634
 QIU_YAO_WINDOW = 1e-3  # "scores within 1e-3 of the block max" (Qiu & Yao 2025)
-_CHUNK = 1 << 18  # elements of a logit tile per head chunk on the fast path (fits in L2)
+_CHUNK = 1 << 18  # logit-tile elements per thread per chunk on the fast path (~1 MiB: L2)
 
 
 # ---------------------------------------------------------------------------
@@ -476,8 +476,10 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
 
     # the fast path runs a few heads at a time: each (batch, head) is independent, the
     # GEMM shapes per head are unchanged, and tiles that fit in cache are much faster
-    # (stochastic rounding never takes it: it would reorder the random stream)
-    step = max(1, _CHUNK // (n_qb * bm * max(bn, dv))) if fast else B
+    # (stochastic rounding never takes it: it would reorder the random stream); the
+    # intra-op threads split a tile, so a chunk holds about one L2's worth per thread
+    per_head = n_qb * bm * max(bn, dv)
+    step = max(1, _CHUNK * torch.get_num_threads() // per_head) if fast else B
     def chunk(b0):
         sub = _Blocks(blocks.q[b0 : b0 + step], blocks.k[b0 : b0 + step],
                       blocks.v[b0 : b0 + step], nq, nk, n_qb, n_kb)
