@@ -56,6 +56,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import native
 from .formats import EXACT, FORMATS, PRECISIONS, ROUNDINGS, get_format
 from .policy import Policy, make_policy
 from .result import Result, Trace
@@ -575,19 +576,26 @@ def _logits_into(ar: Arith, blocks: _Blocks, kb, scale_s, bm, bn, causal, tall, 
 
 def _fa2_update_in_place(ar: Arith, s, vj, m_safe, alpha, l, o, base2, tall, bufs):
     """l, o of an fa2-like step; s is overwritten with P. See the loop in `_flash`."""
-    pol = ar.policy
-    # s - m in fp32 (in place), widened exactly to float64, exp in
-    # float64, rounded once to fp32: what Arith.exp does
-    p64 = bufs.p64 if s.shape == bufs.p64.shape else torch.empty(s.shape, dtype=torch.float64)
-    s.sub_(m_safe[..., None])
-    p64.copy_(s)
-    if base2:
-        p64.exp2_()
-    else:
-        p64.exp_()
-    p = s
-    p.copy_(p64)
+    # s - m in fp32 (in place), widened exactly to float64, exp in float64, rounded once
+    # to fp32: what Arith.exp does. The native kernel does these passes and P's bf16
+    # cast in one, with the same roundings (flashnum.native: the same fp32 value on
+    # every input), else torch does them
     f_pc = ar.fmt("p_cast")
+    bf16 = f_pc is not EXACT and f_pc.name == "bf16" and s.shape == bufs.pc.shape
+    p = s
+    if native.exp_rows(s, m_safe, p, bufs.pc if bf16 else None, "bf16" if bf16 else None,
+                       base2):
+        if bf16:
+            return _fa2_finish(ar, p, bufs.pc, vj, alpha, l, o, tall, bufs)
+    else:
+        p64 = bufs.p64 if s.shape == bufs.p64.shape else torch.empty(s.shape, dtype=torch.float64)
+        s.sub_(m_safe[..., None])
+        p64.copy_(s)
+        if base2:
+            p64.exp2_()
+        else:
+            p64.exp_()
+        p.copy_(p64)
     if f_pc is not EXACT and f_pc.name == "fp32":
         pc = p
     elif (f_pc is not EXACT and f_pc.torch_dtype is not None and f_pc.p < 24
@@ -599,6 +607,12 @@ def _fa2_update_in_place(ar: Arith, s, vj, m_safe, alpha, l, o, base2, tall, buf
         pc.copy_(low)
     else:
         pc = ar.site(p, "p_cast")
+    return _fa2_finish(ar, p, pc, vj, alpha, l, o, tall, bufs)
+
+
+def _fa2_finish(ar: Arith, p, pc, vj, alpha, l, o, tall, bufs):
+    """l and o from P and its cast (the rest of `_fa2_update_in_place`)."""
+    pol = ar.policy
     l_blk = ar.rowsum(pc if pol.l_from == "p_cast" else p, ar.fmt("l_acc"))
     l = ar.site(ar.site(l * alpha, "l") + l_blk, "l")
     f_pv = ar.fmt("pv_acc")

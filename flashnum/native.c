@@ -1,0 +1,101 @@
+/* Fused, correctly rounded exp site for the fp32 carrier (see flashnum/native.py).
+
+   For a float32 x, p = fp32(exp(x)) (or exp2) rounded once to nearest even, and
+   optionally pc = P cast of p to bf16 (round to nearest even), in one pass:
+
+       x  = s[r, j] - m[r]          fp32 subtraction, one rounding (the site s - m)
+       y  = exp(x) in float64       |y - exp(x)| <= ~1.1 ulp of float64 (derivation below)
+       p  = (float) y               one round-to-nearest-even into fp32
+       pc = bf16(p)                 one round-to-nearest-even
+
+   float64 evaluation, then one rounding: the same model as Arith.exp in
+   flashnum/engine.py; bench/exp_exhaustive.py checks on every float32 input that
+   the two give the same fp32 value, and that the value is the correctly rounded one.
+
+   exp(x) = 2^(k/64) 2^(h/64) with a = x * 64/ln2:
+     64/ln2 = KHI + KLO, KHI with 29 significant bits, so x * KHI is exact (x has 24);
+     k = nearest integer to x * KHI; h = (x * KHI - k) + x * KLO, |h| <= 0.5 + 2^-17
+     (the subtraction is exact; the add rounds by <= 2^-54 absolute);
+     2^(k/64) = 2^(k >> 6) * T[k & 63], T[j] = 2^(j/64) correctly rounded (rel. 2^-53);
+     2^(h/64) = 1 + q(h), q = degree-6 Taylor polynomial of e^(h ln2/64) - 1,
+     truncation < 3e-20; y = T + T*q, then the exponent is added to the bits.
+   Rounding errors: T 2^-53, the final add 2^-53, T*q and Horner < 2^-59: |err| < 2.1 * 2^-53
+   relative, i.e. ~1.1 ulp. Compiled with -ffp-contract=off so that every operation
+   is the IEEE double operation written here, whatever the vector width. The
+   constants are filled in by native.py from mpmath. */
+#include <stdint.h>
+
+#define KHI @KHI@
+#define KLO @KLO@
+#define SHIFT 0x1.8p52 /* adding and subtracting it rounds |a| < 2^51 to an integer */
+#define BIAS 65536     /* > |k| = |a| <= 151 * 256 */
+static const double T[256] = {@TABLE@};
+static const double C1 = @C1@, C2 = @C2@, C3 = @C3@, C4 = @C4@;
+
+/* bit casts (union punning is defined in C) */
+typedef union { double d; int64_t i; } b64;
+typedef union { float f; uint32_t i; } b32;
+static inline int64_t bits64(double d) { b64 u = {.d = d}; return u.i; }
+static inline double from64(int64_t i) { b64 u = {.i = i}; return u.d; }
+static inline uint32_t bits32(float f) { b32 u = {.f = f}; return u.i; }
+static inline float from32(uint32_t i) { b32 u = {.i = i}; return u.f; }
+
+/* float64 exp (base2 = 0) or exp2 (base2 = 1) of a float32 value, rounded to fp32.
+   Branch-free, so that the loops below vectorise. */
+static inline float exp_round(float xf, int base2) {
+  const double x = xf;
+  /* clamped to [lo, hi], where the fp32 result is already 0 or inf whatever the error
+     below 1e-3: exp(-104) < 2^-150 (half the least subnormal) and exp(89) > 2^128
+     (beyond fp32's largest finite); so -inf gives 0 and +inf gives inf. A NaN fails
+     both comparisons and propagates through every operation below. */
+  const double lo = base2 ? -151.0 : -104.0, hi = base2 ? 129.0 : 89.0;
+  double xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  const double a = base2 ? xc * 256.0 : xc * KHI; /* exact */
+  const double ks = a + SHIFT;                     /* k + SHIFT: k in its low bits */
+  const double k = ks - SHIFT;
+  const double h = base2 ? a - k : (a - k) + xc * KLO; /* a - k exact */
+  const int64_t kb = bits64(ks) - (bits64(SHIFT) - BIAS); /* k + BIAS >= 0 */
+  const double t = T[(int) (kb & 255)];
+  const double q = h * (C1 + h * (C2 + h * (C3 + h * C4)));
+  /* 2^(k >> 8) is a normal double: multiplying by it is exact */
+  const double sc = from64(((kb >> 8) + (1023 - BIAS / 256)) << 52);
+  return (float) ((t + t * q) * sc);
+}
+
+static inline float round_bf16(float p) {
+  const uint32_t b = bits32(p);
+  const uint32_t r = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u; /* nearest, ties even */
+  return (b & 0x7fffffffu) > 0x7f800000u ? p : from32(r);          /* NaN stays NaN */
+}
+
+/* one row; base2 and cast are constants at every call, so each loop is branch-free */
+static inline __attribute__((always_inline)) void row(const float *sr, float mr, float *pr,
+                                                     float *cr, int64_t n, const int base2,
+                                                     const int cast) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    const float v = exp_round(sr[j] - mr, base2);
+    pr[j] = v;
+    if (cast) cr[j] = round_bf16(v);
+  }
+}
+
+/* rows x n values: p[r, j] = fp32(exp(s[r, j] - m[r])); m may be NULL (x = s - 0 = s) and
+   p may be s. cast: 0 none, 1 bf16 into pc. */
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+void fn_exp_rows(const float *s, const float *m, float *p, float *pc, int64_t rows,
+                 int64_t n, int base2, int cast, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float mr = m ? m[r] : 0.0f;
+    const float *sr = s + r * n;
+    float *pr = p + r * n, *cr = pc ? pc + r * n : 0;
+    switch (base2 * 2 + cast) {
+      case 0: row(sr, mr, pr, cr, n, 0, 0); break;
+      case 1: row(sr, mr, pr, cr, n, 0, 1); break;
+      case 2: row(sr, mr, pr, cr, n, 1, 0); break;
+      default: row(sr, mr, pr, cr, n, 1, 1); break;
+    }
+  }
+}
