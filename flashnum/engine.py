@@ -31,9 +31,14 @@ are added into l and o (what a pure-PyTorch port does with bf16 tensors; a no-op
 when l and o are fp32, as in FA2 kernels). The
 carrier is float32 when every site is fp32 or narrower (exact for +, -, *, /
 since 24 >= 2p + 2 for p <= 11 makes the double rounding innocuous), else
-float64. exp is always evaluated in float64 and then rounded, so it is
-correctly rounded except within 2^-53 of a rounding boundary. FMA contraction
-is not modelled (a GPU kernel may contract s * scale - m).
+float64. exp is always evaluated in float64 and then rounded once. For a float32
+argument rounded into fp32 (the P site of every policy with fp32 softmax state)
+that is the correctly rounded exp on every input (checked exhaustively, `python
+bench/exp_exhaustive.py`); otherwise it is correctly rounded except within ~2^-52
+of a rounding boundary. The
+fp32 exp site runs in flashnum.native's fused C kernel when that is built, else in
+torch: the same values either way. FMA contraction is not modelled (a GPU kernel
+may contract s * scale - m).
 
 Variants:
     fa2      divide once at the end (FlashAttention-2)
@@ -124,12 +129,20 @@ class Arith:
 
     def exp(self, x: torch.Tensor, fmt, base2: bool = False) -> torch.Tensor:
         # evaluated in float64 then rounded once: a correctly rounded exp
+        if (x.dtype is torch.float32 and self.dtype is torch.float32 and not self.stochastic
+                and fmt is not EXACT and fmt.name == "fp32"):
+            y = torch.empty_like(x, memory_format=torch.contiguous_format)
+            if native.exp_rows(x.contiguous(), None, y, base2=base2):  # the same fp32 values
+                return y
         x64 = x.to(torch.float64)
         y = torch.exp2(x64) if base2 else torch.exp(x64)
         if fmt is EXACT or fmt.p >= 53:
             return y.to(self.dtype)
         if self.dtype is torch.float32 and fmt.name == "fp32" and not self.stochastic:
-            return y.to(torch.float32)
+            y = y.to(torch.float32)
+            if x.dtype is torch.float32:
+                native.fix_torch(x, y, base2)  # the few inputs float64 alone misses
+            return y
         rounding = "stochastic" if self.stochastic else "nearest"
         return fmt.round(y, rounding, self.gen).to(self.dtype)
 
@@ -591,11 +604,14 @@ def _fa2_update_in_place(ar: Arith, s, vj, m_safe, alpha, l, o, base2, tall, buf
         p64 = bufs.p64 if s.shape == bufs.p64.shape else torch.empty(s.shape, dtype=torch.float64)
         s.sub_(m_safe[..., None])
         p64.copy_(s)
+        hard = [(s == h, v) for h, v in native.torch_fixes(base2)]  # see Arith.exp
         if base2:
             p64.exp2_()
         else:
             p64.exp_()
         p.copy_(p64)
+        for mask, v in hard:
+            p.masked_fill_(mask, v)
     if f_pc is not EXACT and f_pc.name == "fp32":
         pc = p
     elif (f_pc is not EXACT and f_pc.torch_dtype is not None and f_pc.p < 24

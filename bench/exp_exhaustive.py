@@ -1,0 +1,116 @@
+"""Exhaustive check of the exp site: every float32 input, native kernel against torch.
+
+    python bench/exp_exhaustive.py            # every input (about 4.5e9; minutes)
+    python bench/exp_exhaustive.py --step 97  # every 97th input (a quick look)
+
+The engine rounds exp(x) (and exp2(x), the exp2 variant) into fp32 from a float64
+evaluation. It has two implementations: torch (MKL's float64 exp, then a cast) and
+flashnum.native (one fused C pass, its own float64 exp). For every float32 x in the
+range where the fp32 result is neither 0 nor inf ([-104, 89] for exp, [-151, 129]
+for exp2; outside it both give 0 or inf), this script
+
+1. compares the two fp32 results, and the bf16 cast of P the kernel also makes
+   against torch's cast: the count of differences must be 0;
+2. proves both correctly rounded: an input is "hard" when torch's float64 value lies
+   within 4 float64 ulps of an fp32 rounding boundary (a midpoint between two fp32
+   values); every other input rounds correctly for any float64 evaluation with an
+   error under 2 ulps, and the hard ones are checked against mpmath at 200 bits;
+3. checks that the hard inputs are exactly flashnum.native.HARD, the list both paths
+   correct themselves on (a float64 evaluation alone misses a few of them).
+
+Writes bench/results/exp_exhaustive.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flashnum import native
+
+OUT = Path(__file__).parent / "results"
+RANGES = {"exp": (-104.0, 89.0), "exp2": (-151.0, 129.0)}
+WINDOW = 4  # float64 ulps around an fp32 midpoint that make an input "hard"
+CHUNK = 1 << 24
+
+
+def f32_bits(x: float) -> int:
+    return int(np.float32(x).view(np.uint32))
+
+
+def inputs(lo: float, hi: float, step: int):
+    """Every `step`-th float32 in [lo, hi], by bit pattern, in chunks (both signs)."""
+    spans = [(f32_bits(0.0), f32_bits(hi)), (f32_bits(-0.0), f32_bits(lo))]
+    for a, b in spans:
+        for c in range(a, b + 1, CHUNK * step):
+            idx = torch.arange(c, min(c + CHUNK * step, b + 1), step, dtype=torch.int64)
+            yield idx.to(torch.int32).view(torch.float32)  # two's complement wrap: same bits
+
+
+def near_midpoint(y: torch.Tensor) -> torch.Tensor:
+    """y (float64) within WINDOW ulps of a midpoint between consecutive fp32 values."""
+    normal = y >= 2.0**-126
+    low = (y.view(torch.int64) & ((1 << 29) - 1)) - (1 << 28)
+    near = normal & (low.abs() <= WINDOW)
+    # subnormal fp32 range: midpoints are the odd multiples of 2^-150
+    sub = ~normal & (y > 0)
+    ys = y[sub] * 2.0**150  # exact
+    d = (ys - 2 * torch.floor(ys / 2) - 1).abs()  # distance to the odd integer
+    ulp = torch.nextafter(ys, torch.full_like(ys, np.inf)) - ys
+    near[sub] = d <= WINDOW * ulp
+    return near
+
+
+def check(fn: str, step: int) -> dict:
+    base2 = fn == "exp2"
+    lo, hi = RANGES[fn]
+    n = diff_p = diff_pc = 0
+    hard = []
+    t0 = time.perf_counter()
+    for x in inputs(lo, hi, step):
+        y = torch.exp2(x.double()) if base2 else torch.exp(x.double())
+        ref = y.float()
+        native.fix_torch(x, ref, base2)  # the engine's torch path, as Arith.exp runs it
+        p, pc = torch.empty_like(x), torch.empty_like(x)
+        if not native.exp_rows(x, None, p, pc, "bf16", base2):
+            raise SystemExit(f"native kernel unavailable: {native.status()}")
+        n += x.numel()
+        diff_p += int((p != ref).sum())
+        diff_pc += int((pc != ref.bfloat16().float()).sum())
+        near = near_midpoint(y)
+        hard += [(float(a), float(b), float(c)) for a, b, c in zip(x[near], ref[near], p[near])]
+    wrong = [h for h in hard if not (native.correctly_rounded(h[0], base2) == h[1] == h[2])]
+    return {"range": [lo, hi], "inputs": n, "step": step, "p_differences": diff_p,
+            "bf16_cast_differences": diff_pc, "hard_inputs": [h[0] for h in hard],
+            "hard_inputs_known": sorted(h[0] for h in hard) == sorted(native.HARD[fn]),
+            "hard_not_correctly_rounded": [w[0] for w in wrong],
+            "torch_float64_misses": [h for h, _ in native.torch_fixes(base2)],
+            "seconds": time.perf_counter() - t0}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--step", type=int, default=1, help="check every step-th input")
+    args = ap.parse_args(argv)
+    res = {"native": native.status(), "threads": torch.get_num_threads()}
+    for fn in RANGES:
+        res[fn] = check(fn, args.step)
+        r = res[fn]
+        print(f"{fn}: {r['inputs']:,} inputs in {r['seconds']:.0f} s: "
+              f"{r['p_differences']} differences in P, {r['bf16_cast_differences']} in its bf16 "
+              f"cast; {len(r['hard_inputs'])} hard inputs, "
+              f"{len(r['hard_not_correctly_rounded'])} not correctly rounded "
+              f"(torch's float64 {fn} alone misses {len(r['torch_float64_misses'])}; corrected), "
+              f"hard list {'matches' if r['hard_inputs_known'] else 'DIFFERS FROM'} native.HARD")
+    if args.step == 1:
+        OUT.mkdir(exist_ok=True)
+        (OUT / "exp_exhaustive.json").write_text(json.dumps(res, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
