@@ -5,7 +5,9 @@
 
 1. Speed: emulated bf16 `fa2`, batch x heads = 8, N = 4096, d = 64, 64 x 64 blocks,
    against torch.nn.functional.scaled_dot_product_attention in fp32 on the same
-   shapes, in the same run (best of 3 each). Goal: ratio <= 2.
+   shapes, in the same run (best of 5 each). Goal: ratio <= 2. Also: the same run
+   without flashnum.native's kernel (the torch path; the same output), and on one
+   thread.
 2. Memory: N = 65536, d = 64, one head, bf16 fa2, in a fresh subprocess; peak RSS
    (ru_maxrss) minus the interpreter's own. Goal: <= 1.5 GiB (an N x N fp32 matrix
    alone would be 16 GiB).
@@ -27,6 +29,7 @@ from pathlib import Path
 import torch
 
 import flashnum
+from flashnum import native
 
 OUT = Path(__file__).parent / "results"
 
@@ -43,10 +46,26 @@ def best_of(fn, n=3):
 def speed():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 8, 4096, 64, generator=g) for _ in range(3))
-    sdpa = best_of(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
-    emu = best_of(lambda: flashnum.attention(q, k, v, precision="bf16", policy="fa2"))
-    return {"shape": "8 x 4096 x 64, 64x64 blocks", "sdpa_fp32_s": sdpa, "emulate_bf16_fa2_s": emu,
-            "ratio": emu / sdpa, "goal_ratio": 2.0, "threads": torch.get_num_threads()}
+    sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    emu = lambda: flashnum.attention(q, k, v, precision="bf16", policy="fa2")
+    res = {"shape": "8 x 4096 x 64, 64x64 blocks", "goal_ratio": 2.0,
+           "threads": torch.get_num_threads(), "exp_site": native.status()}
+    res["sdpa_fp32_s"], res["emulate_bf16_fa2_s"] = best_of(sdpa, 5), best_of(emu, 5)
+    res["ratio"] = res["emulate_bf16_fa2_s"] / res["sdpa_fp32_s"]
+    # the same run without the native kernel (torch's passes; identical output)
+    native.set_enabled(False)
+    try:
+        res["emulate_torch_path_s"] = best_of(emu, 3)
+    finally:
+        native.set_enabled(True)
+    res["ratio_torch_path"] = res["emulate_torch_path_s"] / res["sdpa_fp32_s"]
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        res["ratio_one_thread"] = best_of(emu, 2) / best_of(sdpa, 2)
+    finally:
+        torch.set_num_threads(n)
+    return res
 
 
 MEM_CHILD = """
@@ -88,7 +107,9 @@ def main():
     res["speed"] = speed()
     sp = res["speed"]
     print(f"speed: SDPA fp32 {sp['sdpa_fp32_s']:.3f} s, emulated bf16 fa2 "
-          f"{sp['emulate_bf16_fa2_s']:.3f} s, ratio {sp['ratio']:.2f} (goal <= 2)")
+          f"{sp['emulate_bf16_fa2_s']:.3f} s, ratio {sp['ratio']:.2f} (goal <= 2; exp site: "
+          f"{sp['exp_site']}); torch path {sp['emulate_torch_path_s']:.3f} s, ratio "
+          f"{sp['ratio_torch_path']:.2f}; one thread: ratio {sp['ratio_one_thread']:.2f}")
     res["memory"] = memory(16384 if args.quick else 65536)
     mem = res["memory"]
     print(f"memory: N={mem['N']} peak RSS {mem['peak_rss_gib']:.2f} GiB (goal <= 1.5), "

@@ -419,17 +419,14 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
 
     fast = variant != "fa1" and _in_place_ok(ar)
 
-    def recurrence(blocks, perm):
+    def recurrence(blocks, perm, o):
         Bc = blocks.q.shape[0]
         shape = (Bc, n_qb, bm)
         m = torch.full(shape, -math.inf, dtype=dtype)
         l = torch.zeros(shape, dtype=dtype)
-        o = torch.zeros(shape + (dv,), dtype=dtype)
         n_rescales = torch.zeros(shape, dtype=torch.int64)
         tm, tl = [], []
         bufs = _Buffers(Bc, n_qb, bm, bn, dv) if fast else None
-        if fast:
-            o = bufs.o
         # key block per step when every query block shares the order (as _gather reads it)
         js = perm.reshape(-1, n_kb)[0].tolist() if tall else None
         m_finite = False  # every m finite: the isfinite guards below are the identity
@@ -494,16 +491,20 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
     # intra-op threads split a tile, so a chunk holds about one L2's worth per thread
     per_head = n_qb * bm * max(bn, dv)
     step = max(1, _CHUNK * torch.get_num_threads() // per_head) if fast else B
+    o_all = torch.zeros(B, n_qb, bm, dv, dtype=dtype)  # each chunk updates its slice
+
     def chunk(b0):
         sub = _Blocks(blocks.q[b0 : b0 + step], blocks.k[b0 : b0 + step],
                       blocks.v[b0 : b0 + step], nq, nk, n_qb, n_kb)
-        return recurrence(sub, perm[b0 : b0 + step] if perm.shape[0] > 1 else perm)
+        return recurrence(sub, perm[b0 : b0 + step] if perm.shape[0] > 1 else perm,
+                          o_all[b0 : b0 + step])
 
     parts = [chunk(b0) for b0 in range(0, B, step)]
     if len(parts) == 1:
         m, l, o, n_rescales, tm, tl = parts[0]
     else:
-        m, l, o, n_rescales = (torch.cat([x[i] for x in parts]) for i in range(4))
+        m, l, n_rescales = (torch.cat([x[i] for x in parts]) for i in (0, 1, 3))
+        o = o_all if fast else torch.cat([x[2] for x in parts])
         tm = [torch.cat([x[4][t] for x in parts]) for t in range(len(parts[0][4]))]
         tl = [torch.cat([x[5][t] for x in parts]) for t in range(len(parts[0][5]))]
 
@@ -514,7 +515,12 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
         l_safe = torch.where(l > 0, l, torch.ones_like(l))
         out = ar.site(o / l_safe[..., None], "div")
     out = ar.site(out, "out")
-    out = torch.where(masked[..., None], torch.zeros_like(out), out)
+    if bool(masked.any()):
+        out = torch.where(masked[..., None], torch.zeros_like(out), out)
+    # a row is finite iff its sum is, unless the sum overflows: check those rows again
+    nonfinite = ~torch.isfinite(out.sum(-1))
+    if bool(nonfinite.any()):
+        nonfinite = ~torch.isfinite(out).all(dim=-1)
 
     def rows(x):
         return x.reshape(B, n_qb * bm, *x.shape[3:])[:, :nq].reshape(*lead, nq, *x.shape[3:])
@@ -530,7 +536,7 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
         )
     return Result(
         out=rows(out).to(torch.float64), m=m64, l=l64, lse=lse, masked=rows(masked),
-        n_rescales=rows(n_rescales), trace=tr,
+        n_rescales=rows(n_rescales), trace=tr, nonfinite=rows(nonfinite),
     )
 
 
@@ -552,7 +558,7 @@ def _in_place_ok(ar: Arith) -> bool:
 
 
 class _Buffers:
-    """Tiles reused across key blocks: s/p (fp32), p in fp64 for exp, p_cast, P @ V, o."""
+    """Tiles reused across key blocks: s/p (fp32), p in fp64 for exp, p_cast, P @ V."""
 
     def __init__(self, B, n_qb, bm, bn, dv):
         self.s = torch.empty(B, n_qb, bm, bn, dtype=torch.float32)
@@ -560,7 +566,6 @@ class _Buffers:
         self.pc = torch.empty(B, n_qb, bm, bn, dtype=torch.float32)
         self.low = {}
         self.pv = torch.empty(B, n_qb, bm, dv, dtype=torch.float32)
-        self.o = torch.zeros(B, n_qb, bm, dv, dtype=torch.float32)
 
     def lowp(self, dtype):
         if dtype not in self.low:
@@ -638,8 +643,9 @@ def _fa2_finish(ar: Arith, p, pc, vj, alpha, l, o, tall, bufs):
         pv = bufs.pv
     else:
         pv = ar.site(_tile_dot(ar, pc, vj, f_pv, tall), "o")
-    o.mul_(alpha[..., None])
-    o.add_(pv)
+    if not native.rescale_add(o, alpha, pv):  # the same two fp32 roundings in one pass
+        o.mul_(alpha[..., None])
+        o.add_(pv)
     return l, o
 
 

@@ -107,3 +107,21 @@ void fn_exp_rows(const float *s, const float *m, float *p, float *pc, int64_t ro
     }
   }
 }
+
+/* o[r, j] = o[r, j] * alpha[r] + pv[r, j]: two fp32 roundings, the product first
+   (what o.mul_(alpha).add_(pv) does; no FMA). */
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+void fn_rescale_add(float *o, const float *alpha, const float *pv, int64_t rows, int64_t n,
+                    int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float a = alpha[r];
+    float *orow = o + r * n;
+    const float *prow = pv + r * n;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) {
+      const float t = orow[j] * a;
+      orow[j] = t + prow[j];
+    }
+  }
+}

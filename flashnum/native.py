@@ -160,6 +160,9 @@ def _open(path: Path) -> ctypes.CDLL:
     f = lib.fn_exp_rows
     f.restype = None
     f.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 3
+    g = lib.fn_rescale_add
+    g.restype = None
+    g.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_int]
     return lib
 
 
@@ -244,29 +247,47 @@ def exp_rows(s: torch.Tensor, m: torch.Tensor | None, p: torch.Tensor,
     available or the arguments are not of that form.
     """
     lib = _load()
-    if lib is None or cast not in CASTS:
+    if lib is None or cast not in CASTS or not (_rows_of(s, m) and _rows_of(p, None)):
         return False
-    ok = s.dtype is torch.float32 and p.dtype is torch.float32 and s.is_contiguous()
-    ok = ok and p.is_contiguous() and p.shape == s.shape and s.device.type == "cpu"
+    if p.shape != s.shape or (cast is not None and not (
+            pc is not None and _rows_of(pc, None) and pc.shape == s.shape)):
+        return False
+    n = s.shape[-1]
+    if s.numel():
+        lib.fn_exp_rows(s.data_ptr(), m.data_ptr() if m is not None else None, p.data_ptr(),
+                        pc.data_ptr() if pc is not None else None, s.numel() // n, n,
+                        int(base2), CASTS[cast], _threads(s.numel()))
+    return True
+
+
+def _rows_of(x: torch.Tensor, m: torch.Tensor | None) -> bool:
+    """x a contiguous float32 CPU tensor (..., n); m, if given, contiguous float32 (...)."""
+    ok = x.dtype is torch.float32 and x.is_contiguous() and x.device.type == "cpu" and x.dim() > 0
     if m is not None:
-        ok = ok and m.dtype is torch.float32 and m.is_contiguous() and m.numel() * (
-            s.shape[-1] if s.dim() else 1) == s.numel()
-    if cast is not None:
-        ok = ok and pc is not None and pc.dtype is torch.float32 and pc.is_contiguous()
-        ok = ok and pc.shape == s.shape
-    if not ok:
-        return False
-    n = s.shape[-1] if s.dim() else 1
-    rows = s.numel() // n if n else 0
-    if rows == 0:
-        return True
+        ok = ok and m.dtype is torch.float32 and m.is_contiguous() and (
+            m.numel() * x.shape[-1] == x.numel())
+    return ok
+
+
+def _threads(numel: int) -> int:
     # small tiles are not worth waking the thread pool for
-    nt = torch.get_num_threads() if s.numel() >= 1 << 15 else 1
-    lib.fn_exp_rows(s.data_ptr(), m.data_ptr() if m is not None else None, p.data_ptr(),
-                    pc.data_ptr() if pc is not None else None, rows, n, int(base2),
-                    CASTS[cast], nt)
+    return torch.get_num_threads() if numel >= 1 << 15 else 1
+
+
+def rescale_add(o: torch.Tensor, alpha: torch.Tensor, pv: torch.Tensor) -> bool:
+    """o = o * alpha[..., None] + pv in place, two fp32 roundings; False if unavailable.
+
+    The accumulator update of an fa2 step in one pass (torch: o.mul_(alpha).add_(pv)).
+    """
+    lib = _load()
+    if lib is None or not (_rows_of(o, alpha) and _rows_of(pv, None) and pv.shape == o.shape):
+        return False
+    n = o.shape[-1]
+    if o.numel():
+        lib.fn_rescale_add(o.data_ptr(), alpha.data_ptr(), pv.data_ptr(), o.numel() // n, n,
+                           _threads(o.numel()))
     return True
 
 
 __all__ = ["available", "status", "exp_rows", "set_enabled", "source", "CASTS", "HARD",
-           "correctly_rounded", "torch_fixes", "fix_torch"]
+           "correctly_rounded", "torch_fixes", "fix_torch", "rescale_add"]
