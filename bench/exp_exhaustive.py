@@ -16,7 +16,9 @@ for exp2; outside it both give 0 or inf), this script
    values); every other input rounds correctly for any float64 evaluation with an
    error under 2 ulps, and the hard ones are checked against mpmath at 200 bits;
 3. checks that the hard inputs are exactly flashnum.native.HARD, the list both paths
-   correct themselves on (a float64 evaluation alone misses a few of them).
+   correct themselves on (a float64 evaluation alone misses a few of them);
+4. compares the kernel's bf16 rounding (inputs and output sites) with torch's cast on
+   every float32 bit pattern (2^32), NaNs compared as NaN.
 
 Writes bench/results/exp_exhaustive.json.
 """
@@ -93,6 +95,20 @@ def check(fn: str, step: int) -> dict:
             "seconds": time.perf_counter() - t0}
 
 
+def check_bf16(step: int) -> dict:
+    """flashnum.native.round_bf16 against torch's cast on every float32 bit pattern."""
+    n = diff = 0
+    t0 = time.perf_counter()
+    for a in range(0, 1 << 32, CHUNK * step):
+        bits = torch.arange(a, min(a + CHUNK * step, 1 << 32), step, dtype=torch.int64)
+        x = bits.to(torch.int32).view(torch.float32)
+        y, ref = native.round_bf16(x), x.bfloat16().float()
+        nan = torch.isnan(ref)
+        diff += int(((y != ref) & ~nan).sum()) + int((torch.isnan(y) != nan).sum())
+        n += x.numel()
+    return {"inputs": n, "step": step, "differences": diff, "seconds": time.perf_counter() - t0}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--step", type=int, default=1, help="check every step-th input")
@@ -107,6 +123,9 @@ def main(argv=None):
               f"{len(r['hard_not_correctly_rounded'])} not correctly rounded "
               f"(torch's float64 {fn} alone misses {len(r['torch_float64_misses'])}; corrected), "
               f"hard list {'matches' if r['hard_inputs_known'] else 'DIFFERS FROM'} native.HARD")
+    res["round_bf16"] = r = check_bf16(args.step)
+    print(f"bf16 rounding (inputs, output sites): {r['inputs']:,} float32 bit patterns in "
+          f"{r['seconds']:.0f} s: {r['differences']} differences from torch's cast")
     if args.step == 1:
         OUT.mkdir(exist_ok=True)
         (OUT / "exp_exhaustive.json").write_text(json.dumps(res, indent=2) + "\n")

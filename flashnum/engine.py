@@ -118,8 +118,9 @@ class Arith:
             if fmt.torch_dtype is not None and fmt.saturate == (fmt.name == "fp8_e4m3"):
                 # torch's fp32 -> low cast is one round-to-nearest-even (checked in tests);
                 # a float64 value (the inputs) must not take it: fp64 -> fp32 -> low
-                # would round twice
-                return x.to(fmt.torch_dtype).to(torch.float32)
+                # would round twice. bf16: the native kernel's one pass, the same values
+                y = native.round_bf16(x) if fmt.name == "bf16" else None
+                return x.to(fmt.torch_dtype).to(torch.float32) if y is None else y
         rounding = "stochastic" if stochastic else "nearest"
         y = fmt.round(x.to(torch.float64), rounding, self.gen)
         return y.to(self.dtype)

@@ -125,3 +125,16 @@ void fn_rescale_add(float *o, const float *alpha, const float *pv, int64_t rows,
     }
   }
 }
+
+/* y = bf16(x) as float32 (round to nearest, ties to even; NaN stays NaN, overflow
+   gives inf): torch's x.to(bfloat16).to(float32) in one pass. y may be x. */
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+void fn_round_bf16(const float *x, float *y, int64_t n, int nthreads) {
+  const int64_t block = 1 << 14;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+  for (int64_t b = 0; b < n; b += block) {
+    const int64_t e = b + block < n ? b + block : n;
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) y[i] = round_bf16(x[i]);
+  }
+}

@@ -163,6 +163,9 @@ def _open(path: Path) -> ctypes.CDLL:
     g = lib.fn_rescale_add
     g.restype = None
     g.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_int]
+    h = lib.fn_round_bf16
+    h.restype = None
+    h.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_int]
     return lib
 
 
@@ -289,5 +292,17 @@ def rescale_add(o: torch.Tensor, alpha: torch.Tensor, pv: torch.Tensor) -> bool:
     return True
 
 
+def round_bf16(x: torch.Tensor) -> torch.Tensor | None:
+    """bf16(x) as a new float32 tensor (torch's x.to(bfloat16).to(float32)); None if unavailable."""
+    lib = _load()
+    if lib is None or not _rows_of(x, None):
+        return None
+    y = torch.empty_like(x)
+    if x.numel():
+        lib.fn_round_bf16(x.data_ptr(), y.data_ptr(), x.numel(), _threads(x.numel()))
+    return y
+
+
 __all__ = ["available", "status", "exp_rows", "set_enabled", "source", "CASTS", "HARD",
-           "correctly_rounded", "torch_fixes", "fix_torch", "rescale_add"]
+           "correctly_rounded", "torch_fixes", "fix_torch", "rescale_add",
+           "round_bf16"]

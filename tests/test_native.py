@@ -130,11 +130,21 @@ def test_p_may_overwrite_s_and_odd_row_lengths_work():
         assert torch.equal(s, ref)
 
 
+@needs_kernel
+def test_bf16_rounding_equals_torchs_cast_on_every_4099th_bit_pattern():
+    # the exhaustive version (all 2^32) is in bench/exp_exhaustive.py
+    x = torch.arange(0, 1 << 32, 4099, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    y, ref = native.round_bf16(x), x.bfloat16().float()
+    assert torch.equal(torch.isnan(y), torch.isnan(ref))
+    assert torch.equal(torch.nan_to_num(y), torch.nan_to_num(ref))
+
+
 def test_unsupported_arguments_are_declined_not_miscomputed():
     s = torch.zeros(4, 8)
     assert not native.exp_rows(s.double(), None, s)  # float64 input
     assert not native.exp_rows(s.t(), None, torch.empty(8, 4))  # not contiguous
     assert not native.exp_rows(s, None, s, torch.empty(4, 8), "fp16")  # a cast it lacks
+    assert native.round_bf16(s.double()) is None
 
 
 @pytest.mark.parametrize("policy,precision", [("fa2", "bf16"), ("fa2", "fp16"), ("fa2", "fp32"),
