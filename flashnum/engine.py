@@ -419,6 +419,10 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
         perm = key_block_order(order, n_qb, n_kb, seed)[None]  # (1, n_qb, n_kb)
 
     fast = variant != "fa1" and _in_place_ok(ar)
+    # the native kernel can take the scale into its exp pass: max(fl(s c)) = fl(c max(s))
+    # for c > 0 (rounding is monotone), and only the max and P read the scaled logits
+    # in these variants, so each value is the one the separate pass gives
+    fold = fast and variant in ("fa2", "exp2", "lazy") and scale_s > 0 and native.available()
 
     def recurrence(blocks, perm, o):
         Bc = blocks.q.shape[0]
@@ -434,12 +438,12 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
         for t in range(n_kb):
             kb = perm[..., t]
             if fast:
-                s = _logits_into(ar, blocks, kb, scale_s, bm, bn, causal, tall, bufs,
-                                 js[t] if tall else None)
+                s = _logits_into(ar, blocks, kb, None if fold else scale_s, bm, bn, causal,
+                                 tall, bufs, js[t] if tall else None)
             else:
                 s = _logits(ar, blocks, kb, scale_s, bm, bn, causal, tall)
             vj = blocks.v[:, js[t]].unsqueeze(1) if tall else _gather(blocks.v, kb, tall)
-            m_blk = ar.rnd(s.amax(dim=-1), f_m)
+            m_blk = s.amax(dim=-1).mul_(scale_s) if fold else ar.rnd(s.amax(dim=-1), f_m)
             if variant == "qiu_yao":
                 near = (s >= (m_blk - QIU_YAO_WINDOW)[..., None]).sum(-1) >= 2
                 adj = torch.where(m_blk > 0, ar.rnd(beta * m_blk, f_m), torch.zeros_like(m_blk))
@@ -464,7 +468,8 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
                 m_finite = new_finite
                 alpha = ar.exp(ar.rnd(m - m_safe, f_m), f_p, base2)
                 if fast:
-                    l, o = _fa2_update_in_place(ar, s, vj, m_safe, alpha, l, o, base2, tall, bufs)
+                    l, o = _fa2_update_in_place(ar, s, vj, m_safe, alpha, l, o, base2, tall, bufs,
+                                                scale_s if fold else 1.0)
                     m = m_new
                     if trace:
                         tm.append(m.reshape(Bc, -1)[:, :nq].clone())
@@ -575,8 +580,8 @@ class _Buffers:
 
 
 def _logits_into(ar: Arith, blocks: _Blocks, kb, scale_s, bm, bn, causal, tall, bufs, j):
-    """`_logits` writing into bufs.s: the same GEMM shape, fp32 s and its fp32 scaling;
-    j is the key block when tall (kb's common value)."""
+    """`_logits` writing into bufs.s: the same GEMM shape, fp32 s and its fp32 scaling (None:
+    left to the exp pass); j is the key block when tall (kb's common value)."""
     kt = (blocks.k[:, j].unsqueeze(1) if tall else _gather(blocks.k, kb, tall)).transpose(-1, -2)
     f = ar.fmt("qk_acc")
     if tall and f is not EXACT and f.name == "fp32":
@@ -586,15 +591,17 @@ def _logits_into(ar: Arith, blocks: _Blocks, kb, scale_s, bm, bn, causal, tall, 
         s = bufs.s
     else:
         s = _tile_dot(ar, blocks.q, kt, f, tall)
-    s.mul_(scale_s)  # the fp32 product s * scale_s, rounded once (site s is fp32)
+    if scale_s is not None:  # None: the exp pass scales (see `fold` in _flash)
+        s.mul_(scale_s)  # the fp32 product s * scale_s, rounded once (site s is fp32)
     vis = _visible(blocks, bm, bn, kb, causal)
     if vis is not None:
         s.masked_fill_(~vis, -math.inf)
     return s
 
 
-def _fa2_update_in_place(ar: Arith, s, vj, m_safe, alpha, l, o, base2, tall, bufs):
-    """l, o of an fa2-like step; s is overwritten with P. See the loop in `_flash`."""
+def _fa2_update_in_place(ar: Arith, s, vj, m_safe, alpha, l, o, base2, tall, bufs, scale=1.0):
+    """l, o of an fa2-like step; s (times `scale` if not yet scaled) is overwritten with P.
+    See the loop in `_flash`."""
     # s - m in fp32 (in place), widened exactly to float64, exp in float64, rounded once
     # to fp32: what Arith.exp does. The native kernel does these passes and P's bf16
     # cast in one, with the same roundings (flashnum.native: the same fp32 value on
@@ -603,10 +610,12 @@ def _fa2_update_in_place(ar: Arith, s, vj, m_safe, alpha, l, o, base2, tall, buf
     bf16 = f_pc is not EXACT and f_pc.name == "bf16" and s.shape == bufs.pc.shape
     p = s
     if native.exp_rows(s, m_safe, p, bufs.pc if bf16 else None, "bf16" if bf16 else None,
-                       base2):
+                       base2, scale):
         if bf16:
             return _fa2_finish(ar, p, bufs.pc, vj, alpha, l, o, tall, bufs)
     else:
+        if scale != 1.0:
+            s.mul_(scale)
         p64 = bufs.p64 if s.shape == bufs.p64.shape else torch.empty(s.shape, dtype=torch.float64)
         s.sub_(m_safe[..., None])
         p64.copy_(s)

@@ -3,7 +3,7 @@
    For a float32 x, p = fp32(exp(x)) (or exp2) rounded once to nearest even, and
    optionally pc = P cast of p to bf16 (round to nearest even), in one pass:
 
-       x  = s[r, j] - m[r]          fp32 subtraction, one rounding (the site s - m)
+       x  = s[r, j] * c - m[r]      fp32 product (c = 1: none) and difference (the site s - m)
        y  = exp(x) in float64       |y - exp(x)| <= ~1.3 ulp of float64 (derivation below)
        p  = (float) y               one round-to-nearest-even into fp32
        pc = bf16(p)                 one round-to-nearest-even
@@ -78,21 +78,22 @@ static inline float round_bf16(float p) {
 }
 
 /* one row; base2 and cast are constants at every call, so each loop is branch-free */
-static inline __attribute__((always_inline)) void row(const float *sr, float mr, float *pr,
-                                                     float *cr, int64_t n, const int base2,
-                                                     const int cast) {
+static inline __attribute__((always_inline)) void row(const float *sr, float c, float mr,
+                                                     float *pr, float *cr, int64_t n,
+                                                     const int base2, const int cast) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) {
-    const float v = exp_round(sr[j] - mr, base2);
+    const float v = exp_round(sr[j] * c - mr, base2); /* two fp32 roundings (no FMA) */
     pr[j] = v;
     if (cast) cr[j] = round_bf16(v);
   }
 }
 
-/* rows x n values: p[r, j] = fp32(exp(s[r, j] - m[r])); m may be NULL (x = s - 0 = s) and
-   p may be s. cast: 0 none, 1 bf16 into pc. */
+/* rows x n values: p[r, j] = fp32(exp(s[r, j] * c - m[r])), the product and the difference
+   each rounded to fp32 (c = 1: x = s - m); m may be NULL (m = 0) and p may be s. cast: 0
+   none, 1 bf16 into pc. */
 __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
-void fn_exp_rows(const float *s, const float *m, float *p, float *pc, int64_t rows,
+void fn_exp_rows(const float *s, float c, const float *m, float *p, float *pc, int64_t rows,
                  int64_t n, int base2, int cast, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
   for (int64_t r = 0; r < rows; ++r) {
@@ -100,10 +101,10 @@ void fn_exp_rows(const float *s, const float *m, float *p, float *pc, int64_t ro
     const float *sr = s + r * n;
     float *pr = p + r * n, *cr = pc ? pc + r * n : 0;
     switch (base2 * 2 + cast) {
-      case 0: row(sr, mr, pr, cr, n, 0, 0); break;
-      case 1: row(sr, mr, pr, cr, n, 0, 1); break;
-      case 2: row(sr, mr, pr, cr, n, 1, 0); break;
-      default: row(sr, mr, pr, cr, n, 1, 1); break;
+      case 0: row(sr, c, mr, pr, cr, n, 0, 0); break;
+      case 1: row(sr, c, mr, pr, cr, n, 0, 1); break;
+      case 2: row(sr, c, mr, pr, cr, n, 1, 0); break;
+      default: row(sr, c, mr, pr, cr, n, 1, 1); break;
     }
   }
 }

@@ -159,7 +159,8 @@ def _open(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     f = lib.fn_exp_rows
     f.restype = None
-    f.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 3
+    f.argtypes = [ctypes.c_void_p, ctypes.c_float] + [ctypes.c_void_p] * 3 + [
+        ctypes.c_int64] * 2 + [ctypes.c_int] * 3
     g = lib.fn_rescale_add
     g.restype = None
     g.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_int]
@@ -172,7 +173,8 @@ def _open(path: Path) -> ctypes.CDLL:
 def _kernel_misses(lib: ctypes.CDLL) -> dict[str, list[tuple[float, float]]]:
     def evaluate(x, base2):
         p = torch.empty_like(x)
-        lib.fn_exp_rows(x.data_ptr(), None, p.data_ptr(), None, 1, x.numel(), int(base2), 0, 1)
+        lib.fn_exp_rows(x.data_ptr(), 1.0, None, p.data_ptr(), None, 1, x.numel(), int(base2),
+                        0, 1)
         return p
     return {fn: _misses(evaluate, fn) for fn in ("exp", "exp2")}
 
@@ -242,8 +244,10 @@ def set_enabled(flag: bool) -> None:
 
 def exp_rows(s: torch.Tensor, m: torch.Tensor | None, p: torch.Tensor,
              pc: torch.Tensor | None = None, cast: str | None = None,
-             base2: bool = False) -> bool:
-    """p = fp32(exp(s - m[..., None])) (exp2 if base2), pc = cast(p); False if unavailable.
+             base2: bool = False, scale: float = 1.0) -> bool:
+    """p = fp32(exp(s * scale - m[..., None])) (exp2 if base2), pc = cast(p); False if
+    unavailable. The product and the difference are each rounded to fp32 (scale must be
+    an fp32 value; 1 adds nothing).
 
     s, p, pc: contiguous float32 of one shape (..., n); m: contiguous float32 (...) or
     None (x = s). p may be s. Returns False, writing nothing, when the kernel is not
@@ -257,7 +261,8 @@ def exp_rows(s: torch.Tensor, m: torch.Tensor | None, p: torch.Tensor,
         return False
     n = s.shape[-1]
     if s.numel():
-        lib.fn_exp_rows(s.data_ptr(), m.data_ptr() if m is not None else None, p.data_ptr(),
+        lib.fn_exp_rows(s.data_ptr(), scale, m.data_ptr() if m is not None else None,
+                        p.data_ptr(),
                         pc.data_ptr() if pc is not None else None, s.numel() // n, n,
                         int(base2), CASTS[cast], _threads(s.numel()))
     return True
