@@ -85,7 +85,8 @@ def check(fn: str, step: int) -> dict:
         diff_p += int((p != ref).sum())
         diff_pc += int((pc != ref.bfloat16().float()).sum())
         near = near_midpoint(y)
-        hard += [(float(a), float(b), float(c)) for a, b, c in zip(x[near], ref[near], p[near])]
+        hard += [(float(a), float(b), float(c))
+                 for a, b, c in zip(x[near], ref[near], p[near], strict=True)]
     wrong = [h for h in hard if not (native.correctly_rounded(h[0], base2) == h[1] == h[2])]
     return {"range": [lo, hi], "inputs": n, "step": step, "p_differences": diff_p,
             "bf16_cast_differences": diff_pc, "hard_inputs": [h[0] for h in hard],

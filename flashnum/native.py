@@ -109,7 +109,7 @@ def _misses(evaluate, fn: str) -> list[tuple[float, float]]:
     """(x, correct value) for the hard inputs on which `evaluate(x, base2)` is wrong."""
     x, want = _hard(fn)
     got = evaluate(x, fn == "exp2")
-    return [(float(a), float(w)) for a, g, w in zip(x, got, want) if g != w]
+    return [(float(a), float(w)) for a, g, w in zip(x, got, want, strict=True) if g != w]
 
 
 @functools.cache
