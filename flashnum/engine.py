@@ -35,10 +35,9 @@ float64. exp is always evaluated in float64 and then rounded once. For a float32
 argument rounded into fp32 (the P site of every policy with fp32 softmax state)
 that is the correctly rounded exp on every input (checked exhaustively, `python
 bench/exp_exhaustive.py`); otherwise it is correctly rounded except within ~2^-52
-of a rounding boundary. The
-fp32 exp site runs in flashnum.native's fused C kernel when that is built, else in
-torch: the same values either way. FMA contraction is not modelled (a GPU kernel
-may contract s * scale - m).
+of a rounding boundary. The fp32 exp site runs in flashnum.native's fused C kernel
+when that is built, else in torch: the same values either way (docs/engine.md). FMA
+contraction is not modelled (a GPU kernel may contract s * scale - m).
 
 Variants:
     fa2      divide once at the end (FlashAttention-2)
@@ -602,18 +601,17 @@ def _logits_into(ar: Arith, blocks: _Blocks, kb, scale_s, bm, bn, causal, tall, 
 def _fa2_update_in_place(ar: Arith, s, vj, m_safe, alpha, l, o, base2, tall, bufs, scale=1.0):
     """l, o of an fa2-like step; s (times `scale` if not yet scaled) is overwritten with P.
     See the loop in `_flash`."""
-    # s - m in fp32 (in place), widened exactly to float64, exp in float64, rounded once
-    # to fp32: what Arith.exp does. The native kernel does these passes and P's bf16
-    # cast in one, with the same roundings (flashnum.native: the same fp32 value on
-    # every input), else torch does them
+    pol = ar.policy
     f_pc = ar.fmt("p_cast")
     bf16 = f_pc is not EXACT and f_pc.name == "bf16" and s.shape == bufs.pc.shape
     p = s
-    if native.exp_rows(s, m_safe, p, bufs.pc if bf16 else None, "bf16" if bf16 else None,
-                       base2, scale):
-        if bf16:
-            return _fa2_finish(ar, p, bufs.pc, vj, alpha, l, o, tall, bufs)
-    else:
+    # P = fp32(exp(fl(s - m))), from a float64 exp: what Arith.exp does. The native
+    # kernel does it (and P's bf16 cast) in one pass, with the same values on every
+    # input (flashnum.native); else torch, in passes
+    done = native.exp_rows(s, m_safe, p, bufs.pc if bf16 else None, "bf16" if bf16 else None,
+                           base2, scale)
+    cast_done = done and bf16
+    if not done:
         if scale != 1.0:
             s.mul_(scale)
         p64 = bufs.p64 if s.shape == bufs.p64.shape else torch.empty(s.shape, dtype=torch.float64)
@@ -627,7 +625,9 @@ def _fa2_update_in_place(ar: Arith, s, vj, m_safe, alpha, l, o, base2, tall, buf
         p.copy_(p64)
         for mask, v in hard:
             p.masked_fill_(mask, v)
-    if f_pc is not EXACT and f_pc.name == "fp32":
+    if cast_done:
+        pc = bufs.pc
+    elif f_pc is not EXACT and f_pc.name == "fp32":
         pc = p
     elif (f_pc is not EXACT and f_pc.torch_dtype is not None and f_pc.p < 24
           and f_pc.saturate == (f_pc.name == "fp8_e4m3") and p.shape == bufs.pc.shape):
@@ -638,12 +638,6 @@ def _fa2_update_in_place(ar: Arith, s, vj, m_safe, alpha, l, o, base2, tall, buf
         pc.copy_(low)
     else:
         pc = ar.site(p, "p_cast")
-    return _fa2_finish(ar, p, pc, vj, alpha, l, o, tall, bufs)
-
-
-def _fa2_finish(ar: Arith, p, pc, vj, alpha, l, o, tall, bufs):
-    """l and o from P and its cast (the rest of `_fa2_update_in_place`)."""
-    pol = ar.policy
     l_blk = ar.rowsum(pc if pol.l_from == "p_cast" else p, ar.fmt("l_acc"))
     l = ar.site(ar.site(l * alpha, "l") + l_blk, "l")
     f_pv = ar.fmt("pv_acc")
