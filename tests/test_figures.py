@@ -16,6 +16,7 @@ Specification checked here, on a synthetic results tree written to a temporary f
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 from pathlib import Path
@@ -173,6 +174,12 @@ def synthetic_tree(root: Path, skip=()) -> Path:
     for name, rows in t.items():
         if name not in skip:
             _save(root, name, rows)
+    # the exhaustive exp-site check, stored beside the code (bench/results; values made up)
+    bench = root.parent / "bench" / "results"
+    bench.mkdir(parents=True, exist_ok=True)
+    site = {fn: {"inputs": 2_000_000_000 + i, "hard_inputs": [0.5] * (3 + i),
+                 "torch_float64_misses": [0.5] * i} for i, fn in enumerate(("exp", "exp2"))}
+    (bench / "exp_exhaustive.json").write_text(json.dumps(site))
     return root
 
 
@@ -227,6 +234,13 @@ def test_every_declared_number_is_computed_from_complete_tables(full):
     macros = _macros((out / "numbers.tex").read_text())
     assert set(NUMBERS) <= set(macros)
     assert [m for m in NUMBERS if macros[m] == r"\nyr"] == []
+
+
+def test_exp_site_numbers_come_from_the_exhaustive_check(full):
+    _, out, _ = full
+    macros = _macros((out / "numbers.tex").read_text())
+    assert (macros["ExpInputs"], macros["ExpHard"], macros["ExpFloatMisses"]) == (
+        r"4.0\times 10^9", "7", "1")
 
 
 def test_quoted_numbers_come_from_the_data(full):
