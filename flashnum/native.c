@@ -1,4 +1,4 @@
-/* Fused, correctly rounded exp site for the fp32 carrier (see flashnum/native.py).
+/* Fused kernels for the fp32 carrier (see flashnum/native.py): the exp site first.
 
    For a float32 x, p = fp32(exp(x)) (or exp2) rounded once to nearest even, and
    optionally pc = P cast of p to bf16 (round to nearest even), in one pass:

@@ -1,17 +1,19 @@
-"""A fused C kernel for the engine's hottest site: P = fp32(exp(s - m)) and its cast.
+"""Fused C kernels for the emulator's hottest sites (flashnum/native.c).
 
 The emulator's model of the exp site is "evaluate in float64, round once to fp32"
 (flashnum.engine.Arith.exp). In torch that takes five passes over every logit tile
-(subtract, widen, exp, narrow, cast) and torch's float64 exp (MKL VML) is slow; this
-kernel does the same arithmetic in one pass (flashnum/native.c, derivation and error
-bound in its header):
+(scale, subtract, widen, exp, narrow) plus two for P's bf16 cast, and torch's float64
+exp (MKL VML) is slow. These kernels do the same arithmetic in fewer passes:
 
-    exp_rows(s, m, p, pc=None, base2=False)   # p = fp32(exp(s - m[:, None])), pc = cast(p)
+    exp_rows(s, m, p, pc, "bf16", base2, scale)  # p = fp32(exp(fl(fl(s c) - m))), pc = bf16(p)
+    rescale_add(o, alpha, pv)                    # o = fl(fl(o alpha) + pv), in place
+    round_bf16(x)                                # torch's x.to(bfloat16).to(float32)
 
-It is an accelerator, never a different model: on every float32 input the fp32
-value equals the torch path's, and both are the correctly rounded exp
-(`python bench/exp_exhaustive.py` checks all 2.2e9 inputs; tests check a sample and
-the hard cases). So a result never depends on whether the kernel was used.
+They are accelerators, never a different model: on every float32 argument the exp
+value equals the torch path's and both are correctly rounded (`python
+bench/exp_exhaustive.py` checks all 4.5e9 arguments of exp and exp2, and the bf16
+rounding on all 2^32 bit patterns; tests check samples and the hard cases). So a
+result never depends on whether the kernels were used (docs/engine.md).
 
 Built on first use with the system C compiler (cc, or $CC) into a cache directory
 ($FLASHNUM_CACHE, else ~/.cache/flashnum), linked against the OpenMP runtime torch
@@ -67,6 +69,7 @@ _lib = None
 _why = None  # why the kernel is not available (None: not tried yet or available)
 
 
+@functools.cache
 def _constants() -> dict[str, str]:
     """The kernel's constants, from mpmath, as C hex literals (see native.c)."""
     import mpmath as mp
