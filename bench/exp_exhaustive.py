@@ -14,7 +14,8 @@ for exp2; outside it both give 0 or inf), this script
 2. proves both correctly rounded: an input is "hard" when torch's float64 value lies
    within 4 float64 ulps of an fp32 rounding boundary (a midpoint between two fp32
    values); every other input rounds correctly for any float64 evaluation with an
-   error under 2 ulps, and the hard ones are checked against mpmath at 200 bits;
+   error under 2 ulps, and the hard ones are checked against mpmath at 200 bits (their
+   exact distance to the boundary is recorded);
 3. checks that the hard inputs are exactly flashnum.native.HARD, the list both paths
    correct themselves on (a float64 evaluation alone misses a few of them);
 4. compares the kernel's bf16 rounding (inputs and output sites) with torch's cast on
@@ -68,6 +69,18 @@ def near_midpoint(y: torch.Tensor) -> torch.Tensor:
     return near
 
 
+def boundary_distance(x: float, base2: bool) -> float:
+    """Distance of exp(x) (exp2) from the nearest fp32 rounding boundary, in float64 ulps."""
+    import mpmath as mp
+
+    with mp.workprec(200):
+        v = mp.mpf(2) ** x if base2 else mp.exp(x)
+        f = np.float32(float(v))
+        nb = np.nextafter(f, np.float32(0) if mp.mpf(float(f)) > v else np.float32(np.inf))
+        mid = (mp.mpf(float(f)) + mp.mpf(float(nb))) / 2
+        return float(abs(v - mid) / mp.mpf(np.spacing(float(v))))
+
+
 def check(fn: str, step: int) -> dict:
     base2 = fn == "exp2"
     lo, hi = RANGES[fn]
@@ -90,6 +103,7 @@ def check(fn: str, step: int) -> dict:
     wrong = [h for h in hard if not (native.correctly_rounded(h[0], base2) == h[1] == h[2])]
     return {"range": [lo, hi], "inputs": n, "step": step, "p_differences": diff_p,
             "bf16_cast_differences": diff_pc, "hard_inputs": [h[0] for h in hard],
+            "hard_boundary_distance_ulps": [boundary_distance(h[0], base2) for h in hard],
             "hard_inputs_known": sorted(h[0] for h in hard) == sorted(native.HARD[fn]),
             "hard_not_correctly_rounded": [w[0] for w in wrong],
             "torch_float64_misses": [h for h, _ in native.torch_fixes(base2)],
