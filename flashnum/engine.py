@@ -422,6 +422,7 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
     # for c > 0 (rounding is monotone), and only the max and P read the scaled logits
     # in these variants, so each value is the one the separate pass gives
     fold = fast and variant in ("fa2", "exp2", "lazy") and scale_s > 0 and native.available()
+    # (and with the kernel, the state update of fa2 and exp2 is one native pass too)
 
     def recurrence(blocks, perm, o):
         Bc = blocks.q.shape[0]
@@ -449,6 +450,12 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
                 m_blk = torch.where(near & (m_blk != 0) & torch.isfinite(m_blk), adj, m_blk)
             if variant == "fa1":
                 m, l, o = _fa1_step(ar, s, vj, m, l, o, m_blk, f_diff, n_rescales, tall)
+            elif fold and variant != "lazy" and (finite := native.fa2_state(
+                    m, m_blk, n_rescales, bufs.m_safe, bufs.alpha, base2)) is not None:
+                # the state update of the branch below in one native pass, m in place
+                m_finite = finite
+                l, o = _fa2_update_in_place(ar, s, vj, bufs.m_safe, bufs.alpha, l, o, base2,
+                                            tall, bufs, scale_s)
             else:
                 m_new = torch.maximum(m, m_blk)
                 if variant == "lazy":
@@ -571,6 +578,8 @@ class _Buffers:
         self.pc = torch.empty(B, n_qb, bm, bn, dtype=torch.float32)
         self.low = {}
         self.pv = torch.empty(B, n_qb, bm, dv, dtype=torch.float32)
+        self.m_safe = torch.empty(B, n_qb, bm, dtype=torch.float32)
+        self.alpha = torch.empty(B, n_qb, bm, dtype=torch.float32)
 
     def lowp(self, dtype):
         if dtype not in self.low:
@@ -639,7 +648,8 @@ def _fa2_update_in_place(ar: Arith, s, vj, m_safe, alpha, l, o, base2, tall, buf
     else:
         pc = ar.site(p, "p_cast")
     l_blk = ar.rowsum(pc if pol.l_from == "p_cast" else p, ar.fmt("l_acc"))
-    l = ar.site(ar.site(l * alpha, "l") + l_blk, "l")
+    if not native.rescale_add(l.unsqueeze(-1), alpha, l_blk.unsqueeze(-1)):  # l in place
+        l = ar.site(ar.site(l * alpha, "l") + l_blk, "l")
     f_pv = ar.fmt("pv_acc")
     if tall and f_pv is not EXACT and f_pv.name == "fp32" and pc.shape == bufs.s.shape:
         B, n_qb, bm, bn = pc.shape

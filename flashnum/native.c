@@ -139,3 +139,36 @@ void fn_round_bf16(const float *x, float *y, int64_t n, int nthreads) {
     for (int64_t i = b; i < e; ++i) y[i] = round_bf16(x[i]);
   }
 }
+
+/* The softmax state of one fa2 step, row by row, as the torch ops in engine._flash do it:
+     m_new = max(m, m_blk)  (NaN if either is NaN)
+     n_resc += m_new > m and m finite
+     m_safe = m_new if finite, else 0   (fully masked so far: exp(-inf - 0) = 0)
+     alpha  = fp32(exp(fl(m - m_safe)))  (exp2 if base2; correctly rounded, as above)
+   m is overwritten with m_new. Returns 1 if every m_new is finite. */
+static inline __attribute__((always_inline)) int state(float *m, const float *m_blk,
+                                                      int64_t *n_resc, float *m_safe,
+                                                      float *alpha, int64_t rows,
+                                                      const int base2) {
+  int finite = 1;
+#pragma omp simd reduction(&: finite)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float a = m[r], b = m_blk[r];
+    const float mn = (a != a || b != b) ? a + b : (b > a ? b : a);
+    const int fin_a = a - a == 0.0f, fin_n = mn - mn == 0.0f;
+    n_resc[r] += (mn > a) & fin_a;
+    const float ms = fin_n ? mn : 0.0f;
+    m_safe[r] = ms;
+    alpha[r] = exp_round(a - ms, base2);
+    m[r] = mn;
+    finite &= fin_n;
+  }
+  return finite;
+}
+
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+int fn_fa2_state(float *m, const float *m_blk, int64_t *n_resc, float *m_safe, float *alpha,
+                 int64_t rows, int base2) {
+  return base2 ? state(m, m_blk, n_resc, m_safe, alpha, rows, 1)
+               : state(m, m_blk, n_resc, m_safe, alpha, rows, 0);
+}

@@ -170,6 +170,9 @@ def _open(path: Path) -> ctypes.CDLL:
     h = lib.fn_round_bf16
     h.restype = None
     h.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_int]
+    st = lib.fn_fa2_state
+    st.restype = ctypes.c_int
+    st.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64, ctypes.c_int]
     return lib
 
 
@@ -273,7 +276,7 @@ def exp_rows(s: torch.Tensor, m: torch.Tensor | None, p: torch.Tensor,
 
 def _rows_of(x: torch.Tensor, m: torch.Tensor | None) -> bool:
     """x a contiguous float32 CPU tensor (..., n); m, if given, contiguous float32 (...)."""
-    ok = x.dtype is torch.float32 and x.is_contiguous() and x.device.type == "cpu" and x.dim() > 0
+    ok = x.dtype is torch.float32 and x.is_contiguous() and x.is_cpu and x.dim() > 0
     if m is not None:
         ok = ok and m.dtype is torch.float32 and m.is_contiguous() and (
             m.numel() * x.shape[-1] == x.numel())
@@ -300,6 +303,25 @@ def rescale_add(o: torch.Tensor, alpha: torch.Tensor, pv: torch.Tensor) -> bool:
     return True
 
 
+def fa2_state(m: torch.Tensor, m_blk: torch.Tensor, n_rescales: torch.Tensor,
+              m_safe: torch.Tensor, alpha: torch.Tensor, base2: bool = False) -> bool | None:
+    """One fa2 step's softmax state, in place; None (nothing written) if unavailable.
+
+    m becomes max(m, m_blk); n_rescales (int64) counts the rows whose finite m grew;
+    m_safe is the new m where finite, else 0; alpha = fp32(exp(fl(m_old - m_safe))).
+    Returns whether every new m is finite. All contiguous, one value per row.
+    """
+    lib = _load()
+    ts = (m, m_blk, m_safe, alpha)
+    if lib is None or not all(_rows_of(t.view(-1), None) for t in ts):
+        return None
+    if n_rescales.dtype is not torch.int64 or not n_rescales.is_contiguous() or not all(
+            t.numel() == m.numel() for t in (*ts, n_rescales)):
+        return None
+    return bool(lib.fn_fa2_state(m.data_ptr(), m_blk.data_ptr(), n_rescales.data_ptr(),
+                                 m_safe.data_ptr(), alpha.data_ptr(), m.numel(), int(base2)))
+
+
 def round_bf16(x: torch.Tensor) -> torch.Tensor | None:
     """bf16(x) as a new float32 tensor (torch's x.to(bfloat16).to(float32)); None if unavailable."""
     lib = _load()
@@ -313,4 +335,4 @@ def round_bf16(x: torch.Tensor) -> torch.Tensor | None:
 
 __all__ = ["available", "status", "exp_rows", "set_enabled", "source", "CASTS", "HARD",
            "correctly_rounded", "torch_fixes", "fix_torch", "rescale_add",
-           "round_bf16"]
+           "round_bf16", "fa2_state"]
