@@ -7,6 +7,7 @@ found, the special values, whole engine runs with the kernel on and off, and the
 fallback when it cannot be built.
 """
 
+import math
 import os
 import subprocess
 import sys
@@ -139,12 +140,44 @@ def test_bf16_rounding_equals_torchs_cast_on_every_4099th_bit_pattern():
     assert torch.equal(torch.nan_to_num(y), torch.nan_to_num(ref))
 
 
+@needs_kernel
+@pytest.mark.parametrize("base2", [False, True])
+def test_the_state_update_is_the_torch_ops_of_an_fa2_step(base2):
+    # m, m_blk over finite values, -inf (masked so far), +inf (overflow) and NaN
+    vals = [-math.inf, -3.5, 0.0, 2.25, 7.0, math.inf, math.nan]
+    pairs = torch.tensor([(a, b) for a in vals for b in vals] * 3, dtype=torch.float32)
+    pairs[len(vals) ** 2:] += torch.randn(2 * len(vals) ** 2, 2, generator=torch.Generator()
+                                          .manual_seed(4))
+    m, m_blk = pairs[:, 0].contiguous(), pairs[:, 1].contiguous()
+    n = torch.arange(len(m), dtype=torch.int64)
+    arith = Arith(make_policy("fa2", "bf16"), "nearest", 0, torch.float32)
+    # the torch ops of engine._flash's guarded branch
+    m_new = torch.maximum(m, m_blk)
+    n_want = n + ((m_new > m) & torch.isfinite(m))
+    safe_want = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+    with kernel_off():
+        alpha_want = arith.exp(m - safe_want, get_format("fp32"), base2)
+    m_k, n_k, safe, alpha = m.clone(), n.clone(), torch.empty_like(m), torch.empty_like(m)
+    finite = native.fa2_state(m_k, m_blk, n_k, safe, alpha, base2)
+    assert finite is False  # inf and NaN among the new maxima
+    assert torch.equal(torch.isnan(m_k), torch.isnan(m_new))
+    assert torch.equal(torch.nan_to_num(m_k), torch.nan_to_num(m_new))
+    assert torch.equal(n_k, n_want) and torch.equal(safe, safe_want)
+    assert torch.equal(torch.isnan(alpha), torch.isnan(alpha_want))
+    assert torch.equal(torch.nan_to_num(alpha), torch.nan_to_num(alpha_want))
+    ok = native.fa2_state(torch.zeros(5), torch.ones(5), torch.zeros(5, dtype=torch.int64),
+                          torch.empty(5), torch.empty(5), base2)
+    assert ok is True
+
+
 def test_unsupported_arguments_are_declined_not_miscomputed():
     s = torch.zeros(4, 8)
     assert not native.exp_rows(s.double(), None, s)  # float64 input
     assert not native.exp_rows(s.t(), None, torch.empty(8, 4))  # not contiguous
     assert not native.exp_rows(s, None, s, torch.empty(4, 8), "fp16")  # a cast it lacks
     assert native.round_bf16(s.double()) is None
+    m = torch.zeros(4)
+    assert native.fa2_state(m, m, torch.zeros(4), m, m) is None  # counts must be int64
 
 
 @pytest.mark.parametrize("policy,precision", [("fa2", "bf16"), ("fa2", "fp16"), ("fa2", "fp32"),
