@@ -570,11 +570,11 @@ def _in_place_ok(ar: Arith) -> bool:
 
 
 class _Buffers:
-    """Tiles reused across key blocks: s/p (fp32), p in fp64 for exp, p_cast, P @ V."""
+    """Tiles reused across key blocks: s/p (fp32), p_cast, P @ V, the per-row shift and
+    alpha; P in float64 for torch's exp, made only when torch computes it."""
 
     def __init__(self, B, n_qb, bm, bn, dv):
         self.s = torch.empty(B, n_qb, bm, bn, dtype=torch.float32)
-        self.p64 = torch.empty(B, n_qb, bm, bn, dtype=torch.float64)
         self.pc = torch.empty(B, n_qb, bm, bn, dtype=torch.float32)
         self.low = {}
         self.pv = torch.empty(B, n_qb, bm, dv, dtype=torch.float32)
@@ -623,7 +623,8 @@ def _fa2_update_in_place(ar: Arith, s, vj, m_safe, alpha, l, o, base2, tall, buf
     if not done:
         if scale != 1.0:
             s.mul_(scale)
-        p64 = bufs.p64 if s.shape == bufs.p64.shape else torch.empty(s.shape, dtype=torch.float64)
+        p64 = bufs.lowp(torch.float64) if s.shape == bufs.s.shape else torch.empty(
+            s.shape, dtype=torch.float64)
         s.sub_(m_safe[..., None])
         p64.copy_(s)
         hard = [(s == h, v) for h, v in native.torch_fixes(base2)]  # see Arith.exp
