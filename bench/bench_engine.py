@@ -6,7 +6,7 @@
 1. Speed: emulated bf16 `fa2`, batch x heads = 8, N = 4096, d = 64, 64 x 64 blocks,
    against torch.nn.functional.scaled_dot_product_attention in fp32 on the same
    shapes, in the same run (interleaved, best of 10 each). Goal: ratio <= 2. Also: the same run
-   without flashnum.native's kernel (the torch path; the same output), on one
+   without flashnum.engine.native's kernel (the torch path; the same output), on one
    thread, the fixed cost of one step (one key block, one chunk of heads), and the
    time of the two fp32 GEMMs per key block alone.
 2. Memory: N = 65536, d = 64, one head, bf16 fa2, in a fresh subprocess; peak RSS
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 import flashnum
-from flashnum import native
+from flashnum.engine import native
 
 OUT = Path(__file__).parent / "results"
 

@@ -7,7 +7,7 @@
 1. Fidelity: kernel vs engine (flashnum.attention, backend emulate, same policy,
    tiling and order), one batch of 4 heads, N = 1024, d in {64, 128}, 64 x 64 blocks,
    fa2 and exp2, fp16 / bf16 / fp32 (ieee dots) / tf32, fp_fusion off (and on, for
-   bf16): the ulp table of flashnum.kernels.triton_flash.compare_with_engine ("elem":
+   bf16): the ulp table of flashnum.backends.triton.compare_with_engine ("elem":
    ulps at |out|, "scaled": ulps at softmax(S) @ |V|).
 2. Speed: forward, non-causal, batch 4 x 32 heads, N in {1024, 4096, 8192, 16384},
    d in {64, 128}, fp16 and bf16: the kernel (fa2_forward, forward order, trace off,
@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 # first: on a CPU this sets TRITON_INTERPRET=1 before triton is imported
-from flashnum.kernels import triton_flash as tf  # isort: skip
+from flashnum.backends import triton_flash as tf  # isort: skip
 
 OUT = Path(__file__).parent / "results"
 CONFIGS = [  # (block_m, block_n, num_warps, num_stages): reported each, never tuned away

@@ -20,9 +20,9 @@ from collections import Counter
 
 import torch
 
-from flashnum.bounds import bound
-from flashnum.distributions import DISTRIBUTIONS, make
-from flashnum.engine import attention
+from flashnum.analysis.bounds import bound
+from flashnum.engine.core import attention
+from flashnum.inputs.distributions import DISTRIBUTIONS, make
 from flashnum.reference import reference
 
 

@@ -16,7 +16,7 @@ import time
 import pandas as pd
 import torch
 
-from flashnum.bounds import tightness_summary, tightness_table
+from flashnum.analysis.bounds import tightness_summary, tightness_table
 
 
 def main():

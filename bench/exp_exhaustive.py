@@ -5,7 +5,7 @@
 
 The engine rounds exp(x) (and exp2(x), the exp2 variant) into fp32 from a float64
 evaluation. It has two implementations: torch (MKL's float64 exp, then a cast) and
-flashnum.native (one fused C pass, its own float64 exp). For every float32 x in the
+flashnum.engine.native (one fused C pass, its own float64 exp). For every float32 x in the
 range where the fp32 result is neither 0 nor inf ([-104, 89] for exp, [-151, 129]
 for exp2; outside it both give 0 or inf), this script
 
@@ -16,7 +16,7 @@ for exp2; outside it both give 0 or inf), this script
    values); every other input rounds correctly for any float64 evaluation with an
    error under 2 ulps, and the hard ones are checked against mpmath at 200 bits (their
    exact distance to the boundary is recorded);
-3. checks that the hard inputs are exactly flashnum.native.HARD, the list both paths
+3. checks that the hard inputs are exactly flashnum.engine.native.HARD, the list both paths
    correct themselves on (a float64 evaluation alone misses a few of them);
 4. compares the kernel's bf16 rounding (inputs and output sites) with torch's cast on
    every float32 bit pattern (2^32), NaNs compared as NaN.
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashnum import native
+from flashnum.engine import native
 
 OUT = Path(__file__).parent / "results"
 RANGES = {"exp": (-104.0, 89.0), "exp2": (-151.0, 129.0)}
@@ -111,7 +111,7 @@ def check(fn: str, step: int) -> dict:
 
 
 def check_bf16(step: int) -> dict:
-    """flashnum.native.round_bf16 against torch's cast on every float32 bit pattern."""
+    """flashnum.engine.native.round_bf16 against torch's cast on every float32 bit pattern."""
     n = diff = 0
     t0 = time.perf_counter()
     for a in range(0, 1 << 32, CHUNK * step):

@@ -12,12 +12,12 @@ and of lowp with the final division kept in fp32; then the per-site attribution 
 import pandas as pd
 import torch
 
-from flashnum.attribution import attribute
-from flashnum.distributions import make
-from flashnum.engine import attention
-from flashnum.formats import FORMATS
-from flashnum.metrics import signed_err
-from flashnum.policy import make_policy
+from flashnum.analysis.attribution import attribute
+from flashnum.analysis.metrics import signed_err
+from flashnum.engine.core import attention
+from flashnum.inputs.distributions import make
+from flashnum.numerics.formats import FORMATS
+from flashnum.numerics.policy import make_policy
 from flashnum.reference import reference
 
 N, D, HEADS, BLOCK_N = 512, 64, 4, 64

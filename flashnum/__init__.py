@@ -11,12 +11,12 @@ distributions (adversarial inputs), metrics, bounds, attribution, search,
 kernels (Triton), store / run (experiments), figures (the paper's figures).
 """
 
-from .engine import attention
-from .formats import FORMATS, get_format
-from .policy import SITES, Policy, make_policy
+from flashnum.engine.core import attention
+from flashnum.numerics.formats import FORMATS, get_format
+from flashnum.numerics.policy import SITES, Policy, make_policy
 
 # imported eagerly: the submodule flashnum.reference would otherwise shadow the function
-from .reference import reference  # noqa: E402  (after engine: no cycle either way)
+from flashnum.reference import reference  # noqa: E402  (after engine: no cycle either way)
 
 __version__ = "0.1.0"
 __all__ = ["attention", "reference", "get_format", "make_policy", "Policy", "SITES", "FORMATS"]

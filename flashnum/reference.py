@@ -6,7 +6,7 @@
     ref.out, ref.lse, ref.row_max, ref.err_bound, ref.masked
 
 Options (defaults first):
-  causal=False     bottom-right aligned mask, as flashnum.tiling.causal_visible; a row
+  causal=False     bottom-right aligned mask, as flashnum.numerics.tiling.causal_visible; a row
                    that sees no key gives out = 0, lse = row_max = -inf, err_bound = 0.
   scale=None       None is exactly 1/sqrt(d) (an exact ball in arb, not a rounded
                    float); a float is taken as the exact value it holds.
@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .tiling import causal_visible
+from flashnum.numerics.tiling import causal_visible
 
 METHODS = ("certified", "fp64", "mpmath")
 U = 2.0**-53  # unit roundoff of fp64

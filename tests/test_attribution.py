@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from flashnum.attribution import attribute, dominant_site, rounded_sites, rss
-from flashnum.distributions import make
-from flashnum.engine import attention
-from flashnum.metrics import signed_err
-from flashnum.policy import Policy, make_policy
+from flashnum.analysis.attribution import attribute, dominant_site, rounded_sites, rss
+from flashnum.analysis.metrics import signed_err
+from flashnum.engine.core import attention
+from flashnum.inputs.distributions import make
+from flashnum.numerics.policy import Policy, make_policy
 from flashnum.reference import reference
 
 

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import binom
 
-from flashnum.bounds import bound
-from flashnum.distributions import DISTRIBUTIONS, make
-from flashnum.engine import attention
+from flashnum.analysis.bounds import bound
+from flashnum.engine.core import attention
+from flashnum.inputs.distributions import DISTRIBUTIONS, make
 from flashnum.reference import reference
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashnum.distributions import (
+from flashnum.inputs.distributions import (
     COMMON,
     DISTRIBUTIONS,
     Inputs,
@@ -19,7 +19,7 @@ from flashnum.distributions import (
     make,
     params,
 )
-from flashnum.formats import get_format
+from flashnum.numerics.formats import get_format
 
 BF16, FP16 = get_format("bf16"), get_format("fp16")
 SHAPE = dict(batch=1, heads=2, seq_len_q=256, head_dim=64, block_n=64)
@@ -78,7 +78,7 @@ def test_bitwise_identical_in_a_fresh_process():
     # a fresh interpreter has a different str-hash salt and a fresh global RNG
     names = ["gaussian", "ties", "heavy_tail", "ramp"]
     code = (
-        "from flashnum.distributions import make; import hashlib\n"
+        "from flashnum.inputs.distributions import make; import hashlib\n"
         f"for n in {names!r}:\n"
         "    h = hashlib.sha256()\n"
         "    for t in make(n, seq_len_q=128, seed=5).tensors():\n"
@@ -298,7 +298,7 @@ def test_every_distribution_has_a_config_with_its_defaults():
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_ties_survive_the_engines_own_logits(precision):
     # the engine forms S with fp32 BLAS dots; identical key rows must still tie exactly
-    from flashnum.engine import logits as engine_logits
+    from flashnum.engine.core import logits as engine_logits
 
     inp = make("ties", seq_len_q=200, head_dim=64)
     s = engine_logits(inp.q, inp.k, precision=precision, policy="fa2")

@@ -345,7 +345,7 @@ def test_tables_that_cannot_give_their_figure_say_so(tmp_path):
 def test_no_experiments_at_all_still_gives_every_snippet(tmp_path, capsys):
     out = tmp_path / "figures"
     F = generate(tmp_path / "nothing", out)
-    assert F.made == ["tab_presets"]  # from flashnum.policy, not from a table
+    assert F.made == ["tab_presets"]  # from flashnum.numerics.policy, not from a table
     assert {e for _, e in F.placeholders} >= set(EXPERIMENTS) - {"fp16_sweep", "fp32_sweep"}
     assert all(_macros((out / "numbers.tex").read_text())[n] == r"\nyr" for n in NUMBERS)
     assert not list(out.glob("*.pdf"))

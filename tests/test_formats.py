@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flashnum.formats import FORMATS, get_format
+from flashnum.numerics.formats import FORMATS, get_format
 
 NATIVE = [n for n in ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2") if FORMATS[n].torch_dtype is not None]
 

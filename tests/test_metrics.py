@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flashnum import metrics
-from flashnum.formats import FORMATS
+from flashnum.analysis import metrics
+from flashnum.numerics.formats import FORMATS
 
 
 def _t(rows):

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 import flashnum
-from flashnum import native
-from flashnum.engine import Arith
-from flashnum.formats import get_format
-from flashnum.policy import make_policy
+from flashnum.engine import native
+from flashnum.engine.core import Arith
+from flashnum.numerics.formats import get_format
+from flashnum.numerics.policy import make_policy
 
 needs_kernel = pytest.mark.skipif(not native.available(), reason=f"{native.status()}")
 
@@ -197,7 +197,7 @@ def test_engine_results_do_not_depend_on_the_kernel(policy, precision, variant, 
 
 
 def _status_in_subprocess(env):
-    code = "from flashnum import native; print(native.status())"
+    code = "from flashnum.engine import native; print(native.status())"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, **env}, check=True)
     return r.stdout.strip()

@@ -13,10 +13,10 @@ import torch
 
 import flashnum
 from flashnum import reproduce as R
-from flashnum import store
-from flashnum.distributions import make
-from flashnum.formats import FORMATS
-from flashnum.policy import make_policy
+from flashnum.harness import store
+from flashnum.inputs.distributions import make
+from flashnum.numerics.formats import FORMATS
+from flashnum.numerics.policy import make_policy
 
 E4M3 = FORMATS["fp8_e4m3"]
 

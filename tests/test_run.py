@@ -18,11 +18,11 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import flashnum
-from flashnum import store
-from flashnum.config import check
-from flashnum.distributions import make
-from flashnum.grid import CASE_FIELDS, CONF, expand, in_shard
-from flashnum.run import ConfigError, growth, invariants, policy_of, precheck, run
+from flashnum.harness import store
+from flashnum.harness.config import check
+from flashnum.harness.grid import CASE_FIELDS, CONF, expand, in_shard
+from flashnum.harness.run import ConfigError, growth, invariants, policy_of, precheck, run
+from flashnum.inputs.distributions import make
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))

@@ -4,8 +4,8 @@ and a run with a fixed evaluation count is reproducible. Small shapes (N = 128, 
 import pytest
 import torch
 
-from flashnum.distributions import make
-from flashnum.search import evaluate, load_worst, replay, worst_case
+from flashnum.inputs.distributions import make
+from flashnum.inputs.search import evaluate, load_worst, replay, worst_case
 
 SMALL = dict(policy="fa2", precision="bf16", seq_len=128, head_dim=16, block_n=32,
              block_m=32, budget_s=60.0)
@@ -67,8 +67,8 @@ def test_evaluate_rejects_unknown_metric_and_reference():
 def _p_cast_error_over_scale(name):
     """max |out - exact| / (P|V|) with only FA2's P cast to bf16 rounded, in units of u."""
     import flashnum
-    from flashnum.policy import make_policy
-    from flashnum.search import prepare, reference_out
+    from flashnum.inputs.search import prepare, reference_out
+    from flashnum.numerics.policy import make_policy
 
     inp = prepare(make(name, seq_len_q=256), "bf16", "fa2")
     res = flashnum.attention(inp.q, inp.k, inp.v, precision="bf16",
@@ -93,7 +93,7 @@ def test_plateau_peak_first_beats_peak_last():
     # peak in the last block: every earlier P is exp(0) = 1 at its own block max, exact
     kw = dict(policy="fa2", precision="bf16", block_m=64, block_n=64, order="forward",
               variant="fa2")
-    from flashnum.search import prepare
+    from flashnum.inputs.search import prepare
 
     first = evaluate(prepare(make("plateau", seq_len_q=256), "bf16", "fa2"), kw, "max_ulp")
     last = evaluate(prepare(make("plateau", seq_len_q=256, peak_block=-1), "bf16", "fa2"), kw,

@@ -7,7 +7,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from flashnum import store
+from flashnum.harness import store
 
 
 def rows(ids, value=1.0):

@@ -1,4 +1,4 @@
-"""Specification of the Triton kernel (flashnum.kernels.triton_flash).
+"""Specification of the Triton kernel (flashnum.backends.triton).
 
 On a CPU these run Triton's interpreter (TRITON_INTERPRET=1, set by the module);
 tests marked `gpu` need CUDA and skip without it. What is specified:
@@ -24,12 +24,12 @@ import pytest
 import torch
 
 import flashnum
-from flashnum.formats import FORMATS
+from flashnum.numerics.formats import FORMATS
 
 if importlib.util.find_spec("triton") is None:  # not importorskip: it would import triton
     pytest.skip("the kernel needs triton (pip install -e '.[triton]')", allow_module_level=True)
-from flashnum.kernels import triton_flash as tf  # noqa: E402
-from flashnum.tiling import causal_visible, key_block_order, n_blocks  # noqa: E402
+from flashnum.backends import triton as tf  # noqa: E402
+from flashnum.numerics.tiling import causal_visible, key_block_order, n_blocks  # noqa: E402
 
 # triton as the kernel module imported it (TRITON_INTERPRET set first on a CPU)
 triton, tl = tf.triton, tf.tl
@@ -344,8 +344,8 @@ def test_bad_arguments(over, message):
 
 @interpreter_only
 @pytest.mark.parametrize("env,code,message", [
-    ({"TRITON_INTERPRET": "0"}, "import flashnum.kernels.triton_flash", "Set TRITON_INTERPRET=1"),
-    ({}, "import triton.language; import flashnum.kernels.triton_flash",
+    ({"TRITON_INTERPRET": "0"}, "import flashnum.backends.triton", "Set TRITON_INTERPRET=1"),
+    ({}, "import triton.language; import flashnum.backends.triton",
      "imported before TRITON_INTERPRET=1"),
 ], ids=["interpret-off", "triton-first"])
 def test_import_rule_on_cpu(env, code, message):

@@ -11,7 +11,7 @@ are the product of those lists, every other axis taken from the config's single
 case (precision=, policy=, tiling=, distribution=, shape=, ...). The grid is
 the union of its slices, in order, each case once. `zip` ties axes together:
 `zip: [{block_m: 32, block_n: 32}, {block_m: 128, block_n: 64}]`. A slice with
-`search: {...}` (flashnum.search.worst_case arguments, over the config's
+`search: {...}` (flashnum.inputs.search.worst_case arguments, over the config's
 `search:`) makes search cases: their inputs are the worst the search finds
 (distribution "worst_case", the search's settings as its params).
 
@@ -41,7 +41,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 POLICIES = ("fa2", "naive", "lowp", "exact", "uniform")
 
 
@@ -83,7 +83,7 @@ class Case:
 
     @property
     def is_search(self) -> bool:
-        """A worst_case search case (its inputs come from flashnum.search)."""
+        """A worst_case search case (its inputs come from flashnum.inputs.search)."""
         return self.distribution == "worst_case" and '"search"' in self.dist_params
 
     def input_key(self) -> tuple:
@@ -128,7 +128,7 @@ def distribution_params(name: str, conf_dir: Path = CONF) -> dict:
 
 @functools.cache
 def _distribution_params(name: str, conf_dir: str) -> dict:
-    from .distributions import params
+    from flashnum.inputs.distributions import params
 
     conf_dir = Path(conf_dir)
     out = dict(params(name))
@@ -155,12 +155,12 @@ def base_case(cfg) -> dict:
 
 def check_case(d: dict, where: str = "grid", search: bool = False) -> None:
     """Raise one ValueError naming the first bad axis value of a case dict, and the choices."""
-    from . import distributions as dist
-    from .config import check_choice, check_format, check_positive
-    from .engine import BACKENDS, VARIANTS
-    from .formats import ROUNDINGS
-    from .policy import SITES
-    from .tiling import ORDERS
+    from flashnum.engine.core import BACKENDS, VARIANTS
+    from flashnum.harness.config import check_choice, check_format, check_positive
+    from flashnum.inputs import distributions as dist
+    from flashnum.numerics.formats import ROUNDINGS
+    from flashnum.numerics.policy import SITES
+    from flashnum.numerics.tiling import ORDERS
 
     def at(msg):
         return f"{msg} (in {where})"
@@ -274,7 +274,7 @@ def expand(cfg, conf_dir: Path = CONF) -> list[Case]:
         if "search" in sl:  # a search slice: worst_case's arguments, over cfg.search
             extra = sl["search"]
             if not isinstance(extra, dict):
-                raise ValueError(f"search must be a mapping of flashnum.search.worst_case "
+                raise ValueError(f"search must be a mapping of flashnum.inputs.search.worst_case "
                                  f"arguments, got {extra!r} (in {where})")
             search = {**(_plain(cfg.search) or {}), **extra}
         axes, values = [], []

@@ -15,11 +15,11 @@ the valid choices.
     tiling      block_m, block_n (positive), order: forward reverse random
                 max_ascending max_descending
     backend     emulate triton mp (mp_bits for mp)
-    distribution  name and params, one of flashnum.distributions.DISTRIBUTIONS
+    distribution  name and params, one of flashnum.inputs.distributions.DISTRIBUTIONS
     shape       batch heads seq_len_q seq_len_k (null: seq_len_q) head_dim
     variant     fa2 fa1 exp2 lazy (tau) qiu_yao (beta); rounding nearest stochastic
     grid        a list of slices; each slice maps axes to lists of values (see
-                flashnum.grid.AXES); the grid is the union of the slices' products
+                flashnum.harness.grid.AXES); the grid is the union of the slices' products
     shard / num_shards   run only the cases whose hash is shard mod num_shards
 """
 
@@ -86,7 +86,7 @@ class ChecksConf:
     trace: bool = True  # trace the emulated state: m must never decrease
     m_exact: bool = True  # emulate: final m == max of engine.logits, bit for bit
     naive_ratio: bool = True  # also run standard attention in the precision
-    bound: bool = True  # flashnum.bounds.bound for every case
+    bound: bool = True  # flashnum.analysis.bounds.bound for every case
     bound_prob: bool = True  # and its probabilistic bound (Higham & Mary)
 
 
@@ -137,7 +137,7 @@ def _choices(valid) -> str:
 
 def check_format(what: str, name, site: bool = False) -> None:
     """A precision (fp64 ... mp, p<bits>) or, with site=True, a site's format (no mp)."""
-    from .formats import FORMAT_NAMES, PRECISIONS, get_format
+    from flashnum.numerics.formats import FORMAT_NAMES, PRECISIONS, get_format
 
     ok = isinstance(name, str) and not (site and name.startswith("mp"))
     if ok:
@@ -175,8 +175,8 @@ def check(cfg) -> None:
         raise ValueError(f"max_cases must be >= 0 or null, got {cfg.max_cases}")
     if cfg.reference.certified_max_logits < 0:
         raise ValueError("reference.certified_max_logits must be >= 0")
-    # the case axes themselves are checked where every case is built (flashnum.grid)
-    from .grid import base_case, check_case
+    # the case axes themselves are checked where every case is built (flashnum.harness.grid)
+    from flashnum.harness.grid import base_case, check_case
 
     check_case(base_case(cfg), where="config")
 

@@ -11,7 +11,7 @@ Each reproduction is one function that returns tidy rows: the protocol columns
 standard error `ours_se` where it is a sample estimate), and the published number
 (`published`, NaN where the paper gives none). The CLI stores the table under
 experiments/repro_<name>/ (results.parquet + manifest.json, the layout of
-flashnum.store) and prints it. docs/reproductions.md discusses every number.
+flashnum.harness.store) and prints it. docs/reproductions.md discusses every number.
 
     fa3_table3       FlashAttention-3 (Shah et al. 2024), Table 3: RMSE of fp16 standard vs
                      FA2-style attention, and the fp8 e4m3 rows (scaling, block quantization,
@@ -41,12 +41,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import store
-from .distributions import make
-from .engine import attention
-from .formats import FORMATS, Format
-from .metrics import max_abs_err, signed_err
-from .policy import SITES, Policy, make_policy
+from flashnum.analysis.metrics import max_abs_err, signed_err
+from flashnum.engine.core import attention
+from flashnum.harness import store
+from flashnum.inputs.distributions import make
+from flashnum.numerics.formats import FORMATS, Format
+from flashnum.numerics.policy import SITES, Policy, make_policy
 
 REPRODUCTIONS = ("fa3_table3", "is_flash_stable", "qiu_yao", "fp8_pcast")
 E4M3 = FORMATS["fp8_e4m3"]
@@ -461,11 +461,11 @@ def qiu_yao(quick: bool = False, seed: int = 0, beta: float = 2.0) -> pd.DataFra
     exact ties remain but V is unchanged). The reference is fp64 attention of the same
     (grid-exact) inputs. `z_heads` is the mean signed error over its standard error
     across independent heads; `z_entries` treats every entry as independent (as
-    flashnum.metrics does) and overstates the evidence. For the adjusted variant,
+    flashnum.analysis.metrics does) and overstates the evidence. For the adjusted variant,
     `z_fix` is the paired z-score over heads of (bias without fix - bias with fix)
     in the direction that shrinks |bias|.
     """
-    from .distributions import COMMON
+    from flashnum.inputs.distributions import COMMON
 
     sz = QY_SIZES["quick" if quick else "full"]
     n, d, heads, nrows = sz["n"], sz["d"], sz["heads"], sz["rows"]
@@ -635,7 +635,7 @@ def case_ids(name: str, df: pd.DataFrame) -> list[str]:
 
 
 def save(name: str, df: pd.DataFrame, config: dict, root=None):
-    """Write experiments/<name>/results.parquet and manifest.json (flashnum.store's layout).
+    """Write experiments/<name>/results.parquet and manifest.json (flashnum.harness.store's layout).
 
     A reproduction is one table: earlier rows of `name` are replaced, not appended to
     (the manifest keeps the earlier runs' times and commits in its history).

@@ -1,6 +1,6 @@
 """Error measures: how far a computed attention output is from the exact one.
 
-    from flashnum.metrics import summary
+    from flashnum.analysis.metrics import summary
     row = summary(res.out, ref.out, "bf16", naive_out=naive.out, masked=res.masked)
     row["max_abs_err"], row["rmse"], row["max_ulp_err"], row["signed_err_z"], ...
 
@@ -17,7 +17,7 @@ Every measure is computed in float64 from `out` (the computed output) and `ref`
                        relative error, with outputs far below their row's scale measured
                        against that scale instead of against ~0
     max_ulp_err        max |e_ic| / ulp_out(ref_ic)           ulp of the output format at
-                       the exact value (flashnum.formats.Format.ulp): a correctly rounded
+                       the exact value (flashnum.numerics.formats.Format.ulp): a correctly rounded
                        output has max_ulp_err <= 0.5
     mean_signed_err    mean e                                  bias (Qiu & Yao 2025)
     signed_err_stderr  std(e) / sqrt(n)                        (sample std, ddof=1)
@@ -40,7 +40,7 @@ import math
 
 import torch
 
-from .formats import EXACT, FORMATS, Exact, Format, get_format
+from flashnum.numerics.formats import EXACT, FORMATS, Exact, Format, get_format
 
 
 def _as64(x) -> torch.Tensor:

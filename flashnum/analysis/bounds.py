@@ -1,6 +1,6 @@
 """A-priori forward error bounds for attention through the blocked online softmax.
 
-    from flashnum.bounds import bound
+    from flashnum.analysis.bounds import bound
     b = bound(q, k, v, policy="fa2", precision="bf16", block_n=64)
     b["bound"]          # >= max_ij |out_ij - exact_ij| for every run of the engine
     b["bound_prob"]     # the same with probability >= 1 - delta (prob=True)
@@ -14,7 +14,7 @@ are independent); it depends on the tiling only through block_n, the number of k
 blocks each row visits and the number of rescales.
 
 The derivation is in docs/bounds.md. In one paragraph: every rounding of the engine
-(flashnum.engine, Arith) is fl(x) = x (1 + delta) + eta with |delta| <= u of its
+(flashnum.engine.core, Arith) is fl(x) = x (1 + delta) + eta with |delta| <= u of its
 site and |eta| <= half the format's smallest subnormal (additions and subtractions
 have eta = 0). Step A: the rounding of Q, K and the QK^T accumulation and the logit
 roundings perturb each logit by at most E_j = a_A A_j + a_s |s_j| + a_L L1_j + a_0
@@ -64,8 +64,8 @@ from dataclasses import dataclass
 import mpmath
 import torch
 
-from .formats import EXACT, FORMATS, Exact, Format
-from .policy import SITES, Policy, make_policy
+from flashnum.numerics.formats import EXACT, FORMATS, Exact, Format
+from flashnum.numerics.policy import SITES, Policy, make_policy
 
 U64 = 2.0**-53  # unit roundoff of the float64 carrier
 ETA64 = 2.0**-1075  # half of float64's smallest subnormal
@@ -89,7 +89,7 @@ class Param:
 
 
 def _carrier(pol: Policy) -> torch.dtype:
-    """The engine's carrier: float32 iff every site is fp32 or narrower (flashnum.engine)."""
+    """The engine's carrier: float32 iff every site is fp32 or narrower (flashnum.engine.core)."""
     for site in SITES:
         f = pol.fmt(site)
         if f is EXACT or isinstance(f, Exact) or f.p > 24 or f.emin < -126:
@@ -102,7 +102,7 @@ def _is_fp32(f) -> bool:
 
 
 def _rounding(f, *, op: bool, carrier, sr: bool, from64: bool = False):
-    """(u_rand, u_det, eta) of one rounding into format f, as flashnum.engine.Arith does it.
+    """(u_rand, u_det, eta) of one rounding into format f, as flashnum.engine.core.Arith does it.
 
     op: the value is the result of an arithmetic operation in the carrier (else it is a
     stored value being cast). from64: a float64 value cast on a float32 carrier (the
@@ -221,7 +221,7 @@ def _params_on(pol: Policy, rounding: str, on_grid, car) -> dict[str, Param]:
 
 
 def _wider(f, g):
-    """As flashnum.engine._wider: the more precise of two formats (exact beats all)."""
+    """As flashnum.engine.core._wider: the more precise of two formats (exact beats all)."""
     if f is EXACT or g is EXACT or isinstance(f, Exact) or isinstance(g, Exact):
         return EXACT
     return f if (f.p, -f.emin) >= (g.p, -g.emin) else g
@@ -234,7 +234,7 @@ def _scale_error(pol: Policy, d: int, scale, base2: bool, rounding: str) -> tupl
     on its carrier. For round to nearest we reproduce it and measure its relative error
     exactly (mpmath); for stochastic rounding we bound it.
     """
-    from .engine import Arith  # the engine's own rounding of the scale
+    from flashnum.engine.core import Arith  # the engine's own rounding of the scale
 
     ctx = mpmath.MPContext()
     ctx.prec = 200
@@ -504,7 +504,7 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: str, scale: float, l
         eta_fin = P["eta_out"]
     else:
         # +1: a key's P @ V tile and row sum are rounded into o's and l's formats once,
-        # before they are added (flashnum.engine; a no-op when o and l are fp32)
+        # before they are added (flashnum.engine.core; a no-op when o and l are fp32)
         k_o = (3 * T + 1) if variant == "fa1" else (T + r + 1)
         k_l = (2 * T + 1) if variant == "fa1" else (T + r + 1)
         Ostar = _x(_x(_x(fno, pw("pv", bn)), tf_pv), pw("o", k_o))
@@ -750,9 +750,9 @@ def tightness_table(distributions=None, *, policies=("fa2", "naive", "lowp"),
     """
     import pandas as pd
 
-    from .distributions import DISTRIBUTIONS, make
-    from .engine import attention
-    from .reference import reference
+    from flashnum.engine.core import attention
+    from flashnum.inputs.distributions import DISTRIBUTIONS, make
+    from flashnum.reference import reference
 
     names = [n for n in DISTRIBUTIONS if n != "worst_case"] if distributions is None else list(
         distributions)

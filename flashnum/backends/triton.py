@@ -1,6 +1,6 @@
 """The real kernel: a Triton FlashAttention-2 forward with flashnum's knobs.
 
-    from flashnum.kernels.triton_flash import attention_triton
+    from flashnum.backends.triton import attention_triton
     res = attention_triton(q, k, v, policy="fa2", precision="bf16", block_m=64, block_n=64,
                            order="reverse", variant="exp2", causal=True, trace=True)
     # or, the same call through the engine's front door:
@@ -26,7 +26,7 @@ with every numerically relevant choice an argument, taken from the flashnum Poli
     s, m, p, l_acc, l, o, div  fp32 (the softmax state lives in registers as fp32)
     out           fp16, bf16 or fp32
     order         any key-block order: an int32 (Z or 1, n_qb, n_kb) index tensor
-                  (flashnum.tiling.key_block_order; max_* orders from the tiles'
+                  (flashnum.numerics.tiling.key_block_order; max_* orders from the tiles'
                   largest logits over their real rows, computed with torch first)
     fp_fusion     Triton's enable_fp_fusion (FMA contraction) on a GPU; default False
                   so that the GPU rounds where the policy says (the tutorial runs with
@@ -93,10 +93,16 @@ import os
 
 import torch
 
-from ..formats import get_format
-from ..policy import Policy, make_policy
-from ..result import Result, Trace
-from ..tiling import causal_visible, check_block, key_block_order, n_blocks, needs_block_max
+from flashnum.engine.result import Result, Trace
+from flashnum.numerics.formats import get_format
+from flashnum.numerics.policy import Policy, make_policy
+from flashnum.numerics.tiling import (
+    causal_visible,
+    check_block,
+    key_block_order,
+    n_blocks,
+    needs_block_max,
+)
 
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
@@ -297,16 +303,16 @@ def _interpreted(fn) -> bool:
 INTERPRET = _interpreted(_fa2_fwd)
 if not INTERPRET and not torch.cuda.is_available():
     raise RuntimeError(
-        "flashnum.kernels.triton_flash: no CUDA GPU and the Triton kernel was compiled for one "
+        "flashnum.backends.triton: no CUDA GPU and the Triton kernel was compiled for one "
         f"(TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r}). Set TRITON_INTERPRET=1 (or "
         "leave it unset) before this module is imported to run on Triton's CPU interpreter."
     )
 if INTERPRET and not _interpreted(_tl_standard._sum_combine):
     # triton.language decorates its own library (tl.sum, tl.max) when first imported
     raise RuntimeError(
-        "flashnum.kernels.triton_flash: triton.language was imported before TRITON_INTERPRET=1 "
+        "flashnum.backends.triton: triton.language was imported before TRITON_INTERPRET=1 "
         "was set, so tl.sum and tl.max are compiled for a GPU and fail in the interpreter. Set "
-        "TRITON_INTERPRET=1 in the environment, or import flashnum.kernels.triton_flash (or "
+        "TRITON_INTERPRET=1 in the environment, or import flashnum.backends.triton (or "
         "call flashnum.attention(..., backend='triton')) before importing triton."
     )
 

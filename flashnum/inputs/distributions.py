@@ -4,7 +4,7 @@ Each distribution stresses one failure mode of the online softmax; its docstring
 says which, where the idea comes from, and which property it guarantees (the
 tests check every such claim).
 
-    from flashnum.distributions import make, DISTRIBUTIONS, describe, params
+    from flashnum.inputs.distributions import make, DISTRIBUTIONS, describe, params
     inp = make("late_max", seq_len_q=1024, head_dim=64, block_n=64, seed=0, gap=4.0)
     inp.q, inp.k, inp.v        # float64, (batch, heads, N, d)
     inp.causal, inp.scale      # scale None means 1/sqrt(d)
@@ -39,7 +39,7 @@ the property survives every policy's logit rounding while |s| < 64.
 
 Masking: logits of finite Q, K are finite; -inf logits arise only from the causal
 mask. `masked` makes them with Nq > Nk (bottom-right causal alignment, see
-flashnum.tiling): the first Nq - Nk query rows see no key at all.
+flashnum.numerics.tiling): the first Nq - Nk query rows see no key at all.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .formats import FORMATS, Format
+from flashnum.numerics.formats import FORMATS, Format
 
 # every number of this format is a bf16 number and an fp16 number
 COMMON = Format("common", 8, -14, 15)
@@ -534,7 +534,7 @@ def cancellation(g, sh: Shape, *, delta: float = 0.01, layout: str = "random",
 def masked(g, sh: Shape, *, n_masked: int = 0, sigma: float = 1.0, grid: str = "none"):
     """Causal attention with fully masked rows (bottom-right aligned, Nq > Nk).
 
-    Query i sees key j iff j <= i + (Nk - Nq) (flashnum.tiling), so the first
+    Query i sees key j iff j <= i + (Nk - Nq) (flashnum.numerics.tiling), so the first
     Nq - Nk rows see no key: their logits are all -inf and every backend must
     return 0 and flag them. Finite Q and K cannot give -inf logits; the -inf here
     come from the causal mask only. Nk is seq_len_k when given (it must be < Nq),
@@ -667,12 +667,12 @@ def structured(g, sh: Shape, *, logit_std: float = 1.0, distinct: float = 1.0,
 
 
 def worst_case(g, sh: Shape, *, path: str = ""):
-    """Inputs saved by flashnum.search (a worst case found by the search), replayed bitwise.
+    """Inputs saved by flashnum.inputs.search (a worst case found by the search), replayed bitwise.
 
     The shape arguments of make() are ignored: the tensors come from the file.
     """
-    _check(bool(path), "worst_case needs path=<file saved by flashnum.search>")
-    from .search import load_worst
+    _check(bool(path), "worst_case needs path=<file saved by flashnum.inputs.search>")
+    from flashnum.inputs.search import load_worst
 
     inp = load_worst(path)
     return dict(q=inp.q, k=inp.k, v=inp.v, causal=inp.causal, scale=inp.scale,

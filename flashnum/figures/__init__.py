@@ -3,7 +3,7 @@
     python -m flashnum.figures [--experiments DIR] [--out paper/figures]
     make -C paper figures
 
-Reads experiments/<name>/ through flashnum.store.load and never reruns a case.
+Reads experiments/<name>/ through flashnum.harness.store.load and never reruns a case.
 Writes into --out (default paper/figures/):
 
     <figure>.pdf, <figure>.png   the plot (matplotlib, Agg)
@@ -38,7 +38,7 @@ What each figure shows (the selection is also written into its \\Sel macro):
                         of the emulator on the same cases
     precision_bits      precision_bits: median error vs significand bits p, per policy
     tab_tightness       the sweeps: bound / measured error per precision and policy
-    tab_presets         the presets' format per site (from flashnum.policy: no experiment)
+    tab_presets         the presets' format per site (from flashnum.numerics.policy: no experiment)
     tab_worst_case      worst_case: the worst distributions against gaussian
     tab_repro_*         the reproductions: published numbers beside ours
 """
@@ -55,7 +55,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "paper" / "figures"
 
 _RUN = "python -m flashnum.run experiment={}"
@@ -301,7 +301,7 @@ class Figures:
 
 def _load(root: Path, name: str) -> pd.DataFrame | None:
     try:
-        from . import store
+        from flashnum.harness import store
     except ImportError:  # pragma: no cover - the store is part of the package
         store = None
     try:
@@ -542,7 +542,7 @@ def attribution(F: Figures) -> None:
     df = F.table("attribution")
     if df is None:
         return F.placeholder("attribution", "attribution")
-    from .policy import SITES
+    from flashnum.numerics.policy import SITES
 
     plt = _style()
     sel = []
@@ -586,7 +586,7 @@ def kernel_vs_emulator(F: Figures) -> None:
     df = F.table("kernel_vs_emulator")
     if df is None:
         return F.placeholder("kernel_vs_emulator", "kernel_vs_emulator")
-    from .grid import CASE_FIELDS
+    from flashnum.harness.grid import CASE_FIELDS
 
     plt = _style()
     keys = [c for c in CASE_FIELDS if c in df.columns and c not in ("backend", "mp_bits")]
@@ -621,7 +621,7 @@ def precision_bits(F: Figures) -> None:
     df = F.table("precision_bits")
     if df is None:
         return F.placeholder("precision_bits", "precision_bits")
-    from .formats import get_format
+    from flashnum.numerics.formats import get_format
 
     plt = _style()
     sel = []
@@ -715,8 +715,8 @@ def tab_worst_case(F: Figures) -> None:
 
 
 def tab_presets(F: Figures) -> None:
-    """The presets' format per site (from flashnum.policy, not from an experiment)."""
-    from .policy import PRESETS, SITES, make_policy
+    """The presets' format per site (from flashnum.numerics.policy, not from an experiment)."""
+    from flashnum.numerics.policy import PRESETS, SITES, make_policy
 
     pols = [make_policy(name, "bf16") for name in PRESETS if name != "exact"]
     rows = [[tex_word(site)] + [tex_word(getattr(p, site)) for p in pols] for site in SITES]

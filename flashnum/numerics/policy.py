@@ -1,7 +1,7 @@
 """Sites and policies: which format each value of the algorithm is rounded to.
 
 A *site* is a place where attention rounds a value. A *policy* gives every site a
-format (a name from `flashnum.formats`). The engine rounds at exactly these
+format (a name from `flashnum.numerics.formats`). The engine rounds at exactly these
 places and nowhere else; everything between two sites is computed in the
 float64 carrier (or, for fp32 accumulations, in real fp32 arithmetic).
 
@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from .formats import FORMAT_NAMES, PRECISIONS, get_format
+from flashnum.numerics.formats import FORMAT_NAMES, PRECISIONS, get_format
 
 SITES = (
     "inputs", "qk_acc", "s", "m", "p", "p_cast", "pv_acc", "l_acc", "l", "o", "div", "out",

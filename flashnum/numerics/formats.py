@@ -6,7 +6,7 @@ and its overflow behaviour. `fmt.round(x)` takes a float64 tensor and returns a
 float64 tensor whose every element is representable in `fmt`, exactly as a
 correctly rounded operation of that format would deliver it.
 
-    from flashnum.formats import get_format
+    from flashnum.numerics.formats import get_format
     bf16 = get_format("bf16")
     y = bf16.round(x)                      # round to nearest, ties to even
     y = bf16.round(x, "stochastic", gen)   # stochastic rounding, seeded generator

@@ -22,8 +22,8 @@ import mpmath
 import numpy as np
 import torch
 
-from .result import Result, Trace
-from .tiling import causal_visible, key_block_order, n_blocks, needs_block_max
+from flashnum.engine.result import Result, Trace
+from flashnum.numerics.tiling import causal_visible, key_block_order, n_blocks, needs_block_max
 
 QIU_YAO_WINDOW = 1e-3
 

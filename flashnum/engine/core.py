@@ -15,7 +15,7 @@ recurrence (Dao 2023, Algorithm 1):
     o_i = o_{i-1} exp(m_{i-1} - m_i) + exp(S_ij - m_i) @ V_j
     out = o_last / l_last
 
-rounding every value at the site the policy names (flashnum.policy) and nowhere
+rounding every value at the site the policy names (flashnum.numerics.policy) and nowhere
 else. Memory is O(Nq * block_n): no Nq x Nk matrix is ever formed (the
 `standard` structure, which must form S, works through row chunks).
 
@@ -35,7 +35,7 @@ float64. exp is always evaluated in float64 and then rounded once. For a float32
 argument rounded into fp32 (the P site of every policy with fp32 softmax state)
 that is the correctly rounded exp on every input (checked exhaustively, `python
 bench/exp_exhaustive.py`); otherwise it is correctly rounded except within ~2^-52
-of a rounding boundary. The fp32 exp site runs in flashnum.native's fused C kernel
+of a rounding boundary. The fp32 exp site runs in flashnum.engine.native's fused C kernel
 when that is built, else in torch: the same values either way (docs/engine.md). FMA
 contraction is not modelled (a GPU kernel may contract s * scale - m).
 
@@ -60,11 +60,11 @@ from dataclasses import dataclass
 
 import torch
 
-from . import native
-from .formats import EXACT, FORMATS, PRECISIONS, ROUNDINGS, get_format
-from .policy import Policy, make_policy
-from .result import Result, Trace
-from .tiling import (
+from flashnum.engine import native
+from flashnum.engine.result import Result, Trace
+from flashnum.numerics.formats import EXACT, FORMATS, PRECISIONS, ROUNDINGS, get_format
+from flashnum.numerics.policy import Policy, make_policy
+from flashnum.numerics.tiling import (
     ORDERS,
     causal_visible,
     check_block,
@@ -253,17 +253,17 @@ def attention(
     """Attention softmax(scale Q K^T) V through the blocked online softmax.
 
     precision: fp64 fp32 tf32 fp16 bf16 fp8_e4m3 fp8_e5m2 mp
-    policy:    fa2 naive lowp exact, or a flashnum.policy.Policy
+    policy:    fa2 naive lowp exact, or a flashnum.numerics.policy.Policy
     order:     forward reverse random max_ascending max_descending, or a permutation
     variant:   fa2 fa1 exp2 lazy (tau) qiu_yao (beta)
     rounding:  nearest stochastic (seeded by `seed`; inputs are always rounded to nearest)
-    backend:   emulate (this module), triton (flashnum.kernels), mp (mpmath at mp_bits)
+    backend:   emulate (this module), triton (flashnum.backends), mp (mpmath at mp_bits)
     """
     if precision == "mp" and backend == "emulate":
         backend = "mp"
     _check(q, k, v, precision, policy, block_m, block_n, order, variant, rounding, backend)
     if backend == "mp":
-        from .mp import attention_mp
+        from flashnum.backends.mp import attention_mp
 
         return attention_mp(
             q, k, v, bits=mp_bits, block_m=block_m, block_n=block_n, order=order,
@@ -272,7 +272,7 @@ def attention(
         )
     pol = make_policy(policy, precision)
     if backend == "triton":
-        from .kernels.triton_flash import attention_triton
+        from flashnum.backends.triton import attention_triton
 
         return attention_triton(
             q, k, v, policy=pol, precision=precision, block_m=block_m, block_n=block_n,
@@ -616,7 +616,7 @@ def _fa2_update_in_place(ar: Arith, s, vj, m_safe, alpha, l, o, base2, tall, buf
     p = s
     # P = fp32(exp(fl(s - m))), from a float64 exp: what Arith.exp does. The native
     # kernel does it (and P's bf16 cast) in one pass, with the same values on every
-    # input (flashnum.native); else torch, in passes
+    # input (flashnum.engine.native); else torch, in passes
     done = native.exp_rows(s, m_safe, p, bufs.pc if bf16 else None, "bf16" if bf16 else None,
                            base2, scale)
     cast_done = done and bf16

@@ -1,0 +1,482 @@
+"""Worst-case search: the inputs on which a policy's attention errs most.
+
+    from flashnum.inputs.search import worst_case, replay, load_worst
+    res = worst_case(policy="fa2", precision="bf16", seq_len=1024, head_dim=64,
+                     budget_s=100, seed=0)
+    res.error, res.baseline, res.ratio     # max|out - exact| and its ratio to gaussian
+    res.params                             # the worst point of the `structured` family
+    res.path                               # experiments/worst_case/inputs/<id>.pt
+    replay(res.path)                       # recomputes the error from the saved tensors
+    make("worst_case", path=res.path)      # the same inputs as a catalogue entry
+
+    python -m flashnum.search --precision bf16 --seq-len 1024 --budget 100
+
+What is measured. Inputs are first rounded to the policy's `inputs` format and
+the exact reference is computed on those rounded tensors, so the error is the
+algorithm's own (the rounding inside attention), not the quantisation of the
+inputs. The search's reference is a plain float64 softmax attention (error
+< 1e-12, far below any bf16/fp16 error, and ~10x faster than the bounded "fp64"
+method of flashnum.reference: 1.5-2.8 s at N = 1024 on the loaded 2-core
+machine); the final worst case is re-checked with flashnum.reference's "fp64"
+and "certified" methods (SearchResult.verified).
+
+Fair comparison. Attention's error scales with |V| (out is a convex combination
+of V's rows), so a bigger V alone would "win". Every candidate's V is held to
+the range of the gaussian baseline's V: |V| <= bound = max|V_gaussian|
+(the structured family clamps V there; catalogue entries are scaled by a power
+of two, exactly). The scale-free ratio error / max|V| is reported as well.
+
+How it searches (seeded; deterministic for a given max_evals):
+  1. screen: every catalogue distribution at its defaults (V scaled into range),
+     for at most the first 25% of the budget;
+  2. differential evolution (scipy, seeded; the first 70% of the budget) over
+     the 9 continuous parameters of the `structured` family (logit spread, key
+     repetition, a peak block with its gap, position and per-row spread, a ramp,
+     V's mean and spread); every candidate reuses the same random draws
+     (common random numbers), so the objective is a deterministic function of
+     the parameters;
+  3. a (1+1) evolution strategy on direct perturbations of the best V (shifts of
+     whole columns, clamped to the bound) for the last 30% of the budget;
+  4. the best inputs found are saved (q, k, v, params, errors, configuration).
+The wall-clock budget stops the search wherever it is: what a budget-only run
+finds depends on the machine's speed. Pass max_evals for a reproducible run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from flashnum.inputs.distributions import DISTRIBUTIONS, Inputs, make
+from flashnum.numerics.policy import make_policy
+
+# max_abs: max |out - exact|; rmse: its root mean square (FlashAttention-3's Table 3);
+# max_abs_v: max_abs / max|V| (scale-free); max_ulp: max |out - exact| / ulp(exact) in
+# the output format (1/2 is a correctly rounded output; near-zero exact values blow it up)
+METRICS = ("max_abs", "rmse", "max_abs_v", "max_ulp")
+FAMILY = "structured"
+DEFAULT_DIR = Path("experiments/worst_case/inputs")
+# not screened: the family itself, saved files, and shapes of their own (masked has Nk < Nq)
+SKIP_SCREEN = ("structured", "worst_case")
+
+
+@dataclass
+class SearchResult:
+    error: float  # metric of the worst inputs found
+    baseline: float  # the same metric on gaussian inputs, same shape, policy, tiling, seed
+    ratio: float  # error / baseline
+    ratio_v: float  # the same with each error divided by its max|V| (scale-free)
+    inputs: Inputs  # the worst inputs, already rounded to the policy's input format
+    family: str  # the distribution they came from
+    params: dict  # its parameters
+    bound: float  # |V| <= bound for every candidate
+    path: str | None = None  # where the inputs were saved
+    n_evals: int = 0
+    elapsed_s: float = 0.0
+    history: list = field(default_factory=list)  # (eval, seconds, best error so far)
+    screen: dict = field(default_factory=dict)  # catalogue name -> error at defaults
+    verified: dict = field(default_factory=dict)  # reference method -> error (final check)
+    config: dict = field(default_factory=dict)
+
+    def seconds_to(self, ratio: float) -> float | None:
+        """Seconds from the start until the best error first reached ratio x baseline."""
+        hit = [t for _, t, e in self.history if e >= ratio * self.baseline]
+        return hit[0] if hit else None
+
+    def summary(self) -> dict:
+        d = asdict(self)
+        d.pop("inputs")
+        d.pop("history")
+        d["seconds_to_10x"] = self.seconds_to(10.0)
+        d["certified"] = self.verified.get("certified")  # None when not verified
+        return d
+
+
+# -- the objective --------------------------------------------------------------------
+
+
+REFERENCES = ("torch64", "fp64", "certified")
+
+
+def reference_out(inp: Inputs, method: str = "torch64") -> torch.Tensor:
+    """Exact attention of the inputs (fully masked rows give 0).
+
+    "torch64": plain float64 softmax attention (BLAS), the search's objective: its
+    error, ~(Nk + d) 2^-53 max|V| < 1e-12 here, is 10^8 below a bf16 error and it is
+    ~10x faster than the bounded fp64 method. "fp64" / "certified":
+    flashnum.reference with that method (the final worst case is checked with both).
+    """
+    if method not in REFERENCES:
+        raise ValueError(f"unknown reference {method!r}; valid: {', '.join(REFERENCES)}")
+    if method != "torch64":
+        from flashnum.reference import reference
+
+        # no cache: every candidate of a search is new, hashing it would only cost time
+        return reference(inp.q, inp.k, inp.v, causal=inp.causal, scale=inp.scale,
+                         method=method, cache=False).out
+    s = inp.softmax_scale * inp.q @ inp.k.transpose(-1, -2)
+    if inp.causal:
+        nq, nk = s.shape[-2:]
+        j, i = torch.arange(nk)[None, :], torch.arange(nq)[:, None]
+        s = s.masked_fill(j > i + (nk - nq), -math.inf)
+    p = torch.softmax(s, -1).nan_to_num(0.0)  # fully masked rows: 0, as the engine
+    return p @ inp.v
+
+
+def metric_of(out: torch.Tensor, ref: torch.Tensor, v: torch.Tensor, metric: str,
+              out_format=None) -> float:
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
+    err = (out - ref).abs()
+    if metric == "max_ulp":
+        if not hasattr(out_format, "ulp"):
+            raise ValueError(f"metric max_ulp needs a rounded output format, got {out_format}")
+        return float((err / out_format.ulp(ref)).max())
+    if metric == "rmse":
+        return float(err.pow(2).mean().sqrt())
+    e = float(err.max())
+    if metric == "max_abs_v":
+        return e / float(v.abs().max())
+    return e
+
+
+def _engine_kw(policy, precision, block_m, block_n, order, variant) -> dict:
+    return dict(policy=policy, precision=precision, block_m=block_m, block_n=block_n,
+                order=order, variant=variant)
+
+
+def prepare(inp: Inputs, precision: str, policy: str) -> Inputs:
+    """The inputs rounded to the policy's `inputs` format: what both sides then see."""
+    fmt = make_policy(policy, precision).fmt("inputs")
+    return Inputs(fmt.round(inp.q), fmt.round(inp.k), fmt.round(inp.v), inp.causal, inp.name,
+                  inp.params, inp.scale, inp.seed, inp.block_n)
+
+
+def evaluate(inp: Inputs, engine_kw: dict, metric: str = "max_abs",
+             reference: str = "torch64") -> float:
+    """The metric of flashnum.attention on (already rounded) inputs against the reference."""
+    from flashnum.engine.core import attention
+
+    res = attention(inp.q, inp.k, inp.v, causal=inp.causal, scale=inp.scale, **engine_kw)
+    fmt = make_policy(engine_kw["policy"], engine_kw["precision"]).fmt("out")
+    return metric_of(res.out, reference_out(inp, reference), inp.v, metric, fmt)
+
+
+def _into_range(inp: Inputs, bound: float) -> Inputs:
+    """Hold V to |V| <= bound: scale by a power of two (exact) to max|V| < 2 bound, clamp."""
+    vmax = float(inp.v.abs().max())
+    if vmax <= bound or vmax == 0:
+        return inp
+    e = min(0, math.ceil(math.log2(bound / vmax)))
+    v = (inp.v * 2.0**e).clamp(-bound, bound)
+    return Inputs(inp.q, inp.k, v, inp.causal, inp.name, {**inp.params, "v_scaled": 2.0**e},
+                  inp.scale, inp.seed, inp.block_n)
+
+
+# -- the search space of the structured family (unit cube -> parameters) ----------------
+
+
+def _space(n: int, bound: float):
+    """(names, decode): decode maps x in [0, 1]^9 to `structured` parameters."""
+    names = ("logit_std", "distinct", "peak_gap", "peak_frac", "peak_pos", "row_spread",
+             "ramp", "v_mean", "v_std")
+    lo_frac = 1.0 / n
+
+    def decode(x) -> dict:
+        x = [min(1.0, max(0.0, float(t))) for t in x]
+        return dict(
+            logit_std=3.0 * x[0],
+            distinct=lo_frac ** (1.0 - x[1]),  # log-uniform in [1/N, 1]
+            peak_gap=12.0 * x[2],
+            peak_frac=0.0 if x[3] < 0.05 else lo_frac * (0.5 / lo_frac) ** ((x[3] - 0.05) / 0.95),
+            peak_pos=x[4],
+            row_spread=2.0 * x[5],
+            ramp=2.0 * x[6] - 1.0,
+            v_mean=bound * (2.0 * x[7] - 1.0),
+            v_std=bound * x[8],
+            v_clip=bound,
+        )
+
+    return names, decode
+
+
+def _initial(population: int, dim: int, seed: int):
+    """DE's first population: a seeded Sobol or Latin hypercube sample, plus the gaussian.
+
+    Smaller than scipy's default (15 x dim) so that evolution starts within a budget
+    of a few dozen evaluations on a loaded machine. The gaussian corner (logit_std 1,
+    all keys distinct, no peak, no ramp, V ~ N(0, bound / 4)) makes the baseline a member.
+    """
+    from scipy.stats import qmc
+
+    if population < 5:
+        raise ValueError(f"population must be >= 5, got {population}")
+    if population & (population - 1) == 0:  # Sobol's balance needs a power of two
+        x = qmc.Sobol(dim, scramble=True, seed=seed).random(population)
+    else:
+        x = qmc.LatinHypercube(dim, seed=seed).random(population)
+    x[0] = [1 / 3, 1.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.25][:dim]
+    return x
+
+
+class _Stop(Exception):
+    pass
+
+
+def worst_case(policy: str = "fa2", precision: str = "bf16", seq_len: int = 1024,
+               head_dim: int = 64, block_n: int = 64, block_m: int = 64,
+               order: str = "forward", metric: str = "max_abs", budget_s: float = 100.0,
+               seed: int = 0, *, variant: str = "fa2", batch: int = 1, heads: int = 1,
+               max_evals: int | None = None, population: int = 16,
+               popsize: int | None = None, screen: bool = True,
+               save: bool | str | Path = True, verify: bool = True,
+               verbose: bool = False) -> SearchResult:
+    """Search inputs for the largest error; see the module docstring for what and how.
+
+    population: members of the DE population (16). popsize: scipy's multiplier, kept
+    for older configs: population = popsize x 9 when given.
+    """
+    from scipy.optimize import differential_evolution
+
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
+    if budget_s <= 0 and max_evals is None:
+        raise ValueError(f"budget_s must be > 0 (or give max_evals), got {budget_s}")
+    if popsize is not None:
+        population = popsize * 9
+    t0 = time.perf_counter()
+    deadline = t0 + budget_s if budget_s > 0 else math.inf
+    kw = _engine_kw(policy, precision, block_m, block_n, order, variant)
+    shape = dict(batch=batch, heads=heads, seq_len_q=seq_len, head_dim=head_dim,
+                 block_n=block_n, seed=seed)
+    config = dict(metric=metric, seq_len=seq_len, head_dim=head_dim, batch=batch, heads=heads,
+                  seed=seed, budget_s=budget_s, max_evals=max_evals, population=population, **kw)
+
+    base = prepare(make("gaussian", **shape), precision, policy)
+    bound = float(base.v.abs().max())
+    baseline = evaluate(base, kw, metric)
+    best = dict(error=-math.inf, inputs=None, family=None, params=None)
+    history: list = []
+    n = [0]
+    total = max_evals if max_evals is not None else math.inf
+    # stage limits: differential evolution gets the first 70%, the refinement the rest
+    stop = dict(evals=total, time=deadline)
+
+    def consider(inp: Inputs, family: str, params: dict) -> float:
+        if n[0] >= stop["evals"] or time.perf_counter() > stop["time"]:
+            raise _Stop
+        inp = prepare(inp, precision, policy)
+        e = evaluate(inp, kw, metric)
+        n[0] += 1
+        if e > best["error"]:
+            best.update(error=e, inputs=inp, family=family, params=params)
+            history.append((n[0], time.perf_counter() - t0, e))
+            if verbose:
+                print(f"[{n[0]:5d} {time.perf_counter() - t0:6.1f}s] {e:.4g} "
+                      f"({e / baseline:.1f}x) {family} {params}")
+        return e
+
+    screened: dict = {}
+    names, decode = _space(seq_len, bound)
+    try:
+        # the screen gets at most a quarter of the budget
+        stop.update(evals=math.ceil(0.25 * total) if max_evals else math.inf,
+                    time=t0 + 0.25 * (deadline - t0))
+        if screen:
+            for name in DISTRIBUTIONS:
+                if name in SKIP_SCREEN:
+                    continue
+                inp = _into_range(make(name, **shape), bound)
+                try:
+                    screened[name] = consider(inp, name, dict(inp.params))
+                except _Stop:
+                    break
+
+        def objective(x):
+            p = decode(x)
+            return -consider(make(FAMILY, **shape, **p), FAMILY, p)
+
+        stop.update(evals=n[0] + math.ceil(0.7 * (total - n[0])) if max_evals else math.inf,
+                    time=t0 + 0.7 * (deadline - t0))
+        differential_evolution(objective, [(0.0, 1.0)] * len(names), seed=seed,
+                               init=_initial(population, len(names), seed), maxiter=10**6,
+                               tol=0.0, atol=0.0, polish=False, updating="immediate")
+    except _Stop:
+        pass
+    stop.update(evals=total, time=deadline)
+    if best["inputs"] is not None:
+        try:
+            _refine(best, consider, bound, seed)
+        except _Stop:
+            pass
+    elapsed = time.perf_counter() - t0
+    if best["inputs"] is None:
+        raise ValueError("the budget ended before any candidate was evaluated; raise budget_s")
+
+    worst: Inputs = best["inputs"]
+    ratio_v = (best["error"] / float(worst.v.abs().max())) / (baseline / bound)
+    if metric == "max_abs_v":
+        ratio_v = best["error"] / baseline
+    res = SearchResult(
+        error=best["error"], baseline=baseline, ratio=best["error"] / baseline, ratio_v=ratio_v,
+        inputs=worst, family=best["family"], params=best["params"], bound=bound,
+        n_evals=n[0], elapsed_s=elapsed, history=history, screen=screened, config=config,
+    )
+    if verify:
+        res.verified = _verify(worst, kw, metric)
+    if save:
+        res.path = str(save_worst(res, save if not isinstance(save, bool) else DEFAULT_DIR))
+    return res
+
+
+def _refine(best: dict, consider, bound: float, seed: int) -> None:
+    """A seeded (1+1) evolution strategy on direct perturbations of the best V.
+
+    The move is a shift of whole V columns (a random subset, N(0, sigma) each),
+    clamped to [-bound, bound]: it keeps the structure that makes the rounding errors
+    coherent across keys and moves each column's exact output along the rounding
+    grid of the output format. sigma follows the 1/5th success rule. Runs until the
+    caller's budget raises _Stop.
+    """
+    g = torch.Generator().manual_seed(seed + 7919)
+    v0 = best["inputs"].v
+    d = v0.shape[-1]
+    shift = torch.zeros(d, dtype=torch.float64)
+    sigma = bound * 2.0**-6
+    e_cur = best["error"]
+    while True:
+        mask = (torch.rand(d, generator=g) < 0.25).to(torch.float64)
+        step = sigma * mask * torch.randn(d, generator=g, dtype=torch.float64)
+        cand = shift + step
+        inp = best["inputs"]
+        inp = Inputs(inp.q, inp.k, (v0 + cand).clamp(-bound, bound), inp.causal, inp.name,
+                     inp.params, inp.scale, inp.seed, inp.block_n)
+        params = {**best["params"], "v_column_shift": cand.tolist()}
+        e = consider(inp, best["family"], params)
+        if e > e_cur:
+            shift, e_cur, sigma = cand, e, sigma * 1.5
+        else:
+            sigma = max(sigma * 1.5**-0.25, bound * 2.0**-16)
+
+
+def _verify(inp: Inputs, kw: dict, metric: str) -> dict:
+    """The worst case's error against flashnum.reference's fp64 and certified methods."""
+    try:
+        import flashnum.reference  # noqa: F401
+    except ImportError:
+        return {}
+    return {m: evaluate(inp, kw, metric, reference=m) for m in ("fp64", "certified")}
+
+
+def anatomy(inp: Inputs, engine_kw: dict) -> dict:
+    """Where and why a case errs: the worst output element and the structure around it.
+
+    Returns the worst (row, col), the exact and computed values and the error in ulps
+    of the output format at the exact value; for that row: how many distinct logits
+    and how many keys share the max, which key block holds the max, the share of
+    softmax mass on keys whose logit is shared with another key (repeated logits:
+    their P round alike, so their cast errors add up), and the share of that V
+    column's entries with the majority sign.
+    """
+    from flashnum.engine.core import attention
+    from flashnum.inputs.distributions import dot_logits
+
+    res = attention(inp.q, inp.k, inp.v, causal=inp.causal, scale=inp.scale, **engine_kw)
+    ref = reference_out(inp)
+    err = (res.out - ref).abs()
+    idx = tuple(int(t) for t in torch.unravel_index(err.flatten().argmax(), err.shape))
+    *bh, i, c = idx
+    s = dot_logits(inp.q[tuple(bh)][i : i + 1], inp.k[tuple(bh)], inp.softmax_scale)[0]
+    p = torch.exp(s - s.max())
+    vals, inverse, counts = torch.unique(s, return_inverse=True, return_counts=True)
+    fmt = make_policy(engine_kw["policy"], engine_kw["precision"]).fmt("out")
+    x = ref[idx]
+    vcol = inp.v[tuple(bh)][:, c]
+    return dict(
+        row=i, col=c, exact=float(x), computed=float(res.out[idx]),
+        error=float(err[idx]), error_ulps=float(err[idx] / fmt.ulp(x)),
+        distinct_logits=int(vals.numel()), keys_at_max=int((s == s.max()).sum()),
+        max_key_block=int(s.argmax()) // engine_kw["block_n"],
+        repeated_mass=float(p[counts[inverse] >= 2].sum() / p.sum()),
+        v_col_same_sign=float(max((vcol > 0).double().mean(), (vcol < 0).double().mean())),
+    )
+
+
+# -- saving and replaying -------------------------------------------------------------
+
+
+def _case_id(res: SearchResult) -> str:
+    h = hashlib.sha256()
+    for t in res.inputs.tensors():
+        h.update(t.contiguous().numpy().tobytes())
+    c = res.config
+    return f"{c['policy']}_{c['precision']}_n{c['seq_len']}_d{c['head_dim']}_{h.hexdigest()[:12]}"
+
+
+def save_worst(res: SearchResult, where: str | Path = DEFAULT_DIR) -> Path:
+    """Save the worst inputs and their errors; a directory gets <id>.pt inside it."""
+    path = Path(where)
+    if path.suffix != ".pt":
+        path = path / f"{_case_id(res)}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    inp = res.inputs
+    torch.save(dict(q=inp.q, k=inp.k, v=inp.v, causal=inp.causal, scale=inp.scale,
+                    name=res.family, params=res.params, seed=inp.seed, block_n=inp.block_n,
+                    summary={k: v for k, v in res.summary().items() if k != "path"}), path)
+    return path
+
+
+def load_worst(path: str | Path) -> Inputs:
+    """The saved worst inputs as an Inputs (name and params of the family they came from)."""
+    d = torch.load(Path(path), weights_only=False)
+    return Inputs(d["q"], d["k"], d["v"], d["causal"], d["name"], dict(d["params"]), d["scale"],
+                  d["seed"], d["block_n"])
+
+
+def replay(path: str | Path, reference: str = "torch64") -> dict:
+    """Recompute the saved case's error from its tensors and configuration."""
+    d = torch.load(Path(path), weights_only=False)
+    s = d["summary"]
+    c = s["config"]
+    kw = _engine_kw(c["policy"], c["precision"], c["block_m"], c["block_n"], c["order"],
+                    c["variant"])
+    e = evaluate(load_worst(path), kw, c["metric"], reference)
+    return dict(error=e, saved_error=s["error"], baseline=s["baseline"], ratio=e / s["baseline"])
+
+
+def main(argv=None) -> SearchResult:
+    ap = argparse.ArgumentParser(prog="python -m flashnum.search", description=__doc__.split(
+        "\n\n")[0])
+    ap.add_argument("--policy", default="fa2")
+    ap.add_argument("--precision", default="bf16")
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--block-m", type=int, default=64)
+    ap.add_argument("--block-n", type=int, default=64)
+    ap.add_argument("--order", default="forward")
+    ap.add_argument("--variant", default="fa2")
+    ap.add_argument("--metric", default="max_abs", choices=METRICS)
+    ap.add_argument("--budget", type=float, default=100.0, help="wall-clock seconds")
+    ap.add_argument("--max-evals", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(DEFAULT_DIR))
+    ap.add_argument("--no-screen", action="store_true", help="skip the catalogue screen")
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args(argv)
+    res = worst_case(a.policy, a.precision, a.seq_len, a.head_dim, a.block_n, a.block_m,
+                     a.order, a.metric, a.budget, a.seed, variant=a.variant,
+                     max_evals=a.max_evals, screen=not a.no_screen, save=a.out,
+                     verbose=not a.quiet)
+    print(json.dumps(res.summary(), default=str))
+    return res
+
+
+if __name__ == "__main__":
+    main()
