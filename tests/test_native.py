@@ -19,7 +19,7 @@ import torch
 
 import flashnum
 from flashnum.engine import native
-from flashnum.engine.core import Arith
+from flashnum.engine.arith import Arith
 from flashnum.numerics.formats import get_format
 from flashnum.numerics.policy import make_policy
 

@@ -64,13 +64,14 @@ from dataclasses import dataclass
 import mpmath
 import torch
 
+from flashnum.engine.arith import carrier, wider
+from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import EXACT, FORMATS, Exact, Format
 from flashnum.numerics.policy import SITES, Policy, make_policy
 
 U64 = 2.0**-53  # unit roundoff of the float64 carrier
 ETA64 = 2.0**-1075  # half of float64's smallest subnormal
 EXP64 = 2.0**-52  # torch's float64 exp / exp2: within 1 ulp
-LOG2E = 1.4426950408889634
 T_SCALE = 2.0**-12  # the small t of B(t u) / t (first-order parts of the majorant)
 EVAL_SLACK = 2.0**-30  # relative slack for the float64 evaluation of the bound itself
 VARIANTS = ("fa2", "exp2", "lazy", "qiu_yao", "fa1")
@@ -88,13 +89,6 @@ class Param:
     kind: str  # "rand": a rounding error delta (mean zero under the model); "det": the rest
 
 
-def _carrier(pol: Policy) -> torch.dtype:
-    """The engine's carrier: float32 iff every site is fp32 or narrower (flashnum.engine.core)."""
-    for site in SITES:
-        f = pol.fmt(site)
-        if f is EXACT or isinstance(f, Exact) or f.p > 24 or f.emin < -126:
-            return torch.float64
-    return torch.float32
 
 
 def _is_fp32(f) -> bool:
@@ -102,7 +96,7 @@ def _is_fp32(f) -> bool:
 
 
 def _rounding(f, *, op: bool, carrier, sr: bool, from64: bool = False):
-    """(u_rand, u_det, eta) of one rounding into format f, as flashnum.engine.core.Arith does it.
+    """(u_rand, u_det, eta) of one rounding into format f, as flashnum.engine.arith.Arith does it.
 
     op: the value is the result of an arithmetic operation in the carrier (else it is a
     stored value being cast). from64: a float64 value cast on a float32 carrier (the
@@ -187,7 +181,7 @@ def _params_on(pol: Policy, rounding: str, on_grid, car) -> dict[str, Param]:
     put_dot("qk", "qk_acc", F("qk_acc"))
     put("sc", "s", F("s"), op=False, sr=sr)  # S from the accumulator into the logits' format
     put("sp", "s", F("s"), op=True, sr=sr)  # times the scale
-    f_diff = _wider(F("s"), F("m"))
+    f_diff = wider(F("s"), F("m"))
     put("diff", "s", f_diff, op=True, sr=sr)  # s - m, in the wider of the two
     # the block max into m's format: a shift that cancels between l and o, so it has
     # no first-order effect (it only moves magnitudes): deterministic
@@ -220,11 +214,6 @@ def _params_on(pol: Policy, rounding: str, on_grid, car) -> dict[str, Param]:
     return out
 
 
-def _wider(f, g):
-    """As flashnum.engine.core._wider: the more precise of two formats (exact beats all)."""
-    if f is EXACT or g is EXACT or isinstance(f, Exact) or isinstance(g, Exact):
-        return EXACT
-    return f if (f.p, -f.emin) >= (g.p, -g.emin) else g
 
 
 def _scale_error(pol: Policy, d: int, scale, base2: bool, rounding: str) -> tuple[float, float]:
@@ -234,7 +223,7 @@ def _scale_error(pol: Policy, d: int, scale, base2: bool, rounding: str) -> tupl
     on its carrier. For round to nearest we reproduce it and measure its relative error
     exactly (mpmath); for stochastic rounding we bound it.
     """
-    from flashnum.engine.core import Arith  # the engine's own rounding of the scale
+    from flashnum.engine.arith import Arith  # the engine's own rounding of the scale
 
     ctx = mpmath.MPContext()
     ctx.prec = 200
@@ -242,7 +231,7 @@ def _scale_error(pol: Policy, d: int, scale, base2: bool, rounding: str) -> tupl
     if base2:
         exact = exact / ctx.ln2
     s64 = (1.0 / math.sqrt(d) if scale is None else float(scale)) * (LOG2E if base2 else 1.0)
-    car = _carrier(pol)
+    car = carrier(pol)
     fs = pol.fmt("s")
     if rounding == "stochastic" and not (fs is EXACT or isinstance(fs, Exact) or fs.p >= 53):
         rel64 = abs(ctx.mpf(s64) / exact - 1)

@@ -94,6 +94,7 @@ import os
 import torch
 
 from flashnum.engine.result import Result, Trace
+from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import get_format
 from flashnum.numerics.policy import Policy, make_policy
 from flashnum.numerics.tiling import (
@@ -111,7 +112,6 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.language import standard as _tl_standard  # noqa: E402
 
-LOG2E = 1.4426950408889634
 BLOCKS = (16, 32, 64, 128)
 HEAD_DIMS = (16, 256)  # smallest and largest head dim (others padded to a power of two)
 VARIANTS = ("fa2", "exp2")

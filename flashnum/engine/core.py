@@ -61,8 +61,10 @@ from dataclasses import dataclass
 import torch
 
 from flashnum.engine import native
+from flashnum.engine.arith import Arith, carrier, wider
 from flashnum.engine.result import Result, Trace
-from flashnum.numerics.formats import EXACT, FORMATS, PRECISIONS, ROUNDINGS, get_format
+from flashnum.numerics.constants import LOG2E
+from flashnum.numerics.formats import EXACT, PRECISIONS, ROUNDINGS, get_format
 from flashnum.numerics.policy import Policy, make_policy
 from flashnum.numerics.tiling import (
     ORDERS,
@@ -75,112 +77,8 @@ from flashnum.numerics.tiling import (
 
 VARIANTS = ("fa2", "fa1", "exp2", "lazy", "qiu_yao")
 BACKENDS = ("emulate", "triton", "mp")
-LOG2E = 1.4426950408889634
 QIU_YAO_WINDOW = 1e-3  # "scores within 1e-3 of the block max" (Qiu & Yao 2025)
 _CHUNK = 1 << 18  # logit-tile elements per thread per chunk on the fast path (~1 MiB: L2)
-
-
-# ---------------------------------------------------------------------------
-# arithmetic: where and how a value is rounded
-
-
-def _wider(f, g):
-    """The more precise of two formats (exact beats everything)."""
-    if f is EXACT or g is EXACT:
-        return EXACT
-    return f if (f.p, -f.emin) >= (g.p, -g.emin) else g
-
-
-class Arith:
-    """Correctly rounded arithmetic into site formats, on a float32 or float64 carrier."""
-
-    def __init__(self, policy: Policy, rounding: str, seed: int, dtype: torch.dtype):
-        self.policy = policy
-        self.stochastic = rounding == "stochastic"
-        self.gen = torch.Generator().manual_seed(int(seed)) if self.stochastic else None
-        self.dtype = dtype
-        self._fmts = {}  # site -> format, looked up once per run (the policy is fixed)
-
-    def fmt(self, site: str):
-        f = self._fmts.get(site)
-        if f is None:
-            f = self._fmts[site] = self.policy.fmt(site)
-        return f
-
-    def rnd(self, x: torch.Tensor, fmt, nearest: bool = False) -> torch.Tensor:
-        if fmt is EXACT or fmt.p >= 53:
-            return x
-        stochastic = self.stochastic and not nearest
-        if x.dtype is torch.float32 and not stochastic:
-            if fmt.name == "fp32":
-                return x  # fp32 ops on the fp32 carrier are already rounded once
-            if fmt.torch_dtype is not None and fmt.saturate == (fmt.name == "fp8_e4m3"):
-                # torch's fp32 -> low cast is one round-to-nearest-even (checked in tests);
-                # a float64 value (the inputs) must not take it: fp64 -> fp32 -> low
-                # would round twice. bf16: the native kernel's one pass, the same values
-                y = native.round_bf16(x) if fmt.name == "bf16" else None
-                return x.to(fmt.torch_dtype).to(torch.float32) if y is None else y
-        rounding = "stochastic" if stochastic else "nearest"
-        y = fmt.round(x.to(torch.float64), rounding, self.gen)
-        return y.to(self.dtype)
-
-    def site(self, x: torch.Tensor, site: str, nearest: bool = False) -> torch.Tensor:
-        return self.rnd(x, self.fmt(site), nearest)
-
-    def exp(self, x: torch.Tensor, fmt, base2: bool = False) -> torch.Tensor:
-        # evaluated in float64 then rounded once: a correctly rounded exp
-        if (x.dtype is torch.float32 and self.dtype is torch.float32 and not self.stochastic
-                and fmt is not EXACT and fmt.name == "fp32"):
-            y = torch.empty_like(x, memory_format=torch.contiguous_format)
-            if native.exp_rows(x.contiguous(), None, y, base2=base2):  # the same fp32 values
-                return y
-        x64 = x.to(torch.float64)
-        y = torch.exp2(x64) if base2 else torch.exp(x64)
-        if fmt is EXACT or fmt.p >= 53:
-            return y.to(self.dtype)
-        if self.dtype is torch.float32 and fmt.name == "fp32" and not self.stochastic:
-            y = y.to(torch.float32)
-            if x.dtype is torch.float32:
-                native.fix_torch(x, y, base2)  # the few inputs float64 alone misses
-            return y
-        rounding = "stochastic" if self.stochastic else "nearest"
-        return fmt.round(y, rounding, self.gen).to(self.dtype)
-
-    def dot(self, a: torch.Tensor, b: torch.Tensor, fmt) -> torch.Tensor:
-        """a @ b (batched), accumulated in `fmt` (see the module docstring)."""
-        if fmt is EXACT or fmt.p >= 53:
-            return torch.matmul(a.to(torch.float64), b.to(torch.float64)).to(self.dtype)
-        if fmt.name in ("fp32", "tf32"):
-            a32, b32 = a.to(torch.float32), b.to(torch.float32)
-            if fmt.name == "tf32":  # tensor cores read tf32 operands, sum in fp32
-                a32 = FORMATS["tf32"].round(a32.double()).float()
-                b32 = FORMATS["tf32"].round(b32.double()).float()
-            return torch.matmul(a32, b32).to(self.dtype)
-        # recursive summation in a narrow format: every product and partial sum rounded
-        acc = torch.zeros(a.shape[:-1] + b.shape[-1:], dtype=self.dtype)
-        for t in range(a.shape[-1]):
-            prod = self.rnd(a[..., :, t, None] * b[..., t, None, :], fmt)
-            acc = self.rnd(acc + prod, fmt)
-        return acc
-
-    def rowsum(self, x: torch.Tensor, fmt) -> torch.Tensor:
-        """Sum over the last dim, accumulated in `fmt`."""
-        if fmt is EXACT or fmt.p >= 53:
-            return x.to(torch.float64).sum(-1).to(self.dtype)
-        if fmt.name in ("fp32", "tf32"):
-            return x.to(torch.float32).sum(-1).to(self.dtype)
-        acc = torch.zeros(x.shape[:-1], dtype=self.dtype)
-        for t in range(x.shape[-1]):
-            acc = self.rnd(acc + x[..., t], fmt)
-        return acc
-
-
-def _carrier(policy: Policy) -> torch.dtype:
-    for site in policy.sites():
-        f = policy.fmt(site)
-        if f is EXACT or f.p > 24 or f.emin < -126:
-            return torch.float64
-    return torch.float32
 
 
 # ---------------------------------------------------------------------------
@@ -385,7 +283,7 @@ def _store(ar: Arith, x: torch.Tensor, fin) -> torch.Tensor:
 def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, trace, tau, beta):
     lead = q.shape[:-2]
     nq, nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
-    dtype = _carrier(pol)
+    dtype = carrier(pol)
     ar = Arith(pol, rounding, seed, dtype)
     q3, k3, v3 = _stored(ar, q, k, v)
     B = q3.shape[0]
@@ -395,7 +293,7 @@ def _flash(q, k, v, pol, bm, bn, order, variant, causal, scale, rounding, seed, 
     n_qb, n_kb = blocks.n_qb, blocks.n_kb
     base2 = variant == "exp2"
     f_s, f_m, f_p = pol.fmt("s"), pol.fmt("m"), pol.fmt("p")
-    f_diff = _wider(f_s, f_m)  # s - m: torch computes it in the wider of the two
+    f_diff = wider(f_s, f_m)  # s - m: torch computes it in the wider of the two
     # the scale is held in the logits' format, as a kernel holds sm_scale in fp32
     scale_s = float(ar.rnd(torch.tensor(scale * (LOG2E if base2 else 1.0), dtype=dtype), f_s))
 
@@ -698,12 +596,12 @@ def _standard(q, k, v, pol, causal, scale, rounding, seed, block_m):
     """
     lead = q.shape[:-2]
     nq, nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
-    dtype = _carrier(pol)
+    dtype = carrier(pol)
     ar = Arith(pol, rounding, seed, dtype)
     q3, k3, v3 = _stored(ar, q, k, v)
     B = q3.shape[0]
     f_s, f_m = pol.fmt("s"), pol.fmt("m")
-    f_diff = _wider(f_s, f_m)
+    f_diff = wider(f_s, f_m)
     scale_s = float(ar.rnd(torch.tensor(scale, dtype=dtype), f_s))
     rows = max(1, min(nq, (1 << 24) // max(1, B * nk)))
     outs, ms, ls = [], [], []
@@ -741,7 +639,7 @@ def logits(q, k, *, precision="bf16", policy="fa2", block_m=64, block_n=64, caus
     for checks (the invariant "final m is the row max of the computed logits"), not sweeps.
     """
     pol = make_policy(policy, precision)
-    dtype = _carrier(pol)
+    dtype = carrier(pol)
     ar = Arith(pol, "nearest", 0, dtype)
     d, nq, nk = q.shape[-1], q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)

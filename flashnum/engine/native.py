@@ -1,7 +1,7 @@
 """Fused C kernels for the emulator's hottest sites (flashnum/native.c).
 
 The emulator's model of the exp site is "evaluate in float64, round once to fp32"
-(flashnum.engine.core.Arith.exp). In torch that takes five passes over every logit tile
+(flashnum.engine.arith.Arith.exp). In torch that takes five passes over every logit tile
 (scale, subtract, widen, exp, narrow) plus two for P's bf16 cast, and torch's float64
 exp (MKL VML) is slow. These kernels do the same arithmetic in fewer passes:
 

@@ -58,10 +58,10 @@ from omegaconf import OmegaConf
 from flashnum.harness import store
 from flashnum.harness.config import check, register
 from flashnum.harness.grid import CASE_FIELDS, CONF, Case, expand, select
+from flashnum.numerics.constants import LOG2E
 
 register()
 
-LOG2E = 1.4426950408889634
 U64 = 2.0**-53
 
 
