@@ -15,6 +15,7 @@ import flashnum
 from flashnum import reproduce as R
 from flashnum.harness import store
 from flashnum.inputs.distributions import make
+from flashnum.numerics import blockscaled as BS
 from flashnum.numerics.formats import FORMATS
 from flashnum.numerics.policy import make_policy
 
@@ -40,10 +41,10 @@ def test_reference64_agrees_with_the_certified_reference():
 
 def test_scaled_cast_is_the_cast_of_the_scaled_value():
     x = torch.linspace(-3e-3, 3e-3, 2001, dtype=torch.float64)
-    cast = R.scaled(E4M3, 256.0)
+    cast = BS.scaled(E4M3, 256.0)
     assert torch.equal(cast.round(x), E4M3.round(x * 256.0) / 256.0)
     # dividing by a power of two is exact, so a factor of 1 is the plain cast
-    assert torch.equal(R.scaled(E4M3, 1.0).round(x), E4M3.round(x))
+    assert torch.equal(BS.scaled(E4M3, 1.0).round(x), E4M3.round(x))
 
 
 def test_engine_takes_the_scaled_cast_through_its_generic_path():
@@ -53,7 +54,7 @@ def test_engine_takes_the_scaled_cast_through_its_generic_path():
     plain = flashnum.attention(*inp.tensors(), precision="fp32",
                                policy=base.with_sites(p_cast="fp8_e4m3"))
     generic = flashnum.attention(*inp.tensors(), precision="fp32",
-                                 policy=base.with_sites(p_cast=R.scaled(E4M3, 1.0)))
+                                 policy=base.with_sites(p_cast=BS.scaled(E4M3, 1.0)))
     assert torch.equal(plain.out, generic.out)
 
 
@@ -64,13 +65,13 @@ def on_e4m3_grid(y: torch.Tensor) -> bool:
 
 def test_quantize_per_tensor_and_per_block():
     x = make("fa3_outliers", heads=2, seq_len_q=200, head_dim=16).q
-    xq = R.quantize(x)
+    xq = BS.quantize_tiles(x)
     s = x.abs().max() / 448
     assert on_e4m3_grid(xq / s)
     # e4m3 rounding: half an ulp, 2^-4 relative for normals, s 2^-10 absolute below
     assert ((xq - x).abs() <= 2.0**-4 * x.abs() + s * 2.0**-10).all()
     assert xq.abs().max() == x.abs().max()  # amax maps to 448 exactly
-    xb = R.quantize(x, block=64)
+    xb = BS.quantize_tiles(x, block=64)
     for h in range(2):
         for b0 in range(0, 200, 64):
             blk, blkq = x[0, h, b0:b0 + 64], xb[0, h, b0:b0 + 64]
@@ -83,14 +84,14 @@ def test_quantize_per_tensor_and_per_block():
 def test_random_hadamard_keeps_qk_and_spreads_outliers():
     inp = make("fa3_outliers", heads=3, seq_len_q=64, head_dim=64, p=0.01)
     q, k = inp.q, inp.k
-    h = R.random_hadamard(64, 3, seed=1)
+    h = BS.random_hadamard(64, 3, seed=1)
     eye = torch.eye(64, dtype=torch.float64)
     assert torch.allclose(h @ h.transpose(-1, -2), eye.expand(3, 64, 64), atol=1e-14, rtol=0)
     # |QK^T| <= ~1e3 here; fp64 rotation error ~ d * 2^-53 * |q||k| ~ 1e-11
     assert (q @ h @ (k @ h).transpose(-1, -2) - q @ k.transpose(-1, -2)).abs().max() < 1e-9
     assert (q @ h).abs().max() < q.abs().max()  # the largest entry is spread out
     with pytest.raises(ValueError, match="power-of-two"):
-        R.random_hadamard(48, 1)
+        BS.random_hadamard(48, 1)
 
 
 def test_golden_tile_rule():

@@ -220,7 +220,7 @@ FORMAT_NAMES = tuple(FORMATS) + ("exact",)  # what a site may be given
 
 def get_format(name, mp_bits: int | None = None):
     """Look a format up by name ('bf16', 'exact', 'mp', 'p11' for p-bit/fp32-range)."""
-    if isinstance(name, (Format, Exact, MP)):
+    if isinstance(name, (Format, Exact, MP)) or hasattr(name, "block"):
         return name
     if not isinstance(name, str):
         valid = ", ".join(FORMAT_NAMES)
@@ -235,6 +235,10 @@ def get_format(name, mp_bits: int | None = None):
         if bits < 2:
             raise ValueError(f"mp_bits must be >= 2, got {bits}")
         return MP(bits)
+    from flashnum.numerics import blockscaled  # below formats in the layer: imported late
+
+    if key in blockscaled.BLOCK_FORMATS:
+        return blockscaled.BLOCK_FORMATS[key]
     if key.startswith("p") and key[1:].isdigit():
         # p-bit significand with fp32's exponent range: the precision_bits studies
         p = int(key[1:])
@@ -242,5 +246,14 @@ def get_format(name, mp_bits: int | None = None):
             raise ValueError(f"format {name!r}: p must be in 2..52")
         return Format(key, p, -126, 127)
     raise ValueError(
-        f"unknown format {name!r}; valid: {', '.join(FORMAT_NAMES)}, mp, mp<bits>, p<bits>"
+        f"unknown format {name!r}; valid: {', '.join(FORMAT_NAMES)}, mp, mp<bits>, p<bits>, "
+        f"{', '.join(blockscaled.BLOCK_FORMATS)}"
     )
+
+
+def quantize(x, fmt, axis: int = -1, rounding: str = "nearest", generator=None):
+    """x in the block-scaled format `fmt` along `axis`, dequantized (float64): see
+    flashnum.numerics.blockscaled."""
+    from flashnum.numerics import blockscaled
+
+    return blockscaled.quantize(x, fmt, axis, rounding, generator)

@@ -35,7 +35,6 @@ import argparse
 import math
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -45,7 +44,8 @@ from flashnum.analysis.metrics import max_abs_err, signed_err
 from flashnum.engine.core import attention
 from flashnum.harness import store
 from flashnum.inputs.distributions import make
-from flashnum.numerics.formats import FORMATS, Format
+from flashnum.numerics.blockscaled import quantize_tiles, random_hadamard, scaled
+from flashnum.numerics.formats import FORMATS
 from flashnum.numerics.policy import SITES, Policy, make_policy
 
 REPRODUCTIONS = ("fa3_table3", "is_flash_stable", "qiu_yao", "fp8_pcast")
@@ -53,7 +53,8 @@ E4M3 = FORMATS["fp8_e4m3"]
 
 
 # ---------------------------------------------------------------------------
-# shared pieces: the fp64 reference, scaled casts, quantization, rotation
+# shared pieces: the fp64 reference (scaled casts, quantization and rotation live in
+# flashnum.numerics.blockscaled)
 
 
 def reference64(q, k, v, scale: float) -> torch.Tensor:
@@ -62,68 +63,6 @@ def reference64(q, k, v, scale: float) -> torch.Tensor:
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
     p = torch.exp(s - s.amax(-1, keepdim=True))
     return torch.matmul(p, v) / p.sum(-1, keepdim=True)
-
-
-@dataclass(frozen=True)
-class ScaledFormat(Format):
-    """A cast with a static scale: x -> round(x * factor) / factor in the base format.
-
-    Models P * S before the cast to e4m3 and / S after (arXiv 2606.06521's static
-    scale S = 256; dividing by a power of two is exact). torch_dtype stays None so the
-    engine's Arith.rnd takes its generic path (fmt.round on the float64 carrier).
-    """
-
-    factor: float = 1.0
-
-    def round(self, x, rounding="nearest", generator=None, saturate=None):
-        base = Format(self.name, self.p, self.emin, self.emax, self.max_override,
-                      self.has_inf, self.saturate)
-        y = base.round(x.to(torch.float64) * self.factor, rounding, generator, saturate)
-        return y / self.factor
-
-
-def scaled(fmt: Format, factor: float) -> ScaledFormat:
-    """`fmt` cast with a static scale `factor` (see ScaledFormat)."""
-    return ScaledFormat(f"{fmt.name}*{factor:g}", fmt.p, fmt.emin, fmt.emax, fmt.max_override,
-                        fmt.has_inf, fmt.saturate, None, float(factor))
-
-
-def quantize(x: torch.Tensor, fmt: Format = E4M3, block: int | None = None) -> torch.Tensor:
-    """Scaled quantization to `fmt`, dequantized: round(x / s) * s with s = amax / fmt.max.
-
-    block=None: one s per tensor (every batch and head together: per-tensor scaling).
-    block=b:    one s per block of b rows of each head (FA3's block quantization).
-    Computed in the float64 carrier; s is not rounded (a real kernel keeps it in fp32).
-    """
-    x = x.to(torch.float64)
-    if block is None:
-        s = x.abs().amax() / fmt.max
-        s = torch.where(s > 0, s, torch.ones_like(s))
-        return fmt.round(x / s) * s
-    *lead, n, d = x.shape
-    nb = math.ceil(n / block)
-    pad = nb * block - n
-    xp = torch.cat([x, x.new_zeros(*lead, pad, d)], dim=-2) if pad else x
-    xb = xp.reshape(*lead, nb, block, d)
-    s = xb.abs().amax(dim=(-1, -2), keepdim=True) / fmt.max
-    s = torch.where(s > 0, s, torch.ones_like(s))
-    return (fmt.round(xb / s) * s).reshape(*lead, nb * block, d)[..., :n, :]
-
-
-def random_hadamard(d: int, heads: int, seed: int = 0) -> torch.Tensor:
-    """(heads, d, d) orthogonal matrices diag(signs) H / sqrt(d), random signs per head.
-
-    FA3's incoherent processing: Q H and K H with the same H per head, so that
-    (Q H)(K H)^T = Q K^T in exact arithmetic while outliers spread over all d dims.
-    """
-    from scipy.linalg import hadamard
-
-    if d & (d - 1):
-        raise ValueError(f"incoherent processing needs a power-of-two head dim, got d={d}")
-    h = torch.from_numpy(hadamard(d).astype(np.float64)) / math.sqrt(d)
-    g = torch.Generator().manual_seed(int(seed))
-    signs = torch.randint(0, 2, (heads, d, 1), generator=g, dtype=torch.int64) * 2 - 1
-    return signs.to(torch.float64) * h
 
 
 def _uniform(precision: str) -> Policy:
@@ -223,17 +162,19 @@ def _fp8_models(q, k, v, d: int, heads: int, block_m: int, block_n: int, seed: i
     std = Policy(inputs="exact", qk_acc="fp32", s="fp16", m="fp16", p="fp16",
                  p_cast=p_scaled, pv_acc="fp32", l_acc="fp32", l="fp16", o="fp32",
                  div="fp16", out="bf16", structure="standard", name="standard_fp8")
-    vb = quantize(v, block=block_n)
+    vb = quantize_tiles(v, block=block_n)
     return [
-        ("fp8 standard (per-tensor)", std, quantize(q), quantize(k), quantize(v),
+        ("fp8 standard (per-tensor)", std, quantize_tiles(q), quantize_tiles(k), quantize_tiles(v),
          dict(quant="per-tensor", hadamard=False, p_cast="e4m3*448 (normalised P)")),
-        ("fp8 FA3 (block quant + Hadamard)", fa3, quantize(qh, block=block_m),
-         quantize(kh, block=block_n), vb,
+        ("fp8 FA3 (block quant + Hadamard)", fa3, quantize_tiles(qh, block=block_m),
+         quantize_tiles(kh, block=block_n), vb,
          dict(quant="per-block", hadamard=True, p_cast="e4m3")),
-        ("fp8 FA3 without block quantization", fa3, quantize(qh), quantize(kh), quantize(v),
+        ("fp8 FA3 without block quantization", fa3, quantize_tiles(qh), quantize_tiles(kh),
+         quantize_tiles(v),
          dict(quant="per-tensor", hadamard=True, p_cast="e4m3")),
-        ("fp8 FA3 without incoherent processing", fa3, quantize(q, block=block_m),
-         quantize(k, block=block_n), vb, dict(quant="per-block", hadamard=False, p_cast="e4m3")),
+        ("fp8 FA3 without incoherent processing", fa3, quantize_tiles(q, block=block_m),
+         quantize_tiles(k, block=block_n), vb,
+         dict(quant="per-block", hadamard=False, p_cast="e4m3")),
         ("fp8 FA3 P cast only (inputs unquantized)", fa3, q, k, v,
          dict(quant="none", hadamard=False, p_cast="e4m3")),
     ]
