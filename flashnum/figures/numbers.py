@@ -1,0 +1,151 @@
+"""The numbers registry: every experiment the paper reads and every number its text quotes.
+
+    EXPERIMENTS  experiment name -> the command that writes its table (the placeholder
+                 a missing table shows; one \\ifhave<Name> switch each in numbers.tex)
+    NUMBERS      macro name -> what it is; a figure or table sets one with F.num(name, v)
+    write_numbers(F, plots)  numbers.tex: the switches, one \\newcommand per number
+                 (\\nyr when nothing set it) and one \\Sel<Figure> per plot
+
+A new experiment the paper reads gets a line in EXPERIMENTS; a new quoted number a line in
+NUMBERS (F.num refuses undeclared names, so the text never quotes an unknown macro).
+"""
+
+from __future__ import annotations
+
+import json
+
+from flashnum.figures.tex import tex_name
+
+_RUN = "python -m flashnum.run experiment={}"
+_REPRO = "python -m flashnum.reproduce {}"
+# every experiment the paper reads, and the command that writes its table
+EXPERIMENTS = {
+    "bf16_sweep": _RUN.format("bf16_sweep"),
+    "fp16_sweep": _RUN.format("fp16_sweep"),
+    "fp32_sweep": _RUN.format("fp32_sweep"),
+    "block_order": _RUN.format("block_order"),
+    "block_size": _RUN.format("block_size"),
+    "seqlen_growth": _RUN.format("seqlen_growth"),
+    "precision_bits": _RUN.format("precision_bits"),
+    "kernel_vs_emulator": _RUN.format("kernel_vs_emulator"),
+    "worst_case": _RUN.format("worst_case"),
+    "attribution": "python -m flashnum.attribution --experiment",
+    "repro_fa3_table3": _REPRO.format("fa3_table3"),
+    "repro_is_flash_stable": _REPRO.format("is_flash_stable"),
+    "repro_qiu_yao": _REPRO.format("qiu_yao"),
+    "repro_fp8_pcast": _REPRO.format("fp8_pcast"),
+}
+
+# every number the text may quote: macro name -> what it is
+NUMBERS = {
+    "ExpInputs": "float32 arguments of exp and exp2 checked (bench/exp_exhaustive.py)",
+    "ExpHard": "arguments within 4 float64 ulps of an fp32 rounding boundary (same)",
+    "ExpFloatMisses": "arguments a float64 evaluation alone rounds wrongly (same)",
+    "NMin": "smallest N in seqlen_growth",
+    "NMax": "largest N in seqlen_growth",
+    **{f"SlopeN{p}": f"exponent a of median error ~ N^a, {p} fa2 (seqlen_growth)"
+       for p in ("BfSixteen", "FpSixteen", "FpThirtyTwo")},
+    **{f"BoundOverErrN{p}": f"median bound / error over N, {p} fa2 (seqlen_growth)"
+       for p in ("BfSixteen", "FpSixteen", "FpThirtyTwo")},
+    "SlopeBlockN": "exponent a of median error ~ block_n^a, policy fa2 (block_size)",
+    "BlockNRatio": "median error at the smallest block_n / at the largest, fa2 (block_size)",
+    "BlockNMin": "smallest block_n (block_size)",
+    "BlockNMax": "largest block_n (block_size)",
+    "OrderWorst": "the order with the largest error ratio to forward (block_order)",
+    "OrderWorstRatio": "that largest ratio (block_order)",
+    "OrderWorstDist": "the distribution where it occurs (block_order)",
+    "OrderBest": "the order with the smallest error ratio to forward (block_order)",
+    "OrderBestRatio": "that smallest ratio (block_order)",
+    "OrderBestDist": "the distribution where it occurs (block_order)",
+    "SweepCases": "rows in bf16_sweep",
+    "HeatWorstDist": "distribution with the largest fa2 error (bf16_sweep)",
+    "HeatWorstRatio": "its fa2 error / gaussian's fa2 error (bf16_sweep)",
+    "HeatNaiveOverFa": "median over distributions of naive error / fa2 error (bf16_sweep)",
+    "HeatLowpOverFa": "median over distributions of lowp error / fa2 error (bf16_sweep)",
+    "BoundCases": "rows with a bound in the bf16/fp16/fp32 sweeps",
+    "BoundViolations": "of those, rows whose error exceeds the deterministic bound",
+    "TightnessMedian": "median bound / error, policy fa2, all sweeps",
+    "TightnessWorst": "smallest bound / error, policy fa2, all sweeps",
+    "AttrDominantSite": "site with the largest only-this-site error, gaussian (attribution)",
+    "AttrDominantShare": "its only-this-site error / total error (attribution)",
+    "AttrRssOverTotal": "root-sum-square of only-this-site errors / total, gaussian",
+    "AttrTiesDominantSite": "the dominant site on the ties distribution (attribution)",
+    "KernelCases": "cases run on both backends (kernel_vs_emulator)",
+    "KernelEqualFrac": "fraction of them with equal max ulp error (kernel_vs_emulator)",
+    "KernelMedianUlp": "median max ulp error of the kernel (kernel_vs_emulator)",
+    "EmulatorMedianUlp": "median max ulp error of the emulator (kernel_vs_emulator)",
+    "KernelMaxUlpDiff": "largest |kernel - emulator| max ulp error (kernel_vs_emulator)",
+    "SlopeBits": "slope of log2(median error) against significand bits p (precision_bits)",
+    "BitsMin": "smallest p (precision_bits)",
+    "BitsMax": "largest p (precision_bits)",
+    "WorstCaseDist": "the distribution with the largest error (worst_case)",
+    "WorstCaseErr": "its error (worst_case)",
+    "WorstCaseRatio": "its error / gaussian's under the same setting (worst_case)",
+    "BoundHeld": "rows whose error is within the deterministic bound (the sweeps)",
+    "FaThreeText": "repro_fa3_table3: generated sentences (protocol, match, disagreements)",
+    "FaThreeProtocol": "repro_fa3_table3: the best-matching fp16 protocol",
+    "FaThreeN": "repro_fa3_table3: N of the best fp16 protocol",
+    "FaThreeD": "repro_fa3_table3: head dim of the best fp16 protocol",
+    "FaThreeStd": "repro_fa3_table3: our fp16 standard-attention RMSE (best protocol)",
+    "FaThreeFlash": "repro_fa3_table3: our fp16 FlashAttention-2 RMSE (best protocol)",
+    "FaThreeRatio": "repro_fa3_table3: their ratio (published 1.7)",
+    "FaThreeMatch": "repro_fa3_table3: match factor of the best fp16 protocol",
+    "FaThreeEightMatch": "repro_fa3_table3: match factor of the best fp8 protocol",
+    "FaThreeJointMatch": "repro_fa3_table3: match factor of the best single protocol for all rows",
+    "GoldenText": "repro_is_flash_stable: generated sentences",
+    "GoldenRatioFa": "repro_is_flash_stable: median flash/standard max deviation, fa2",
+    "GoldenRatioLowp": "repro_is_flash_stable: the same, lowp",
+    "GoldenLenSlopeFa": "repro_is_flash_stable: exponent of deviation ~ N^a, fa2",
+    "GoldenLenSlopeStd": "repro_is_flash_stable: exponent of deviation ~ N^a, standard",
+    "GoldenSwapEffect": "repro_is_flash_stable: largest output change from block_m alone",
+    "QiuYaoText": "repro_qiu_yao: generated sentences",
+    "QiuYaoZ": "repro_qiu_yao: z over heads of the bias, ties, lowp, no fix",
+    "QiuYaoZFixed": "repro_qiu_yao: the same with the max adjustment",
+    "QiuYaoZGauss": "repro_qiu_yao: the same on gaussian inputs, no fix",
+    "QiuYaoZFaTwo": "repro_qiu_yao: ties under the fa2 policy, no fix",
+    "QiuYaoZBroken": "repro_qiu_yao: the control with the ties broken, lowp, no fix",
+    "PcastText": "repro_fp8_pcast: generated sentences",
+    "PcastRatio": "repro_fp8_pcast: median MSE gain of reverse + scale over forward",
+    "PcastRatioMin": "repro_fp8_pcast: smallest such gain",
+    "PcastRatioMax": "repro_fp8_pcast: largest such gain",
+    "PcastReverseOnly": "repro_fp8_pcast: median gain of reverse order without a scale",
+    "PcastUnderflowForward": "repro_fp8_pcast: median underflow fraction, forward, no scale",
+}
+
+
+def exp_site(F) -> None:
+    """Numbers of the exhaustive check of the exp site (bench/results/exp_exhaustive.json)."""
+    path = F.experiments.parent / "bench" / "results" / "exp_exhaustive.json"
+    if not path.exists():
+        return
+    r = json.loads(path.read_text())
+    fns = [r[f] for f in ("exp", "exp2") if f in r]
+    F.num("ExpInputs", f"{sum(x['inputs'] for x in fns) / 1e9:.1f}" + r"\times 10^9")
+    F.num("ExpHard", sum(len(x["hard_inputs"]) for x in fns))
+    F.num("ExpFloatMisses", sum(len(x["torch_float64_misses"]) for x in fns))
+
+
+def write_numbers(F, plots) -> None:
+    """numbers.tex from what the figures set on F; plots: the stems that get a \\Sel macro."""
+    lines = [
+        "% generated by python -m flashnum.figures from experiments/*: do not edit",
+        r"\providecommand{\nyr}{\textsf{[not yet run]}}",
+        r"\providecommand{\notyetrun}[1]{\fbox{not yet run: \texttt{#1}}}",
+        r"\providecommand{\notdrawn}[1]{\fbox{not drawn: #1}}",
+    ]
+    for name in EXPERIMENTS:
+        sw = f"have{tex_name(name)}"
+        # an experiment whose figure could not be drawn is not quoted either
+        ok = F.have(name) and name not in {e for _, e, _ in F.not_drawn}
+        lines.append(f"\\newif\\if{sw} \\{sw}{'true' if ok else 'false'}")
+    # a GPU run of the kernel benchmark (bench/bench_triton_gpu.py) is stored beside the code
+    gpu = (F.experiments.parent / "bench" / "results" / "triton_gpu.json").exists()
+    tf = "true" if gpu else "false"
+    lines.append(f"\\newif\\ifhaveGpuMeasurements \\haveGpuMeasurements{tf}")
+    for name, what in NUMBERS.items():
+        lines.append(f"\\newcommand{{\\{name}}}{{{F.numbers.get(name, chr(92) + 'nyr')}}}"
+                     f" % {what}")
+    for stem in plots:
+        sel = F.selections.get(stem, chr(92) + "nyr")
+        lines.append(f"\\newcommand{{\\Sel{tex_name(stem)}}}{{{sel}}}")
+    (F.out / "numbers.tex").write_text("\n".join(lines) + "\n")

@@ -1,0 +1,327 @@
+"""The paper's plots: one function per figure, each F -> stem.pdf/.png/.tex and its numbers.
+
+Each function reads one experiment through F.table, selects its rows (the selection is
+written into its \\Sel macro), sets the numbers the text quotes (F.num) and saves the
+figure (F.save); with no table it leaves a placeholder. A new plot: a function here, a
+line in flashnum.figures.FIGURES, its numbers in flashnum.figures.numbers.NUMBERS.
+matplotlib is imported inside _style() only (heavy optional dependency).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from flashnum.figures.context import (
+    ERR,
+    PRECISIONS,
+    Figures,
+    Unplottable,
+    nonempty,
+    prefer,
+    slope,
+    trusted,
+)
+from flashnum.figures.tex import tex_name, tex_word
+
+COLORS = {
+    "bf16": "C0", "fp16": "C1", "fp32": "C2", "tf32": "C3", "fp8_e4m3": "C4",
+    "fp8_e5m2": "C5", "fp64": "C7", "fa2": "C0", "naive": "C1", "lowp": "C3",
+    "exact": "C7", "uniform": "C4", "emulate": "C0", "triton": "C1",
+}
+
+
+
+def _style():
+    """pyplot with the paper's style (8 pt text, Agg backend: no display needed)."""
+    import matplotlib  # heavy optional dependency: only when drawing
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({
+        "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "legend.fontsize": 7,
+        "xtick.labelsize": 7, "ytick.labelsize": 7,
+        "axes.grid": True, "grid.alpha": 0.3,
+        "svg.hashsalt": "flashnum", "figure.constrained_layout.use": True,
+        "lines.markersize": 4,
+    })
+    return plt
+
+
+def _log2_ticks(ax, values) -> None:
+    """Tick a log axis at the swept values themselves (powers of two, mostly)."""
+    v = sorted({int(x) for x in values})
+    ax.set_xticks(v, [str(x) for x in v])
+    ax.minorticks_off()
+
+
+def _color(key: str) -> str:
+    return COLORS.get(key, "C9")
+
+
+def error_vs_n(F: Figures) -> None:
+    df = F.table("seqlen_growth")
+    if df is None:
+        return F.placeholder("error_vs_n", "seqlen_growth")
+    plt = _style()
+    sel = []
+    df = prefer(trusted(df, sel), sel, policy="fa2", distribution="gaussian", variant="fa2",
+                 order="forward", backend="emulate")
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    for prec in sorted(df.precision.unique()):
+        d = df[df.precision == prec]
+        g = d.groupby("seq_len_k")
+        n, med = np.array(sorted(g.groups)), g[ERR].median().sort_index()
+        c = _color(prec)
+        ax.plot(n, med.values, "o-", color=c, label=f"{prec} measured")
+        ax.fill_between(n, g[ERR].min().sort_index().values, g[ERR].max().sort_index().values,
+                        color=c, alpha=0.15, lw=0)
+        if "bound" in d and d["bound"].notna().any():
+            bnd = g["bound"].median().sort_index()
+            ax.plot(n, bnd.values, "--", color=c, label=f"{prec} bound")
+            if prec in PRECISIONS:
+                F.num(f"BoundOverErrN{tex_name(prec)}", float(np.median(bnd / med)))
+        if "bound_prob" in d and d["bound_prob"].notna().any():
+            ax.plot(n, g["bound_prob"].median().sort_index().values, ":", color=c,
+                    label=f"{prec} probabilistic bound")
+        if prec in PRECISIONS:
+            F.num(f"SlopeN{tex_name(prec)}", slope(n, med.values))
+    F.num("NMin", int(df.seq_len_k.min()))
+    F.num("NMax", int(df.seq_len_k.max()))
+    ax.set(xscale="log", yscale="log", xlabel="sequence length N",
+           ylabel=r"max$|\hat o - o|$ (median over seeds)")
+    _log2_ticks(ax, df.seq_len_k)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    F.select("error_vs_n", sel + [f"median and range over {df.seed.nunique()} seeds"])
+    F.save(fig, "error_vs_n", width=0.85)
+
+
+def error_vs_block_n(F: Figures) -> None:
+    df = F.table("block_size")
+    if df is None:
+        return F.placeholder("error_vs_block_n", "block_size")
+    plt = _style()
+    sel = []
+    df = prefer(trusted(df, sel), sel, precision="bf16", distribution="gaussian", variant="fa2",
+                 order="forward", backend="emulate")
+    # one block_m (rows are independent, but keep the swapped-tile slice out of the line)
+    bm = int(df.block_m.mode().min())
+    df = df[df.block_m == bm]
+    sel.append(f"block_m {bm}")
+    # one N: the largest, where the number of rescales differs most between block sizes
+    n = int(df.seq_len_k.max())
+    df = df[df.seq_len_k == n]
+    sel.append(f"N {n}")
+    fig, ax = plt.subplots(figsize=(5.5, 3.0))
+    for pol in sorted(df.policy.unique()):
+        g = df[df.policy == pol].groupby("block_n")[ERR]
+        b, med = np.array(sorted(g.groups)), g.median().sort_index().values
+        if len(b) == 1:  # standard attention has no key blocks: one level for every block_n
+            ax.axhline(med[0], color=_color(pol), ls="--", label=f"{pol} (no blocks)")
+            continue
+        ax.plot(b, med, "o-", color=_color(pol), label=pol)
+        if pol == "fa2":
+            F.num("SlopeBlockN", slope(b, med))
+            F.num("BlockNRatio", med[0] / med[-1] if med[-1] > 0 else math.nan)
+    F.num("BlockNMin", int(df.block_n.min()))
+    F.num("BlockNMax", int(df.block_n.max()))
+    ax.set(xscale="log", yscale="log", xlabel="keys per block (block_n)",
+           ylabel=r"max$|\hat o - o|$ (median)")
+    _log2_ticks(ax, df.block_n)
+    ax.legend()
+    F.select("error_vs_block_n", sel + [f"median over {df.seed.nunique()} seeds"])
+    F.save(fig, "error_vs_block_n", width=0.8)
+
+
+def error_by_order(F: Figures) -> None:
+    df = F.table("block_order")
+    if df is None:
+        return F.placeholder("error_by_order", "block_order")
+    plt = _style()
+    from matplotlib.ticker import FormatStrFormatter
+    sel = []
+    df = prefer(trusted(df, sel), sel, precision="bf16", policy="fa2", variant="fa2",
+                 backend="emulate", policy_sites="{}")
+    med = df.groupby(["distribution", "order"])[ERR].median().unstack("order")
+    if "forward" not in med:
+        raise Unplottable("has no forward-order rows to compare against")
+    ratio = med.div(med["forward"], axis=0)
+    orders = sorted(o for o in ratio.columns if o != "forward")  # forward is the line at 1
+    if not orders:
+        raise Unplottable("has no key-block order other than forward")
+    dists = sorted(ratio.index)
+    fig, ax = plt.subplots(figsize=(6.0, 3.0))
+    w = 0.8 / len(orders)
+    x = np.arange(len(dists))
+    for i, o in enumerate(orders):
+        ax.bar(x + (i - (len(orders) - 1) / 2) * w, ratio.loc[dists, o].values, w, label=o)
+    ax.set_xticks(x, dists, rotation=30, ha="right")
+    ax.set(yscale="log", ylabel="median error / forward order's")
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+    ax.axhline(1.0, color="k", lw=0.8, label="forward")
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(orders) + 1)
+    others = ratio.drop(columns="forward").stack()
+    if len(others):
+        (wd, wo), (bd, bo) = others.idxmax(), others.idxmin()
+        F.num("OrderWorst", tex_word(wo))
+        F.num("OrderWorstRatio", float(others.max()))
+        F.num("OrderWorstDist", tex_word(wd))
+        F.num("OrderBest", tex_word(bo))
+        F.num("OrderBestRatio", float(others.min()))
+        F.num("OrderBestDist", tex_word(bd))
+    F.select("error_by_order", sel + [f"median over seeds and N ({df.seed.nunique()} seeds)"])
+    F.save(fig, "error_by_order", width=0.9)
+
+
+def heatmap(F: Figures) -> None:
+    df = F.table("bf16_sweep")
+    if df is None:
+        return F.placeholder("heatmap", "bf16_sweep")
+    plt = _style()
+    import matplotlib
+    F.num("SweepCases", len(df))
+    sel = []
+    df = prefer(trusted(df, sel), sel, precision="bf16", variant="fa2", backend="emulate",
+                 order="forward", block_n=64)
+    med = df.groupby(["distribution", "policy"])[ERR].median().unstack("policy")
+    med = med.sort_index()[sorted(med.columns)]
+    fig, ax = plt.subplots(figsize=(4.8, 0.28 * len(med) + 1.2))
+    v = med.values.astype(float)
+    ok = np.isfinite(v) & (v > 0)
+    z = np.ma.masked_array(np.log10(np.where(ok, v, 1.0)), mask=~ok)  # grey: overflow or 0
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.8")
+    im = ax.imshow(z, aspect="auto", cmap=cmap)
+    ax.set_xticks(range(med.shape[1]), med.columns)
+    ax.set_yticks(range(med.shape[0]), med.index)
+    ax.grid(False)
+    mid = float(z.mean()) if ok.any() else 0.0
+    for (i, j), x in np.ndenumerate(v):
+        text = f"{x:.1e}" if np.isfinite(x) else ("inf" if x > 0 else "n/a")
+        light = ok[i, j] and z[i, j] < mid
+        ax.text(j, i, text, ha="center", va="center", fontsize=6, color="w" if light else "k")
+    fig.colorbar(im, ax=ax, label=r"$\log_{10}$ median max$|\hat o - o|$")
+    if "fa2" in med:
+        fa = med["fa2"]
+        F.num("HeatWorstDist", tex_word(fa.idxmax()))
+        if "gaussian" in fa.index:
+            F.num("HeatWorstRatio", float(fa.max() / fa["gaussian"]))
+        for pol, name in (("naive", "HeatNaiveOverFa"), ("lowp", "HeatLowpOverFa")):
+            if pol in med:
+                F.num(name, float((med[pol] / fa).median()))
+    F.select("heatmap", sel + ["median over N and seeds"])
+    F.save(fig, "heatmap", width=0.75)
+
+
+def attribution(F: Figures) -> None:
+    df = F.table("attribution")
+    if df is None:
+        return F.placeholder("attribution", "attribution")
+    from flashnum.numerics.policy import SITES
+
+    plt = _style()
+    sel = []
+    if "metric" in df:  # the tidy table holds max_abs, rmse and mean_signed rows
+        df = df[df.metric == "max_abs"]
+    df = prefer(trusted(df, sel), sel, precision="bf16", policy="fa2")
+    dists = sorted(df.distribution.unique()) if "distribution" in df else ["all"]
+    first = [d for d in ("gaussian", "ties") if d in dists]
+    dists = (first + [d for d in dists if d not in first])[:4]
+    fig, axes = plt.subplots(1, len(dists), figsize=(6.3, 2.8), sharey=True, squeeze=False)
+    for ax, dist in zip(axes[0], dists, strict=True):
+        d = df[df.distribution == dist] if "distribution" in df else df
+        d = d.groupby("site")[["err_only", "err_without", "total"]].median()
+        sites = [s for s in SITES if s in d.index]
+        y = np.arange(len(sites))
+        only = d.loc[sites, "err_only"].where(lambda s: s > 0)
+        without = d.loc[sites, "err_without"].where(lambda s: s > 0)
+        ax.barh(y - 0.2, only.values, 0.4, label="only this site rounded", color="C0")
+        ax.barh(y + 0.2, without.values, 0.4, label="all but this site", color="C1")
+        total = float(d["total"].median())
+        ax.axvline(total, color="k", lw=0.8, label="all sites rounded")
+        ax.set_yticks(y, sites)
+        ax.set(xscale="log", title=dist, xlabel=r"max$|\hat o - o|$")
+        if only.notna().any():
+            top = only.idxmax()
+            if dist == "gaussian":
+                F.num("AttrDominantSite", tex_word(top))
+                F.num("AttrDominantShare", float(only.max() / total) if total > 0 else math.nan)
+                F.num("AttrRssOverTotal", float(np.sqrt((only.fillna(0) ** 2).sum()) / total)
+                      if total > 0 else math.nan)
+            if dist == "ties":
+                F.num("AttrTiesDominantSite", tex_word(top))
+    axes[0][0].invert_yaxis()  # shared y: invert once, so the sites read top-down in data order
+    h, lab = axes[0][0].get_legend_handles_labels()
+    fig.legend(h, lab, loc="outside lower center", ncol=3)
+    F.select("attribution", sel + ["median over cases"])
+    F.save(fig, "attribution")
+
+
+def kernel_vs_emulator(F: Figures) -> None:
+    df = F.table("kernel_vs_emulator")
+    if df is None:
+        return F.placeholder("kernel_vs_emulator", "kernel_vs_emulator")
+    from flashnum.harness.grid import CASE_FIELDS
+
+    plt = _style()
+    keys = [c for c in CASE_FIELDS if c in df.columns and c not in ("backend", "mp_bits")]
+    wide = df.pivot_table(index=keys, columns="backend", values=["max_ulp_err", ERR],
+                          aggfunc="first")
+    if not {"triton", "emulate"} <= set(df.backend):
+        raise Unplottable("lacks rows of one backend (needs triton and emulate)")
+    wide = wide.dropna()
+    ku, eu = wide["max_ulp_err"]["triton"], wide["max_ulp_err"]["emulate"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(6.3, 2.8))
+    top = max(float(ku.max()), float(eu.max()), 1.0)
+    bins = np.arange(0, math.ceil(top) + 2) - 0.5 if top <= 40 else 40
+    a1.hist([eu.values, ku.values], bins=bins, label=["emulator", "Triton kernel"],
+            color=[_color("emulate"), _color("triton")])
+    a1.set(xlabel="max error in ulps of the output format", ylabel="cases")
+    a1.legend(loc="upper right")
+    ke, ee = wide[ERR]["triton"], wide[ERR]["emulate"]
+    a2.loglog(ee.values, ke.values, ".", ms=3)
+    lo, hi = float(min(ee.min(), ke.min())), float(max(ee.max(), ke.max()))
+    a2.plot([lo, hi], [lo, hi], "k-", lw=0.6)
+    a2.set(xlabel=r"emulator max$|\hat o - o|$", ylabel=r"kernel max$|\hat o - o|$")
+    F.num("KernelCases", len(wide))
+    F.num("KernelEqualFrac", float((ku == eu).mean()))
+    F.num("KernelMedianUlp", float(ku.median()))
+    F.num("EmulatorMedianUlp", float(eu.median()))
+    F.num("KernelMaxUlpDiff", float((ku - eu).abs().max()))
+    F.select("kernel_vs_emulator", [f"{len(wide)} cases run on both backends"])
+    F.save(fig, "kernel_vs_emulator")
+
+
+def precision_bits(F: Figures) -> None:
+    df = F.table("precision_bits")
+    if df is None:
+        return F.placeholder("precision_bits", "precision_bits")
+    from flashnum.numerics.formats import get_format
+
+    plt = _style()
+    sel = []
+    df = prefer(trusted(df, sel), sel, distribution="gaussian", variant="fa2",
+                 backend="emulate")
+    df = nonempty(df[df.precision.str.fullmatch(r"p\d+")], "p<bits> precision")  # mp: not here
+    n = int(df.seq_len_k.max())  # the longest rows: the most roundings per output
+    df = df[df.seq_len_k == n]
+    sel.append(f"N {n}")
+    df = df.assign(p=[get_format(pr).p for pr in df.precision])
+    fig, ax = plt.subplots(figsize=(5.0, 3.0))
+    for pol in sorted(df.policy.unique()):
+        g = df[df.policy == pol].groupby("p")[ERR].median().sort_index()
+        ax.semilogy(g.index, g.values, "o-", color=_color(pol), label=pol)
+        ok = g.values > 0
+        if pol == "fa2" and ok.sum() >= 2:
+            p = g.index.values.astype(float)
+            F.num("SlopeBits", float(np.polyfit(p[ok], np.log2(g.values[ok]), 1)[0]))
+    p = np.array(sorted(df.p.unique()), dtype=float)
+    ax.semilogy(p, 2.0 ** -p, "k--", lw=0.8, label=r"$u = 2^{-p}$")
+    F.num("BitsMin", int(p.min()))
+    F.num("BitsMax", int(p.max()))
+    ax.set(xlabel="significand bits p", ylabel=r"max$|\hat o - o|$ (median)")
+    ax.legend()
+    F.select("precision_bits", sel + [f"median over {df.seed.nunique()} seeds"])
+    F.save(fig, "precision_bits", width=0.75)
