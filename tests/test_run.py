@@ -18,10 +18,11 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import flashnum
+from flashnum.analysis.invariants import invariants
 from flashnum.harness import store
 from flashnum.harness.config import check
 from flashnum.harness.grid import CASE_FIELDS, CONF, expand, in_shard
-from flashnum.harness.run import ConfigError, growth, invariants, policy_of, precheck, run
+from flashnum.harness.run import ConfigError, growth, policy_of, precheck, run
 from flashnum.inputs.distributions import make
 
 REPO = Path(__file__).resolve().parents[1]

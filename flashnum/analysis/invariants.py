@@ -1,0 +1,115 @@
+"""The softmax-state invariants every results row checks, and the bound they rest on.
+
+    m_ok, l_ok = invariants(case, pol, eng_prec, q, k, res, ref, causal, scale)
+
+`case` is anything with the case fields (a flashnum.harness.grid.Case: head_dim,
+backend, block_m, block_n, order, variant, mp_bits, tau, beta); `pol` its Policy
+(None for the mp recurrence), `eng_prec` the precision the engine ran at, `q`, `k`
+the inputs as the kernel stored them, `res` the AttentionResult, `ref` the reference.
+
+    m_ok  the final running max is the row max of the logits: on the emulator the
+          max of the engine's logits (the same tiles, the same roundings), bit for bit;
+          on the triton and mp backends the exact row max within the proven error
+          of the computed logits (logit_slack: inputs, dot, scale and m roundings, plus
+          the reference's own); lazy may stay up to tau below it, qiu_yao may exceed
+          it. With a trace, m must also never decrease from one key block to the next.
+    l_ok  l > 0 and finite in every row that sees a key; l = 0 and the row flagged
+          masked in every row that sees none.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from flashnum.engine.core import logits
+from flashnum.numerics.constants import LOG2E
+from flashnum.numerics.tiling import causal_visible
+
+U64 = 2.0**-53  # unit roundoff of the float64 reference
+
+
+def _gamma(n: int, u: float) -> float:
+    """Higham's gamma_n = n u / (1 - n u): the relative error of n roundings at u."""
+    return n * u / (1 - n * u) if n * u < 1 else math.inf
+
+
+def logit_slack(case, pol, absdot, row_max, scale):
+    """A proven bound on |computed row max - exact row max| per row (natural units).
+
+    computed s = fl_s(fl_s(fl_acc(q^ . k^)) * fl_s(scale)), q^ = fl_in(q): relative
+    errors u_in on each operand, gamma_d(u_acc) on the dot (any summation order),
+    (1 + u_s)^3 for the two roundings to s and the rounded scale, then u_m for m.
+    max is 1-Lipschitz in the sup norm, so the row max errs by at most the worst
+    logit. The fp64 reference's row max errs by gamma_{d+4}(2^-53) of the same sum.
+    Underflow adds at most half a subnormal of fp32 per operation: (d + 4) 2^-150.
+    """
+    d = case.head_dim
+    if pol is None:  # mp: every operation at mp_bits
+        u = 2.0 ** -case.mp_bits
+        u_in = u_op = 0.0
+        u_s = u_m = u
+        u_acc = u
+    else:
+        u_in, u_s, u_m = pol.fmt("inputs").u, pol.fmt("s").u, pol.fmt("m").u
+        acc = pol.fmt("qk_acc")
+        u_op = acc.u if acc.name == "tf32" else 0.0
+        u_acc = 2.0**-24 if acc.name == "tf32" else acc.u
+    e = (1 + u_s) ** 3 * (1 + u_in) ** 2 * (1 + u_op) ** 2 * (1 + _gamma(d, u_acc)) - 1
+    e_ref = _gamma(d + 4, U64)
+    t = scale * absdot * (e + e_ref) + (d + 4) * 2.0**-150
+    t = t + u_m * (row_max.abs() + t) + 4 * U64 * row_max.abs()
+    if case.variant == "exp2":
+        t = t * (1 + 4 * U64) + 4 * U64 * row_max.abs()  # m / log2(e) back to natural units
+    return t
+
+
+def _row_max_window(case, pol, eng_prec, q, k, ref, causal, scale, m_exact):
+    """(lo, hi, slack): where the final m of each row must lie, before the variants' slack."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    flash = pol is None or pol.structure == "flash"
+    if m_exact and case.backend == "emulate" and flash and pol is not None:
+        s = logits(q, k, precision=eng_prec, policy=pol, block_m=case.block_m,
+                   block_n=case.block_n, causal=causal, scale=scale, order=case.order,
+                   variant=case.variant)
+        smax = pol.fmt("m").round(s.amax(dim=-1).to(torch.float64))
+        return smax, smax, torch.zeros_like(smax)
+    scale_f = scale if scale is not None else 1.0 / math.sqrt(case.head_dim)
+    absdot = q.abs() @ k.abs().transpose(-1, -2)
+    if causal:
+        absdot = absdot.masked_fill(~causal_visible(nq, nk), 0.0)
+    absdot = absdot.amax(dim=-1)
+    slack = logit_slack(case, pol, absdot, ref.row_max.nan_to_num(0.0, 0.0, 0.0), scale_f)
+    smax = ref.row_max * (LOG2E if case.variant == "exp2" else 1.0)
+    slack = slack * (LOG2E if case.variant == "exp2" else 1.0)
+    return smax, smax, slack
+
+
+def invariants(case, pol, eng_prec, q, k, res, ref, causal, scale,
+               m_exact: bool = True) -> tuple[bool, bool]:
+    """(m_ok, l_ok); see the module docstring. m_exact=False: the bounded check everywhere."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    vis = (torch.arange(nq) + (nk - nq) >= 0) if causal else torch.ones(nq, dtype=torch.bool)
+    vis = vis.expand(res.m.shape)  # rows that see at least one key
+    l_ok = bool(
+        (res.l[vis] > 0).all() and torch.isfinite(res.l[vis]).all()
+        and (res.l[~vis] == 0).all() and torch.equal(res.masked, ~vis)
+    )
+    m = res.m
+    u_m = pol.fmt("m").u if pol is not None else 2.0 ** -case.mp_bits
+    lo, hi, slack = _row_max_window(case, pol, eng_prec, q, k, ref, causal, scale, m_exact)
+    if case.variant == "lazy":
+        lo = lo - case.tau  # lazy keeps the old max unless it grows by more than tau
+    if case.variant == "qiu_yao":  # beta * max, rounded to m's format, or 0
+        hi = torch.maximum(hi * case.beta, torch.zeros_like(hi)) * (1 + u_m) + slack * case.beta
+    mv, lov, hiv, sl = m[vis], lo[vis], hi[vis], slack[vis]
+    m_ok = bool(((mv >= lov - sl) & (mv <= hiv + sl)).all()) and bool(
+        torch.isneginf(m[~vis]).all()
+    )
+    tr = res.trace
+    if tr is not None and tr.m.shape[-2] > 0:
+        steps = tr.m
+        m_ok = m_ok and bool((steps[..., 1:, :] >= steps[..., :-1, :]).all())
+        m_ok = m_ok and bool(torch.equal(steps[..., -1, :], m))
+    return m_ok, l_ok
