@@ -177,3 +177,69 @@ def test_bad_input_names_the_problem():
         bound(inp.q, inp.k, inp.v, policy="fa9", block_n=8)
     with pytest.raises(ValueError, match="n_rescales"):
         bound(inp.q, inp.k, inp.v, policy="fa2", block_n=8, n_rescales=torch.zeros(3))
+
+
+# -- a bound is never a wrong finite number: the overflow family ---------------------------
+
+def _error_within(q, k, v, b, **kw):
+    """The engine's error on (q, k, v) is covered by the bound b (an infinite bound covers
+    anything, a non-finite output nothing finite)."""
+    res = attention(q, k, v, **kw)
+    ref = reference(q, k, v, causal=kw.get("causal", False), scale=kw.get("scale"))
+    if math.isinf(b):
+        return True
+    err = float(((res.out - ref.out).abs().amax(-1) - ref.err_bound).max())
+    return bool(torch.isfinite(res.out).all()) and err <= b
+
+
+def _t(rows):
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("policy", ["naive", "lowp"])
+@pytest.mark.parametrize("precision", ["fp16", "fp8_e4m3", "fp8_e5m2"])
+def test_an_unscaled_dot_beyond_the_logits_format_makes_the_bound_infinite(policy, precision):
+    # the engine stores q.k in the logits' format before multiplying by the scale: with
+    # scale = 2^-17 the dot 2^16 overflows fp16 (and saturates e4m3, overflows e5m2) while
+    # the scaled logit 0.5 is small
+    q, k, v = _t([[256.0]]), _t([[0.0], [-256.0]]), _t([[0.0], [1.0]])
+    kw = dict(precision=precision, policy=policy, block_n=2, scale=2.0**-17)
+    b = bound(q, k, v, **kw)["bound"]
+    assert b == math.inf
+    assert _error_within(q, k, v, b, **kw)
+
+
+def test_a_dot_that_overflows_at_the_default_scale_makes_the_bound_infinite():
+    # d = 256, q = k = 16: q.k = 65536 > fp16's max 65504, although the logit is 4096
+    q, k, v = torch.full((1, 256), 16.0), torch.full((2, 256), 16.0), _t([[0.0], [1.0]])
+    kw = dict(precision="fp16", policy="naive", block_n=2)
+    assert bool(torch.isnan(attention(q, k, v, **kw).out).all())  # what the bound must flag
+    assert bound(q, k, v, **kw)["bound"] == math.inf
+
+
+def test_partial_sums_of_a_narrow_dot_accumulator_are_checked_for_overflow():
+    from flashnum.numerics.policy import make_policy
+
+    # 300 * 300 + 300 * (-300): the dot is 0, its first partial sum 90000 overflows fp16
+    pol = make_policy("fa2", "fp16").with_sites(qk_acc="fp16")
+    q, k, v = _t([[300.0, 300.0]]), _t([[300.0, -300.0], [1.0, 1.0]]), _t([[0.0], [1.0]])
+    kw = dict(precision="fp16", policy=pol, block_n=2, scale=1e-4)
+    assert bool(torch.isnan(attention(q, k, v, **kw).out).all())
+    assert bound(q, k, v, **kw)["bound"] == math.inf
+    # the same policy on a dot whose partial sums fit has a finite bound that holds
+    small = _t([[3.0, 3.0]]), _t([[3.0, -3.0], [1.0, 1.0]]), v
+    b = bound(*small, **kw)["bound"]
+    assert math.isfinite(b) and _error_within(*small, b, **kw)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(scale=-0.125), "scale"), (dict(scale=0.0), "scale"), (dict(scale=math.inf), "scale"),
+    (dict(scale=math.nan), "scale"), (dict(scale="a"), "scale"),
+    (dict(variant="lazy", tau=-1.0), "tau"), (dict(tau=math.nan), "tau"),
+    (dict(variant="qiu_yao", beta=0.5), "beta"), (dict(variant="qiu_yao", beta=0.9), "beta"),
+    (dict(beta=math.inf), "beta"),
+])
+def test_bound_rejects_reals_outside_its_derivation(bad, match):
+    inp = _draw("gaussian")
+    with pytest.raises(ValueError, match=match):
+        bound(inp.q, inp.k, inp.v, policy="fa2", block_n=8, **bad)

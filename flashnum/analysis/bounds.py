@@ -544,7 +544,7 @@ def _overflow_check(pol: Policy, structure: str, variant: str, base2: bool, scal
     saturate), so `mag <= max` is the condition.
     """
     def fmax(site):
-        f = pol.fmt(site)
+        f = wider(pol.fmt("s"), pol.fmt("m")) if site == "diff" else pol.fmt(site)
         return math.inf if f is EXACT or isinstance(f, Exact) or f.p >= 53 else f.max
 
     def check(P, D, Estar, tau_eff, ue, Xc, Ostar, Lstar, Hd, out_mag, vabsA, dM, T, r):
@@ -556,10 +556,17 @@ def _overflow_check(pol: Policy, structure: str, variant: str, base2: bool, scal
         o_mag = row(n * p_mag * Xc * (1 + Ostar) * (1 + Hd)) * vabsA
         if variant == "fa1" and structure != "standard":
             o_mag = o_mag + row(l_mag) * (1 + row(Ostar)) * out_mag  # l * o before / l
+        # every partial sum of the unscaled dot q~.k~ (a narrow accumulator rounds each
+        # one), and the dot itself, which the engine stores in the logits' format before
+        # the scale multiplies it: (A + E) / scale bounds them (Lemma 1 without F)
+        dot_mag = (D["Astar"] + Estar) / scale
+        # s - m and m_old - m_new: both operands lie in [-(S* + E*), S* + E* + dM]
+        gap_mag = (2 * (D["Sstar"] + Estar) + dM) * (LOG2E if base2 else 1.0)
         in_mag = max(D["qmax"], D["kmax"], D["vmax_all"])
         ok = torch.ones_like(out_mag, dtype=torch.bool) & (in_mag <= fmax("inputs"))
-        for mag, site in ((s_mag / max(scale, 1e-300), "qk_acc"), (s_mag, "s"), (s_mag, "m"),
-                          (p_mag, "p"), (p_mag, "p_cast"), (l_mag, "l_acc"), (l_mag, "l")):
+        for mag, site in ((dot_mag, "qk_acc"), (dot_mag, "s"), (s_mag, "s"), (s_mag, "m"),
+                          (gap_mag, "diff"), (gap_mag, "m"), (p_mag, "p"), (p_mag, "p_cast"),
+                          (l_mag, "l_acc"), (l_mag, "l")):
             ok = ok & row(mag <= fmax(site))
         for site in ("pv_acc", "o"):
             ok = ok & (o_mag <= fmax(site))
@@ -591,6 +598,25 @@ def _rescales(n_rescales, T: torch.Tensor, B: int, nq: int) -> torch.Tensor:
     return r.reshape(B, nq)
 
 
+def _check_reals(scale, tau, beta, variant):
+    """The real parameters the derivation assumes: scale > 0 finite (a negative one would
+    make the logit bounds negative), tau >= 0 finite (the lazy threshold is added to the
+    exponent bound), beta >= 1 finite for qiu_yao (a shift below the block max lets P
+    exceed 1, which the overflow check assumes impossible)."""
+    def real(x):
+        try:
+            return not isinstance(x, bool) and math.isfinite(float(x))
+        except (TypeError, ValueError):
+            return False
+
+    if scale is not None and not (real(scale) and float(scale) > 0):
+        raise ValueError(f"scale must be a finite number > 0 or None (1/sqrt(d)), got {scale!r}")
+    if not (real(tau) and float(tau) >= 0):
+        raise ValueError(f"tau must be a finite number >= 0, got {tau!r}")
+    if not real(beta) or (variant == "qiu_yao" and float(beta) < 1):
+        raise ValueError(f"beta must be a finite number >= 1 for qiu_yao, got {beta!r}")
+
+
 def _scaled(params: dict[str, Param], t: float, keep=lambda name, p: True) -> dict:
     return {name: (t * p.value if keep(name, p) else 0.0) for name, p in params.items()}
 
@@ -610,6 +636,7 @@ def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = Fals
         raise ValueError(f"block_n must be a positive integer, got {block_n!r}")
     if not (0 < delta < 1):
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    _check_reals(scale, tau, beta, variant)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or x.ndim < 2:
             raise ValueError(f"{name} must be a tensor of shape (..., N, d)")
