@@ -24,6 +24,7 @@ from flashnum.harness.config import check
 from flashnum.harness.grid import CASE_FIELDS, CONF, expand, in_shard
 from flashnum.harness.run import ConfigError, growth, policy_of, precheck, run
 from flashnum.inputs.distributions import make
+from flashnum.numerics.policy import SITES, Policy, make_policy
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -158,6 +159,42 @@ def test_a_same_named_launcher_yaml_is_what_breaks_submitit_1_2_0(tmp_path):
         with pytest.warns(UserWarning):
             cfg_of(f"hydra.searchpath=[file://{tmp_path}]", "hydra/launcher=submitit_slurm",
                    hydra=True)
+
+
+# ---------------------------------------------------------------------------
+# policy names: the config and flashnum.attention accept the same ones
+
+
+def test_attention_accepts_uniform_and_p_bits_policies_as_the_config_names_them():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 96, 32, generator=g, dtype=torch.float64) for _ in range(3))
+    fp32 = dict(qk_acc="fp32", s="fp32", m="fp32", p="fp32", pv_acc="fp32", l_acc="fp32",
+                l="fp32", o="fp32", div="fp32")
+    spelled = {  # written out site by site, as policy.py's docstring defines them
+        ("uniform", "bf16"): Policy(**{s: "bf16" for s in SITES}),
+        ("uniform", "p11"): Policy(**{s: "p11" for s in SITES}),
+        ("fa2", "p11"): Policy(inputs="p11", p_cast="p11", out="p11", **fp32),
+        ("lowp", "p7"): Policy(inputs="p7", qk_acc="fp32", s="p7", m="p7", p="p7",
+                               p_cast="p7", pv_acc="fp32", l_acc="fp32", l="p7", o="p7",
+                               div="p7", out="p7"),
+    }
+    for (name, prec), pol in spelled.items():
+        got = flashnum.attention(q, k, v, precision=prec, policy=name, block_n=32).out
+        want = flashnum.attention(q, k, v, precision="fp32", policy=pol, block_n=32).out
+        assert torch.equal(got, want), (name, prec)
+    with pytest.raises(ValueError, match=r"unknown precision 'p99'; valid: .*p<bits>"):
+        flashnum.attention(q, k, v, precision="p99")
+    with pytest.raises(ValueError, match=r"unknown policy 'flat'; valid: fa2, .*uniform"):
+        flashnum.attention(q, k, v, policy="flat")
+
+
+def test_every_policy_the_config_accepts_is_a_policy_make_policy_builds():
+    for name in ("fa2", "naive", "lowp", "exact", "uniform"):
+        cfg = cfg_of(f"policy={name}", "precision.name=p9")
+        case = expand(cfg)[0]
+        prec, pol = policy_of(case)
+        assert pol == make_policy(name, "p9")
+        assert prec == "p9"
 
 
 # ---------------------------------------------------------------------------

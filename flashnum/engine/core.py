@@ -64,8 +64,8 @@ from flashnum.engine import native
 from flashnum.engine.arith import Arith, carrier, wider
 from flashnum.engine.result import Result, Trace
 from flashnum.numerics.constants import LOG2E
-from flashnum.numerics.formats import EXACT, PRECISIONS, ROUNDINGS, get_format
-from flashnum.numerics.policy import Policy, make_policy
+from flashnum.numerics.formats import EXACT, ROUNDINGS, get_format
+from flashnum.numerics.policy import Policy, check_precision, make_policy
 from flashnum.numerics.tiling import (
     ORDERS,
     causal_visible,
@@ -109,8 +109,7 @@ def _check(q, k, v, precision, policy, block_m, block_n, order, variant, roundin
         if not bool(torch.isfinite(x).all()):
             bad = "NaN" if bool(torch.isnan(x).any()) else "inf"
             raise ValueError(f"{name} contains {bad}; inputs must be finite (mask with causal=)")
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+    check_precision(precision, mp=True)  # a policy's precision (p<bits> too), or mp
     check_block("block_m", block_m)
     check_block("block_n", block_n)
     if isinstance(order, str) and order not in ORDERS:
@@ -150,8 +149,8 @@ def attention(
 ) -> Result:
     """Attention softmax(scale Q K^T) V through the blocked online softmax.
 
-    precision: fp64 fp32 tf32 fp16 bf16 fp8_e4m3 fp8_e5m2 mp
-    policy:    fa2 naive lowp exact, or a flashnum.numerics.policy.Policy
+    precision: fp64 fp32 tf32 fp16 bf16 fp8_e4m3 fp8_e5m2 mp, or p<bits> (2..52)
+    policy:    fa2 naive lowp exact uniform, or a flashnum.numerics.policy.Policy
     order:     forward reverse random max_ascending max_descending, or a permutation
     variant:   fa2 fa1 exp2 lazy (tau) qiu_yao (beta)
     rounding:  nearest stochastic (seeded by `seed`; inputs are always rounded to nearest)

@@ -30,8 +30,6 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-STRUCTURES_OK = ("fa2", "naive", "lowp", "exact", "uniform")
-
 
 @dataclass
 class PrecisionConf:

@@ -41,8 +41,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from flashnum.numerics.policy import POLICIES
+
 CONF = Path(__file__).resolve().parents[2] / "conf"
-POLICIES = ("fa2", "naive", "lowp", "exact", "uniform")
+
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from flashnum.analysis.invariants import invariants
 from flashnum.harness import store
 from flashnum.harness.config import check, register
 from flashnum.harness.grid import CASE_FIELDS, CONF, Case, expand, select
+from flashnum.numerics.policy import make_policy
 
 register()
 
@@ -62,32 +63,22 @@ register()
 def policy_of(case: Case, policy: str | None = None):
     """(precision for the engine, Policy) of a case; (mp, None) for the mp recurrence.
 
-    p<bits> precisions take a preset's bf16 sites to p bits (fa2: inputs, P before
-    P @ V and the output; the fp32 softmax state stays); `uniform` puts every site,
-    the dots' accumulations included, in the precision. `policy` replaces the
-    case's preset (the naive baseline of naive_ratio), keeping its site overrides.
+    make_policy names the policy (p<bits> and uniform included); the case's site
+    overrides apply on top. `policy` replaces the case's policy (the naive baseline
+    of naive_ratio); the naive baseline of a uniform case is standard attention with
+    every site in the precision.
     """
-    from flashnum.numerics.formats import PRECISIONS
-    from flashnum.numerics.policy import SITES, Policy, make_policy
-
     if case.precision == "mp":
         return "mp", None
     name = policy or case.policy
-    pbits = case.precision not in PRECISIONS
-    if case.policy == "uniform":
-        pol = Policy(name="uniform", **{s: case.precision for s in SITES})
-        if name == "naive":
-            pol = pol.with_sites(name="naive", structure="standard")
-    elif pbits:
-        tpl = make_policy(name, "bf16")
-        pol = tpl.with_sites(
-            name=tpl.name, **{s: case.precision for s, f in tpl.sites().items() if f == "bf16"}
-        )
+    if case.policy == "uniform" and name == "naive":
+        pol = make_policy("uniform", case.precision).with_sites(name="naive",
+                                                                 structure="standard")
     else:
         pol = make_policy(name, case.precision)
     if case.sites:
         pol = pol.with_sites(name=pol.name, **case.sites)
-    return (case.precision if not pbits else "fp32"), pol
+    return case.precision, pol
 
 
 def _num(x) -> float:

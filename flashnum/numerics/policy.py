@@ -47,6 +47,12 @@ Presets (`make_policy(name, precision)`):
            elementwise update are rounded to the dtype.
     exact  no rounding anywhere (the precision only names the inputs' origin):
            isolates the algorithm from the arithmetic.
+    uniform  every site in the precision, the dots' accumulations included (what a
+           machine with only that one format would do; Higham's model of the algorithm).
+
+Precision `p<bits>` (2 <= p <= 52: a p-bit significand with fp32's exponent range, the
+precision_bits studies) takes a preset's bf16 sites to p bits (fa2: the inputs, P
+before P @ V and the output; the fp32 softmax state stays); `uniform` puts every site in it.
 
 For precision 'tf32' the presets mean fp32 tensors with tf32 dots. For fp8 the
 output is bf16 (FlashAttention-3's fp8 forward writes bf16).
@@ -63,6 +69,7 @@ SITES = (
 )
 STRUCTURES = ("flash", "standard")
 PRESETS = ("fa2", "naive", "lowp", "exact")
+POLICIES = PRESETS + ("uniform",)  # every policy name make_policy (and the config) accepts
 
 
 @dataclass(frozen=True)
@@ -126,15 +133,41 @@ class Policy:
         return asdict(self)
 
 
+def is_pbits(precision) -> bool:
+    """True for a p<bits> precision name (p11: an 11-bit significand, fp32's range)."""
+    return isinstance(precision, str) and precision[:1] == "p" and precision[1:].isdigit()
+
+
+def check_precision(precision, mp: bool = False) -> str:
+    """A precision a policy may be built in (PRECISIONS, p<bits>); mp=True admits mp too."""
+    ok = precision in PRECISIONS and (mp or precision != "mp")
+    if not ok and is_pbits(precision):
+        ok = 2 <= int(precision[1:]) <= 52
+    if not ok:
+        valid = ", ".join(p for p in PRECISIONS if mp or p != "mp")
+        raise ValueError(f"unknown precision {precision!r}; valid: {valid}, or p<bits> (2..52)")
+    return precision
+
+
 def make_policy(name: str | Policy, precision: str = "bf16") -> Policy:
-    """The preset `name` ('fa2', 'naive', 'lowp', 'exact') in `precision`."""
+    """The policy `name` (fa2 naive lowp exact uniform, see POLICIES) in `precision`."""
     if isinstance(name, Policy):
         return name
-    if name not in PRESETS:
-        raise ValueError(f"unknown policy {name!r}; valid: {', '.join(PRESETS)}")
-    if precision not in PRECISIONS or precision == "mp":
-        valid = ", ".join(p for p in PRECISIONS if p != "mp")
-        raise ValueError(f"unknown precision {precision!r} for a policy; valid: {valid}")
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; valid: {', '.join(POLICIES)}")
+    check_precision(precision)
+    if name == "uniform":
+        return Policy(name="uniform", **{site: precision for site in SITES})
+    if is_pbits(precision):  # the preset's bf16 sites at p bits, the rest as in bf16
+        tpl = _preset(name, "bf16")
+        return tpl.with_sites(
+            name=tpl.name, **{s: precision for s, f in tpl.sites().items() if f == "bf16"}
+        )
+    return _preset(name, precision)
+
+
+def _preset(name: str, precision: str) -> Policy:
+    """One of PRESETS in a precision of PRECISIONS (checked by make_policy)."""
     x = precision
     dot = "fp32"
     if precision == "tf32":
