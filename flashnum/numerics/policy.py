@@ -194,3 +194,135 @@ def _preset(name: str, precision: str) -> Policy:
         inputs=x, qk_acc=dot, s=x, m=x, p=x, p_cast=x, pv_acc=dot,
         l_acc=wide, l=x, o=x, div=x, out=out, name="lowp",
     )
+
+
+# ---------------------------------------------------------------------------
+# the backward pass (FlashAttention-2, Dao 2023, Algorithm 2)
+#
+# Sites of the backward, in the order the data flows (flashnum.engine.backward):
+#
+#     lse      the stored log-sum-exp of each row, L = m + log l (P = exp(S - L))
+#     do       dO as stored in memory
+#     qk_acc   accumulation of the recomputed S = Q K^T
+#     s        the recomputed logits scale * QK^T, and S - L before the exponential
+#     p        the recomputed P = exp(S - L)
+#     p_cast   P as it enters P^T dO (FA2 and the Triton tutorial cast it to the
+#              input dtype)
+#     dv_acc   accumulation of a tile's P^T dO
+#     dv       the dV accumulator across query blocks (each tile stored before it is added)
+#     dp_acc   accumulation of dP = dO V^T
+#     dp       dP as stored (autograd stores it in the dtype; kernels keep fp32)
+#     delta    D = rowsum(dO * O) (flash) or rowsum(P * dP) (autograd's softmax backward),
+#              summed in fp32 or wider, stored in this format
+#     ds       dS = P * (dP - D): the difference and the product
+#     ds_cast  dS as it enters the dS^T Q and dS K GEMMs (the input dtype in FA2); in the
+#              standard structure also dS * scale (autograd's backward of the scaling)
+#     dk_acc   accumulation of a tile's dS^T Q
+#     dk       the dK accumulator across query blocks, and dK * scale
+#     dq_acc   accumulation of a tile's dS K
+#     dq       the dQ accumulator across key blocks (atomic adds in flash-attn), and dQ * scale
+#     out      dQ, dK, dV as stored (the output format)
+#
+# `structure` "flash": Algorithm 2 (P recomputed from the stored LSE, D from dO and O,
+# scale applied to the fp32 accumulators at the end); "standard": autograd of
+# softmax(scale Q K^T) V (P is the forward's stored softmax output, computed with
+# the forward policy's sites; lse, qk_acc, s, p, p_cast of this policy are then unused).
+
+BWD_SITES = (
+    "lse", "do", "qk_acc", "s", "p", "p_cast", "dv_acc", "dv", "dp_acc", "dp", "delta",
+    "ds", "ds_cast", "dk_acc", "dk", "dq_acc", "dq", "out",
+)
+
+
+@dataclass(frozen=True)
+class BackwardPolicy:
+    """A format for every backward site (BWD_SITES) and the forward policy it follows."""
+
+    lse: str = "exact"
+    do: str = "exact"
+    qk_acc: str = "exact"
+    s: str = "exact"
+    p: str = "exact"
+    p_cast: str = "exact"
+    dv_acc: str = "exact"
+    dv: str = "exact"
+    dp_acc: str = "exact"
+    dp: str = "exact"
+    delta: str = "exact"
+    ds: str = "exact"
+    ds_cast: str = "exact"
+    dk_acc: str = "exact"
+    dk: str = "exact"
+    dq_acc: str = "exact"
+    dq: str = "exact"
+    out: str = "exact"
+    structure: str = "flash"
+    forward: Policy = Policy(name="exact")
+    name: str = "custom"
+
+    def __post_init__(self):
+        for site in BWD_SITES:
+            f = getattr(self, site)
+            try:
+                get_format(f)
+            except ValueError:
+                raise ValueError(
+                    f"backward policy site {site}={f!r} is not a format; "
+                    f"valid: {', '.join(FORMAT_NAMES)}"
+                ) from None
+        if self.structure not in STRUCTURES:
+            raise ValueError(
+                f"unknown structure {self.structure!r}; valid: {', '.join(STRUCTURES)}"
+            )
+        if not isinstance(self.forward, Policy):
+            raise TypeError(f"forward must be a Policy, got {type(self.forward).__name__}")
+
+    def fmt(self, site: str):
+        return get_format(getattr(self, site))
+
+    def sites(self) -> dict[str, str]:
+        return {s: getattr(self, s) for s in BWD_SITES}
+
+    def with_sites(self, **sites) -> BackwardPolicy:
+        sites.setdefault("name", "custom")
+        return replace(self, **sites)
+
+    def only(self, site: str) -> BackwardPolicy:
+        """Only backward site `site` rounds (every other site, the forward's included, exact)."""
+        if site not in BWD_SITES:
+            raise ValueError(f"unknown backward site {site!r}; valid: {', '.join(BWD_SITES)}")
+        kw = {s: "exact" for s in BWD_SITES if s != site}
+        return replace(self, name=f"{self.name}[only {site}]", forward=Policy(name="exact"), **kw)
+
+    def asdict(self) -> dict:
+        d = {s: getattr(self, s) for s in BWD_SITES}
+        d.update(structure=self.structure, name=self.name, forward=self.forward.asdict())
+        return d
+
+
+def make_backward_policy(name: str | BackwardPolicy, precision: str = "bf16") -> BackwardPolicy:
+    """The backward preset `name` ('fa2', 'naive', 'lowp', 'exact') in `precision`; its
+    forward is make_policy(name, precision). See flashnum.engine.backward for what each models."""
+    if isinstance(name, BackwardPolicy):
+        return name
+    fwd = make_policy(name, precision)  # validates name and precision
+    if name == "exact":
+        return BackwardPolicy(forward=fwd, name="exact")
+    x, out = fwd.inputs, fwd.out
+    dot, wide = fwd.qk_acc, fwd.l  # fp32 (fp64 in fp64) in fa2 and naive
+    kw = dict(do=x, qk_acc=dot, dv_acc=dot, dp_acc=dot, dk_acc=dot, dq_acc=dot, out=out,
+              forward=fwd, name=name)
+    if name == "fa2":
+        return BackwardPolicy(
+            lse=wide, s=wide, p=wide, p_cast=x, dv=wide, dp=wide, delta=wide, ds=wide,
+            ds_cast=x, dk=wide, dq=wide, **kw,
+        )
+    if name == "naive":
+        return BackwardPolicy(
+            lse=wide, s=fwd.s, p=fwd.p, p_cast=fwd.p_cast, dv=wide, dp=x, delta=wide, ds=wide,
+            ds_cast=x, dk=wide, dq=wide, structure="standard", **kw,
+        )
+    # lowp: every stored value and every accumulator across blocks in the dtype
+    return BackwardPolicy(
+        lse=x, s=x, p=x, p_cast=x, dv=x, dp=x, delta=x, ds=x, ds_cast=x, dk=x, dq=x, **kw,
+    )
