@@ -13,7 +13,7 @@ import torch
 
 import flashnum
 from flashnum import reproduce as R
-from flashnum.harness import store
+from flashnum.harness import manifest, store
 from flashnum.inputs.distributions import make
 from flashnum.numerics import blockscaled as BS
 from flashnum.numerics.formats import FORMATS
@@ -210,10 +210,10 @@ def test_save_writes_the_store_layout_and_replaces(tmp_path):
     back = store.load(path)
     assert sorted(back["ours"]) == [0.25, 0.5]
     assert back["case_id"].is_unique
-    assert store.load_manifest(path)["config"]["reproduction"] == "x"
+    assert manifest.runs(path / store.MANIFEST)[-1]["config"]["reproduction"] == "x"
     R.save("repro_x", df.iloc[:1], dict(reproduction="x", start_time="t1"), root=tmp_path)
     assert len(store.load(path)) == 1  # one table per reproduction, not appended
-    assert len(store.load_manifest(path)["history"]) == 1
+    assert len(manifest.runs(path / store.MANIFEST)) == 2  # both runs wrote rows
 
 
 def test_rows_with_equal_protocols_are_refused():

@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 
 import flashnum
 from flashnum.analysis.invariants import invariants
-from flashnum.harness import store
+from flashnum.harness import manifest, store
 from flashnum.harness.config import check
 from flashnum.harness.grid import CASE_FIELDS, CONF, expand, in_shard
 from flashnum.harness.run import ConfigError, growth, policy_of, precheck, run
@@ -278,7 +278,7 @@ def test_a_run_writes_one_row_per_case_a_manifest_and_a_summary(full_run):
     assert set(df.reference_method) == {"certified"}  # 32 x 64 logits: affordable
     assert (df.max_abs_err <= df.bound).all()
     assert not list((root / "smoke" / store.PARTS).glob("*.parquet"))  # compacted
-    man = store.load_manifest(root / "smoke")
+    man = manifest.runs(root / "smoke" / store.MANIFEST)[-1]
     assert man["git"]["commit"] and man["end_time"] >= man["start_time"]
     for pkg in ("python", "torch", "triton", "mpmath", "python-flint"):
         assert pkg in man["versions"]

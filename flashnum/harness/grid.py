@@ -41,10 +41,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from flashnum.harness.paths import CONF  # conf/ of the checkout, flashnum/conf/ when installed
 from flashnum.numerics.policy import POLICIES
-
-CONF = Path(__file__).resolve().parents[2] / "conf"
-
 
 
 @dataclass(frozen=True)

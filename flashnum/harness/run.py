@@ -48,7 +48,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from flashnum.analysis.invariants import invariants
-from flashnum.harness import store
+from flashnum.harness import manifest, store
 from flashnum.harness.config import check, register
 from flashnum.harness.grid import CASE_FIELDS, CONF, Case, expand, select
 from flashnum.numerics.policy import make_policy
@@ -290,7 +290,8 @@ def _overrides() -> list:
     try:
         from hydra.core.hydra_config import HydraConfig
 
-        return list(HydraConfig.get().overrides.task)
+        # store.root is where the rows went (the manifest lies there), not how to compute them
+        return [o for o in HydraConfig.get().overrides.task if not o.startswith("store.root=")]
     except ValueError:
         return []
 
@@ -327,14 +328,15 @@ def run(cfg) -> dict:
                   run=0, failed=0)
     if cfg.dry_run:
         return dict(counts=counts, cases=cases)
-    info = dict(experiment=cfg.experiment, config=OmegaConf.to_container(cfg, resolve=True),
-                overrides=_overrides(), argv=sys.argv, git=store.git_state(),
-                versions=store.versions(), machine=store.machine(), shard=cfg.shard,
-                num_shards=cfg.num_shards,
-                n_workers=n_workers, start_time=started, end_time=None, counts=counts)
     mpath = _manifest_path(exp_dir, cfg)
     exp_dir.mkdir(parents=True, exist_ok=True)
-    store.write_manifest(mpath, info)
+    # a record only for a run that computes: one that finds every case stored (or whose
+    # every case fails) leaves the manifest byte for byte as it was
+    rec = manifest.record("flashnum.run", _overrides(), shard=cfg.shard,
+                          num_shards=cfg.num_shards, n_workers=n_workers, start_time=started,
+                          counts=counts, config=OmegaConf.to_container(cfg, resolve=True)
+                          ) if todo else None
+    prior = manifest.begin(mpath, cfg.experiment, rec) if rec else None
     store.write_grid(exp_dir, [c.case_id for c in cases_all])
 
     opts = dict(trace=cfg.checks.trace, naive_ratio=cfg.checks.naive_ratio, bound=cfg.checks.bound,
@@ -347,8 +349,9 @@ def run(cfg) -> dict:
     wall = time.perf_counter() - t_start
     if cfg.num_shards == 1:
         store.compact(exp_dir)  # shards leave their parts: one compaction, after all of them
-    info.update(end_time=_now(), wall_s=wall, counts=counts)
-    store.write_manifest(mpath, info)
+    if rec:
+        rec.update(wall_s=wall, counts=counts)
+        manifest.finish(mpath, cfg.experiment, rec, prior, wrote_rows=counts["run"] > 0)
     ids = {c.case_id for c in cases}
     df = store.load(exp_dir, all_rows=True) if store._files(exp_dir) else None
     df = df[df["case_id"].isin(ids)].reset_index(drop=True) if df is not None else None

@@ -10,9 +10,10 @@ Layout of experiments/<name>/:
     results.parquet       the compacted table, one row per case, sorted by case_id
     parts/part-*.parquet  rows written since the last compaction (one per batch of
                           finished cases; every worker and every shard writes its own)
-    manifest.json         what ran: the composed config, git commit and dirty flag,
-                          versions, machine, start and end time (manifest.shard-i-of-n.json
-                          for a shard of a sharded run), and the earlier runs
+    manifest.json         one record per run that wrote rows: the command, the code (git
+                          commit, dirty flag and diff hash), versions, machine, times,
+                          counts (flashnum.harness.manifest; manifest.shard-i-of-n.json
+                          for a shard of a sharded run)
     grid.json             the case_ids of the grid last run (every shard writes the same)
 
 Why it never corrupts: every file is written whole to a temporary name in the same
@@ -28,9 +29,7 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -63,7 +62,7 @@ def experiment_dir(name_or_path, root=None) -> Path:
     return here if here.is_dir() else REPO / "experiments" / p
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
     """write(tmp_path), fsync, then rename over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".tmp-{uuid.uuid4().hex}-{path.name}"
@@ -82,7 +81,7 @@ def _atomic_write(path: Path, write) -> None:
 
 def _write_table(df: pd.DataFrame, path: Path) -> None:
     table = pa.Table.from_pandas(df, preserve_index=False)
-    _atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def write_part(exp_dir, rows: list[dict]) -> Path | None:
@@ -172,14 +171,9 @@ def load(name_or_path, root=None, all_rows: bool = False) -> pd.DataFrame:
     raise AssertionError("unreachable")
 
 
-def load_manifest(name_or_path, root=None) -> dict:
-    exp_dir = experiment_dir(name_or_path, root)
-    return json.loads((exp_dir / MANIFEST).read_text())
-
-
 def write_json(path: Path, obj: dict) -> None:
     text = json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
-    _atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text))
+    atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -266,60 +260,3 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-# -- manifests: what a table was computed with --
-
-
-def git_state() -> dict:
-    """The repository's commit and whether the tree is dirty (for a manifest)."""
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=REPO, capture_output=True,
-                                  text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    commit = git("rev-parse", "HEAD")
-    return dict(commit=commit or None, dirty=bool(git("status", "--porcelain")) if commit else None)
-
-
-def versions() -> dict:
-    """Versions of python and the packages whose numerics a result depends on."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": platform.python_version()}
-    for pkg in ("flashnum", "torch", "triton", "mpmath", "python-flint", "numpy", "pandas",
-                "pyarrow", "hydra-core", "omegaconf"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = None
-    return out
-
-
-def machine() -> dict:
-    """The machine a result was computed on."""
-    out = dict(node=platform.node(), platform=platform.platform(),
-               processor=platform.processor() or platform.machine(), cpus=os.cpu_count())
-    try:
-        import torch
-
-        out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except Exception:
-        out["gpu"] = None
-    return out
-
-
-def write_manifest(path: Path, info: dict) -> None:
-    """Write a manifest, keeping the earlier runs' times, commits and counts in its history."""
-    old = {}
-    if path.exists():
-        try:
-            old = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            old = {}
-    history = list(old.get("history", []))
-    if old.get("start_time") and old.get("start_time") != info.get("start_time"):
-        history.append({k: old.get(k) for k in ("start_time", "end_time", "git", "counts",
-                                               "overrides")})
-    write_json(path, {**info, "history": history})

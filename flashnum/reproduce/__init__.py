@@ -42,7 +42,7 @@ import torch
 
 from flashnum.analysis.metrics import max_abs_err, signed_err
 from flashnum.engine.core import attention
-from flashnum.harness import store
+from flashnum.harness import manifest, store
 from flashnum.inputs.distributions import make
 from flashnum.numerics.blockscaled import quantize_tiles, random_hadamard, scaled
 from flashnum.numerics.formats import FORMATS
@@ -579,7 +579,7 @@ def save(name: str, df: pd.DataFrame, config: dict, root=None):
     """Write experiments/<name>/results.parquet and manifest.json (flashnum.harness.store's layout).
 
     A reproduction is one table: earlier rows of `name` are replaced, not appended to
-    (the manifest keeps the earlier runs' times and commits in its history).
+    (the manifest appends a record of this run to the earlier ones).
     """
     exp_dir = store.experiment_dir(name, root)
     exp_dir.mkdir(parents=True, exist_ok=True)
@@ -590,11 +590,14 @@ def save(name: str, df: pd.DataFrame, config: dict, root=None):
     df.insert(0, "case_id", case_ids(name, df))
     store.write_part(exp_dir, df.to_dict("records"))
     n = store.compact(exp_dir)
-    info = dict(experiment=name, config=config, overrides=[], argv=sys.argv, git=store.git_state(),
-                versions=store.versions(), machine=store.machine(), shard=0, num_shards=1,
-                n_workers=1, start_time=started, end_time=store_now(),
-                wall_s=config.get("wall_s"), counts=dict(grid=len(df), run=n, failed=0))
-    store.write_manifest(exp_dir / store.MANIFEST, info)
+    args = [config.get("reproduction") or name.removeprefix("repro_")]
+    args += (["--quick"] if config.get("quick") else []) + (
+        [f"--seed={config['seed']}"] if config.get("seed") else [])
+    rec = manifest.record("flashnum.reproduce", args, config=config,
+                          shard=0, num_shards=1, n_workers=1, start_time=started,
+                          end_time=store_now(), wall_s=config.get("wall_s"),
+                          counts=dict(grid=len(df), run=n, failed=0))
+    manifest.append(exp_dir / store.MANIFEST, name, rec)
     return exp_dir
 
 

@@ -1,0 +1,194 @@
+"""Manifests: which code, command and machine produced the rows of a stored table.
+
+    from flashnum.harness import manifest
+    rec = manifest.record("flashnum.run", ["experiment=bf16_sweep"], config=cfg_dict)
+    prior = manifest.begin(path, "bf16_sweep", rec)   # a run about to write rows
+    ...                                                # the rows are written
+    manifest.finish(path, rec, prior, wrote_rows=n > 0)
+    manifest.runs(path)[-1]["git"]                      # the latest run's code
+
+experiments/<name>/manifest.json is {"experiment": name, "runs": [record, ...]}, oldest
+first, one record per run that wrote rows. A run that writes none (every case already
+stored, or every case failed) leaves the file byte for byte as it was, so a rerun on
+another machine never claims rows it did not compute. A record is appended when the run
+starts (end_time null: a run killed there says so) and completed when it ends.
+
+A record says how to rerun it and what ran:
+
+    command      {"module": "flashnum.run", "overrides": [...]}: python -m MODULE OVERRIDES
+                 (never the absolute argv of the machine that ran it)
+    git          commit, dirty (the code paths flashnum/, conf/ and pyproject.toml differ from
+                 the commit, untracked files there included), and when dirty diff_sha256
+                 (sha256 of `git diff HEAD --binary` of those paths, then each untracked
+                 file's path and bytes) and the changed paths; {commit: null} outside a checkout
+    code_sha256  sha256 of the package's source (*.py, *.c) and its configs as imported:
+                 names the code even without git (an installed wheel)
+    machine, versions, config (composed), start_time, end_time, wall_s, counts, n_workers,
+    shard, num_shards
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+from flashnum.harness.paths import CONF
+from flashnum.harness.store import atomic_write, write_json
+
+PACKAGE = Path(__file__).resolve().parents[1]
+REPO = PACKAGE.parent
+CODE_PATHS = ("flashnum", "conf", "pyproject.toml")  # what a stored row's numbers depend on
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _git(*args: str, repo: Path) -> bytes | None:
+    try:
+        p = subprocess.run(["git", *args], cwd=repo, capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout if p.returncode == 0 else None
+
+
+def git_state(repo: Path = REPO) -> dict:
+    """The checkout's commit, whether its code differs from it, and a hash of the difference.
+
+    Only flashnum/, conf/ and pyproject.toml count: a modified results table or README
+    does not change what a run computes. Outside a checkout (an installed wheel, whose
+    site-packages may lie inside someone else's repository) the commit is None.
+    """
+    repo = Path(repo)
+    commit = _git("rev-parse", "HEAD", repo=repo) if (repo / ".git").exists() else None
+    if not commit:
+        return dict(commit=None, dirty=None)
+    status = _git("status", "--porcelain=v1", "-z", "--untracked-files=all", "--",
+                  *CODE_PATHS, repo=repo) or b""
+    entries = [e for e in status.decode().split("\0") if e]
+    out = dict(commit=commit.decode().strip(), dirty=bool(entries))
+    if entries:
+        h = hashlib.sha256(_git("diff", "HEAD", "--binary", "--", *CODE_PATHS, repo=repo) or b"")
+        changed = []
+        for e in entries:
+            code, path = e[:2], e[3:]
+            changed.append(path)
+            if code == "??":  # untracked: git diff does not see it
+                h.update(path.encode() + b"\0")
+                f = repo / path
+                h.update(f.read_bytes() if f.is_file() else b"")
+        out.update(diff_sha256=h.hexdigest(), changed=sorted(changed))
+    return out
+
+
+def code_sha256(package: Path = PACKAGE, conf: Path | None = None) -> str:
+    """sha256 over the package's *.py and *.c files and the configs (*.yaml), by relative path."""
+    h = hashlib.sha256()
+    for base, patterns in ((package, ("*.py", "*.c")), (Path(conf or CONF), ("*.yaml",))):
+        files = sorted({f for p in patterns for f in base.rglob(p)
+                        if "__pycache__" not in f.parts})
+        for f in files:
+            h.update(f"{base.name}/{f.relative_to(base).as_posix()}".encode() + b"\0")
+            h.update(f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def versions() -> dict:
+    """Versions of python and the packages whose numerics a result depends on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("flashnum", "torch", "triton", "mpmath", "python-flint", "numpy", "pandas",
+                "pyarrow", "hydra-core", "omegaconf"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def machine() -> dict:
+    """The machine a result was computed on."""
+    out = dict(node=platform.node(), platform=platform.platform(),
+               processor=platform.processor() or platform.machine(), cpus=os.cpu_count())
+    try:
+        import torch
+
+        out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:
+        out["gpu"] = None
+    return out
+
+
+def record(module: str, overrides: list[str], **fields) -> dict:
+    """A run record: the command to rerun it, the code, machine and versions, and `fields`
+    (config, counts, shard, ...). start_time is now unless given; end_time stays None."""
+    rec = dict(run_id=uuid.uuid4().hex[:16],
+               command=dict(module=module, overrides=[str(o) for o in overrides]),
+               git=git_state(), code_sha256=code_sha256(), versions=versions(),
+               machine=machine(), start_time=now(), end_time=None)
+    rec.update(fields)
+    return rec
+
+
+def _legacy(old: dict) -> dict:
+    """A manifest of the earlier one-run layout (top level + "history") as {experiment, runs}."""
+    def command(r: dict) -> dict:
+        argv = list(r.get("argv") or [])
+        module = None
+        if argv:  # an absolute path to flashnum/<x>.py: the module `python -m` runs
+            parts = Path(argv[0]).with_suffix("").parts
+            module = ".".join(parts[parts.index("flashnum"):]) if "flashnum" in parts else None
+        return dict(module=module, overrides=list(r.get("overrides") or argv[1:]))
+
+    runs = [dict(h, command=command(h)) for h in old.get("history", [])]
+    last = {k: v for k, v in old.items() if k not in ("history", "experiment", "argv")}
+    runs.append(dict(last, command=command(old)))
+    return dict(experiment=old.get("experiment"), runs=runs)
+
+
+def load(path) -> dict:
+    """The manifest at `path` as {experiment, runs}; {} when there is none."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    man = json.loads(path.read_text())
+    return _legacy(man) if "runs" not in man else man
+
+
+def runs(path) -> list[dict]:
+    return load(path).get("runs", [])
+
+
+def append(path, experiment: str, rec: dict) -> None:
+    """Add rec as the newest run, or replace the run with the same run_id."""
+    path = Path(path)
+    man = load(path) or dict(experiment=experiment, runs=[])
+    man["runs"] = [r for r in man["runs"] if r.get("run_id") != rec.get("run_id")] + [rec]
+    write_json(path, man)
+
+
+def begin(path, experiment: str, rec: dict) -> bytes | None:
+    """Append rec (end_time None) before any row is written; returns the file's earlier bytes."""
+    path = Path(path)
+    prior = path.read_bytes() if path.exists() else None
+    append(path, experiment, rec)
+    return prior
+
+
+def finish(path, experiment: str, rec: dict, prior: bytes | None, wrote_rows: bool) -> None:
+    """Complete rec (end_time now) if the run wrote rows; else restore the earlier bytes."""
+    path = Path(path)
+    if wrote_rows:
+        rec["end_time"] = rec.get("end_time") or now()
+        append(path, experiment, rec)
+    elif prior is None:
+        path.unlink(missing_ok=True)
+    else:
+        atomic_write(path, lambda tmp: Path(tmp).write_bytes(prior))
