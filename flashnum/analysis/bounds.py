@@ -826,4 +826,40 @@ def tightness_summary(table):
     return out.reset_index()
 
 
-__all__ = ["bound", "VARIANTS", "tightness_table", "tightness_summary"]
+# ---------------------------------------------------------------------------
+# accounting: an infinite bound is vacuous, it did not "hold"
+
+
+def verdict(bound_value, error) -> tuple[bool | None, bool | None]:
+    """(bound_finite, bound_holds) of one case: holds only for a finite bound that covers
+    the error; an infinite bound says nothing (holds None), a missing one (NaN) neither."""
+    if bound_value is None or bound_value != bound_value:
+        return None, None
+    if not math.isfinite(bound_value):
+        return False, None
+    return True, bool(error <= bound_value)
+
+
+def accounting(bound_values, holds) -> dict:
+    """Counts over cases: total, finite, held (finite and covering), vacuous (infinite),
+    undefined (no bound). bound_values, holds: sequences (holds of the finite ones)."""
+    import numpy as np
+
+    b = np.asarray(bound_values, dtype=float)
+    h = np.asarray([x is True or x == 1 for x in holds], dtype=bool)
+    fin = np.isfinite(b)
+    return dict(cases=len(b), finite=int(fin.sum()), held=int((fin & h).sum()),
+                vacuous=int(np.isinf(b).sum()), undefined=int(np.isnan(b).sum()))
+
+
+def accounting_phrase(counts: dict) -> str:
+    """'finite and held in X of Y, vacuous (infinite) in Z[, undefined in W]'."""
+    text = (f"finite and held in {counts['held']} of {counts['cases']}, "
+            f"vacuous (infinite) in {counts['vacuous']}")
+    if counts.get("undefined"):
+        text += f", undefined in {counts['undefined']}"
+    return text
+
+
+__all__ = ["bound", "VARIANTS", "tightness_table", "tightness_summary", "verdict",
+           "accounting", "accounting_phrase"]

@@ -47,6 +47,7 @@ import hydra
 import numpy as np
 from omegaconf import OmegaConf
 
+from flashnum.analysis.bounds import accounting, accounting_phrase
 from flashnum.analysis.invariants import invariants
 from flashnum.harness import manifest, store
 from flashnum.harness.config import check, register
@@ -139,8 +140,8 @@ def run_case(case: Case, inp, ref_of, experiment: str, opts: dict) -> dict:
                        bound_terms=json.dumps(terms, sort_keys=True))
         except (ValueError, NotImplementedError):
             pass  # no bound for this policy or variant: the row says NaN
-    row["bound_holds"] = bool(row["max_abs_err"] <= row["bound"]) if row["bound"] == row[
-        "bound"] else None
+    # an infinite bound is vacuous: it neither held nor failed (bound_holds None)
+    row["bound_finite"], row["bound_holds"] = bounds.verdict(row["bound"], row["max_abs_err"])
     err_bound = ref.err_bound[~ref.masked] if ref.masked.any() else ref.err_bound
     row["reference_method"] = ref.method
     row["ref_err_bound"] = _num(err_bound) if err_bound.numel() else 0.0
@@ -469,9 +470,9 @@ def summary(df, cfg, counts, wall, n_workers, failures) -> str:
     if len(bad):
         lines.append(f"  FLAG: {len(bad)} rows whose reference is not far below their error "
                      f"(e.g. {bad['case_id'].iloc[0]}): read their errors as upper bounds only")
-    holds = df["bound_holds"].dropna()
+    acc = accounting(df["bound"], df["bound_holds"])
     lines.append(f"invariants: m_ok {int(df['m_ok'].sum())}/{n}, l_ok {int(df['l_ok'].sum())}/{n};"
-                 f" a-priori bound holds in {int(holds.astype(bool).sum())}/{len(holds)} rows")
+                 f" a-priori bound {accounting_phrase(acc)} rows")
     cols = [c for c in ("case_id", "precision", "policy", "distribution", "seq_len_k", "block_n",
                         "order", "variant", "backend", "max_abs_err", "max_ulp_err", "bound")
             if c in df and df[c].nunique() > 0]
