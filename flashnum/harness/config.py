@@ -29,6 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from flashnum.engine.core import BACKENDS, VARIANTS
+from flashnum.inputs import distributions as dist
+from flashnum.numerics.formats import FORMAT_NAMES, PRECISIONS, ROUNDINGS, get_format
+from flashnum.numerics.policy import POLICIES, SITES
+from flashnum.numerics.tiling import ORDERS
 
 
 @dataclass
@@ -135,8 +142,6 @@ def _choices(valid) -> str:
 
 def check_format(what: str, name, site: bool = False) -> None:
     """A precision (fp64 ... mp, p<bits>) or, with site=True, a site's format (no mp)."""
-    from flashnum.numerics.formats import FORMAT_NAMES, PRECISIONS, get_format
-
     ok = isinstance(name, str) and not (site and name.startswith("mp"))
     if ok:
         try:
@@ -173,10 +178,77 @@ def check(cfg) -> None:
         raise ValueError(f"max_cases must be >= 0 or null, got {cfg.max_cases}")
     if cfg.reference.certified_max_logits < 0:
         raise ValueError("reference.certified_max_logits must be >= 0")
-    # the case axes themselves are checked where every case is built (flashnum.harness.grid)
-    from flashnum.harness.grid import base_case, check_case
-
+    # the case axes; every case of the grid is checked the same way (flashnum.harness.grid)
     check_case(base_case(cfg), where="config")
+
+
+def plain(x):
+    """A config node as plain Python (dicts, lists), anything else as it is."""
+    if isinstance(x, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(x, resolve=True)
+    return x
+
+
+def base_case(cfg) -> dict:
+    """The config's single case, as a dict of axes (not yet canonical)."""
+    return dict(
+        distribution={"name": cfg.distribution.name, "params": plain(cfg.distribution.params)},
+        batch=cfg.shape.batch, heads=cfg.shape.heads, seq_len_q=cfg.shape.seq_len_q,
+        seq_len_k=cfg.shape.seq_len_k, head_dim=cfg.shape.head_dim,
+        precision=cfg.precision.name, policy=cfg.policy.name,
+        policy_sites=plain(cfg.policy.sites), block_m=cfg.tiling.block_m,
+        block_n=cfg.tiling.block_n, order=cfg.tiling.order, variant=cfg.variant, tau=cfg.tau,
+        beta=cfg.beta, rounding=cfg.rounding, backend=cfg.backend.name,
+        mp_bits=cfg.backend.mp_bits, causal=cfg.causal, seed=cfg.seed,
+    )
+
+
+def check_case(d: dict, where: str = "grid", search: bool = False) -> None:
+    """Raise one ValueError naming the first bad axis value of a case dict, and the choices."""
+    def at(msg):
+        return f"{msg} (in {where})"
+
+    try:
+        if search:  # the search makes its own inputs
+            d = {**d, "distribution": {"name": "gaussian", "params": {}}}
+        name = d["distribution"]["name"] if isinstance(d["distribution"], dict) else None
+        if not isinstance(name, str):
+            raise ValueError(f"distribution must be a name or {{name:, params:}}, got "
+                             f"{d['distribution']!r}")
+        check_choice("distribution", name, tuple(dist.DISTRIBUTIONS))
+        given = d["distribution"].get("params") or {}
+        valid = dist.params(name)
+        bad = sorted(set(given) - set(valid))
+        if bad:
+            raise ValueError(f"unknown parameter(s) {', '.join(bad)} of distribution {name!r}; "
+                             f"valid: {', '.join(valid) or '(none)'}")
+        check_format("precision", d["precision"])
+        check_choice("policy", d["policy"], POLICIES)
+        sites = d.get("policy_sites") or {}
+        if not isinstance(sites, dict):
+            raise ValueError(f"policy_sites must be a mapping site -> format, got {sites!r}")
+        for site, fmt in sites.items():
+            check_choice("policy site", site, SITES)
+            check_format(f"format for site {site}", fmt, site=True)
+        for key in ("block_m", "block_n", "batch", "heads", "seq_len_q", "head_dim"):
+            check_positive(key, d[key])
+        if d["seq_len_k"] is not None:
+            check_positive("seq_len_k", d["seq_len_k"])
+        check_choice("order", d["order"], ORDERS)
+        check_choice("variant", d["variant"], VARIANTS)
+        check_choice("rounding", d["rounding"], ROUNDINGS)
+        check_choice("backend", d["backend"], BACKENDS)
+        if isinstance(d["mp_bits"], bool) or not isinstance(d["mp_bits"], int) or d["mp_bits"] < 2:
+            raise ValueError(f"mp_bits must be an integer >= 2, got {d['mp_bits']!r}")
+        if isinstance(d["seed"], bool) or not isinstance(d["seed"], int) or d["seed"] < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {d['seed']!r}")
+        if not isinstance(d["causal"], bool):
+            raise ValueError(f"causal must be true or false, got {d['causal']!r}")
+        for key in ("tau", "beta"):
+            if isinstance(d[key], bool) or not isinstance(d[key], (int, float)):
+                raise ValueError(f"{key} must be a number, got {d[key]!r}")
+    except ValueError as e:
+        raise ValueError(at(str(e))) from None
 
 
 register()  # importing the schema makes it composable (hydra's compose API, the runner)

@@ -39,10 +39,11 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import OmegaConf
 
+from flashnum.harness.config import base_case, check_case, plain
 from flashnum.harness.paths import CONF  # conf/ of the checkout, flashnum/conf/ when installed
-from flashnum.numerics.policy import POLICIES
+from flashnum.inputs.distributions import params
 
 
 @dataclass(frozen=True)
@@ -115,12 +116,6 @@ def in_shard(cid: str, shard: int, num_shards: int) -> bool:
     return int(cid, 16) % num_shards == shard
 
 
-def _plain(x):
-    if isinstance(x, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(x, resolve=True)
-    return x
-
-
 def distribution_params(name: str, conf_dir: Path = CONF) -> dict:
     """A distribution's parameters: the code's defaults, then conf/distribution/<name>.yaml."""
     return dict(_distribution_params(name, str(conf_dir)))
@@ -128,8 +123,6 @@ def distribution_params(name: str, conf_dir: Path = CONF) -> dict:
 
 @functools.cache
 def _distribution_params(name: str, conf_dir: str) -> dict:
-    from flashnum.inputs.distributions import params
-
     conf_dir = Path(conf_dir)
     out = dict(params(name))
     f = conf_dir / "distribution" / f"{name}.yaml"
@@ -137,75 +130,6 @@ def _distribution_params(name: str, conf_dir: str) -> dict:
         y = OmegaConf.to_container(OmegaConf.load(f), resolve=True) or {}
         out.update(y.get("params") or {})
     return out
-
-
-def base_case(cfg) -> dict:
-    """The config's single case, as a dict of axes (not yet canonical)."""
-    return dict(
-        distribution={"name": cfg.distribution.name, "params": _plain(cfg.distribution.params)},
-        batch=cfg.shape.batch, heads=cfg.shape.heads, seq_len_q=cfg.shape.seq_len_q,
-        seq_len_k=cfg.shape.seq_len_k, head_dim=cfg.shape.head_dim,
-        precision=cfg.precision.name, policy=cfg.policy.name,
-        policy_sites=_plain(cfg.policy.sites), block_m=cfg.tiling.block_m,
-        block_n=cfg.tiling.block_n, order=cfg.tiling.order, variant=cfg.variant, tau=cfg.tau,
-        beta=cfg.beta, rounding=cfg.rounding, backend=cfg.backend.name,
-        mp_bits=cfg.backend.mp_bits, causal=cfg.causal, seed=cfg.seed,
-    )
-
-
-def check_case(d: dict, where: str = "grid", search: bool = False) -> None:
-    """Raise one ValueError naming the first bad axis value of a case dict, and the choices."""
-    from flashnum.engine.core import BACKENDS, VARIANTS
-    from flashnum.harness.config import check_choice, check_format, check_positive
-    from flashnum.inputs import distributions as dist
-    from flashnum.numerics.formats import ROUNDINGS
-    from flashnum.numerics.policy import SITES
-    from flashnum.numerics.tiling import ORDERS
-
-    def at(msg):
-        return f"{msg} (in {where})"
-
-    try:
-        if search:  # the search makes its own inputs
-            d = {**d, "distribution": {"name": "gaussian", "params": {}}}
-        name = d["distribution"]["name"] if isinstance(d["distribution"], dict) else None
-        if not isinstance(name, str):
-            raise ValueError(f"distribution must be a name or {{name:, params:}}, got "
-                             f"{d['distribution']!r}")
-        check_choice("distribution", name, tuple(dist.DISTRIBUTIONS))
-        given = d["distribution"].get("params") or {}
-        valid = dist.params(name)
-        bad = sorted(set(given) - set(valid))
-        if bad:
-            raise ValueError(f"unknown parameter(s) {', '.join(bad)} of distribution {name!r}; "
-                             f"valid: {', '.join(valid) or '(none)'}")
-        check_format("precision", d["precision"])
-        check_choice("policy", d["policy"], POLICIES)
-        sites = d.get("policy_sites") or {}
-        if not isinstance(sites, dict):
-            raise ValueError(f"policy_sites must be a mapping site -> format, got {sites!r}")
-        for site, fmt in sites.items():
-            check_choice("policy site", site, SITES)
-            check_format(f"format for site {site}", fmt, site=True)
-        for key in ("block_m", "block_n", "batch", "heads", "seq_len_q", "head_dim"):
-            check_positive(key, d[key])
-        if d["seq_len_k"] is not None:
-            check_positive("seq_len_k", d["seq_len_k"])
-        check_choice("order", d["order"], ORDERS)
-        check_choice("variant", d["variant"], VARIANTS)
-        check_choice("rounding", d["rounding"], ROUNDINGS)
-        check_choice("backend", d["backend"], BACKENDS)
-        if isinstance(d["mp_bits"], bool) or not isinstance(d["mp_bits"], int) or d["mp_bits"] < 2:
-            raise ValueError(f"mp_bits must be an integer >= 2, got {d['mp_bits']!r}")
-        if isinstance(d["seed"], bool) or not isinstance(d["seed"], int) or d["seed"] < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {d['seed']!r}")
-        if not isinstance(d["causal"], bool):
-            raise ValueError(f"causal must be true or false, got {d['causal']!r}")
-        for key in _FLOAT:
-            if isinstance(d[key], bool) or not isinstance(d[key], (int, float)):
-                raise ValueError(f"{key} must be a number, got {d[key]!r}")
-    except ValueError as e:
-        raise ValueError(at(str(e))) from None
 
 
 def canonical(d: dict, base: dict, conf_dir: Path = CONF, search: dict | None = None) -> Case:
@@ -264,7 +188,7 @@ def _set(d: dict, axis: str, value, where: str) -> None:
 def expand(cfg, conf_dir: Path = CONF) -> list[Case]:
     """Every case of the config's grid (its single case when the grid is empty), in order."""
     base = base_case(cfg)
-    slices = _plain(cfg.grid) or [{}]
+    slices = plain(cfg.grid) or [{}]
     cases, seen = [], set()
     for i, sl in enumerate(slices):
         if not isinstance(sl, dict):
@@ -276,7 +200,7 @@ def expand(cfg, conf_dir: Path = CONF) -> list[Case]:
             if not isinstance(extra, dict):
                 raise ValueError(f"search must be a mapping of flashnum.inputs.search.worst_case "
                                  f"arguments, got {extra!r} (in {where})")
-            search = {**(_plain(cfg.search) or {}), **extra}
+            search = {**(plain(cfg.search) or {}), **extra}
         axes, values = [], []
         for axis, vals in sl.items():
             if axis in ("name", "search"):

@@ -50,7 +50,9 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+from scipy.special import stdtrit
 
+from flashnum.inputs.io import load_inputs
 from flashnum.numerics.formats import FORMATS, Format
 
 # every number of this format is a bf16 number and an fp16 number
@@ -448,8 +450,6 @@ def heavy_tail(g, sh: Shape, *, df: float = 3.0, sigma: float = 1.0, clip: float
     is as reproducible as the uniforms. clip > 0 clamps entries to [-clip, clip]
     (fp16 inputs turn entries beyond 65504 into inf).
     """
-    from scipy.special import stdtrit
-
     _check(df > 0 and sigma > 0 and clip >= 0, f"need df > 0, sigma > 0, clip >= 0; got "
            f"df={df}, sigma={sigma}, clip={clip}")
     out = {}
@@ -672,11 +672,9 @@ def worst_case(g, sh: Shape, *, path: str = ""):
     The shape arguments of make() are ignored: the tensors come from the file.
     """
     _check(bool(path), "worst_case needs path=<file saved by flashnum.inputs.search>")
-    from flashnum.inputs.search import load_worst
-
-    inp = load_worst(path)
-    return dict(q=inp.q, k=inp.k, v=inp.v, causal=inp.causal, scale=inp.scale,
-                params=dict(path=str(path), source=inp.name, **inp.params))
+    t, meta = load_inputs(path)
+    return dict(q=t["q"], k=t["k"], v=t["v"], causal=meta["causal"], scale=meta["scale"],
+                params=dict(path=str(path), source=meta["name"], **meta["params"]))
 
 
 DISTRIBUTIONS = {

@@ -53,9 +53,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from scipy.optimize import differential_evolution
+from scipy.stats import qmc
 
-from flashnum.inputs.distributions import DISTRIBUTIONS, Inputs, make
+from flashnum.engine.core import attention
+from flashnum.inputs.distributions import DISTRIBUTIONS, Inputs, dot_logits, make
+from flashnum.inputs.io import load_inputs, save_inputs
 from flashnum.numerics.policy import make_policy
+from flashnum.reference import reference
 
 # max_abs: max |out - exact|; rmse: its root mean square (FlashAttention-3's Table 3);
 # max_abs_v: max_abs / max|V| (scale-free); max_ulp: max |out - exact| / ulp(exact) in
@@ -116,8 +121,6 @@ def reference_out(inp: Inputs, method: str = "torch64") -> torch.Tensor:
     if method not in REFERENCES:
         raise ValueError(f"unknown reference {method!r}; valid: {', '.join(REFERENCES)}")
     if method != "torch64":
-        from flashnum.reference import reference
-
         # no cache: every candidate of a search is new, hashing it would only cost time
         return reference(inp.q, inp.k, inp.v, causal=inp.causal, scale=inp.scale,
                          method=method, cache=False).out
@@ -162,8 +165,6 @@ def prepare(inp: Inputs, precision: str, policy: str) -> Inputs:
 def evaluate(inp: Inputs, engine_kw: dict, metric: str = "max_abs",
              reference: str = "torch64") -> float:
     """The metric of flashnum.attention on (already rounded) inputs against the reference."""
-    from flashnum.engine.core import attention
-
     res = attention(inp.q, inp.k, inp.v, causal=inp.causal, scale=inp.scale, **engine_kw)
     fmt = make_policy(engine_kw["policy"], engine_kw["precision"]).fmt("out")
     return metric_of(res.out, reference_out(inp, reference), inp.v, metric, fmt)
@@ -214,7 +215,6 @@ def _initial(population: int, dim: int, seed: int):
     of a few dozen evaluations on a loaded machine. The gaussian corner (logit_std 1,
     all keys distinct, no peak, no ramp, V ~ N(0, bound / 4)) makes the baseline a member.
     """
-    from scipy.stats import qmc
 
     if population < 5:
         raise ValueError(f"population must be >= 5, got {population}")
@@ -243,7 +243,6 @@ def worst_case(policy: str = "fa2", precision: str = "bf16", seq_len: int = 1024
     population: members of the DE population (16). popsize: scipy's multiplier, kept
     for older configs: population = popsize x 9 when given.
     """
-    from scipy.optimize import differential_evolution
 
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
@@ -368,10 +367,6 @@ def _refine(best: dict, consider, bound: float, seed: int) -> None:
 
 def _verify(inp: Inputs, kw: dict, metric: str) -> dict:
     """The worst case's error against flashnum.reference's fp64 and certified methods."""
-    try:
-        import flashnum.reference  # noqa: F401
-    except ImportError:
-        return {}
     return {m: evaluate(inp, kw, metric, reference=m) for m in ("fp64", "certified")}
 
 
@@ -385,9 +380,6 @@ def anatomy(inp: Inputs, engine_kw: dict) -> dict:
     their P round alike, so their cast errors add up), and the share of that V
     column's entries with the majority sign.
     """
-    from flashnum.engine.core import attention
-    from flashnum.inputs.distributions import dot_logits
-
     res = attention(inp.q, inp.k, inp.v, causal=inp.causal, scale=inp.scale, **engine_kw)
     ref = reference_out(inp)
     err = (res.out - ref).abs()
@@ -421,29 +413,27 @@ def _case_id(res: SearchResult) -> str:
 
 
 def save_worst(res: SearchResult, where: str | Path = DEFAULT_DIR) -> Path:
-    """Save the worst inputs and their errors; a directory gets <id>.pt inside it."""
+    """Save the worst inputs and their errors (flashnum.inputs.io); a directory gets <id>.pt."""
     path = Path(where)
     if path.suffix != ".pt":
         path = path / f"{_case_id(res)}.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
     inp = res.inputs
-    torch.save(dict(q=inp.q, k=inp.k, v=inp.v, causal=inp.causal, scale=inp.scale,
-                    name=res.family, params=res.params, seed=inp.seed, block_n=inp.block_n,
-                    summary={k: v for k, v in res.summary().items() if k != "path"}), path)
-    return path
+    meta = dict(causal=inp.causal, scale=inp.scale, name=res.family, params=res.params,
+                seed=inp.seed, block_n=inp.block_n,
+                summary={k: v for k, v in res.summary().items() if k != "path"})
+    return save_inputs(path, dict(q=inp.q, k=inp.k, v=inp.v), meta)
 
 
 def load_worst(path: str | Path) -> Inputs:
     """The saved worst inputs as an Inputs (name and params of the family they came from)."""
-    d = torch.load(Path(path), weights_only=False)
-    return Inputs(d["q"], d["k"], d["v"], d["causal"], d["name"], dict(d["params"]), d["scale"],
-                  d["seed"], d["block_n"])
+    t, m = load_inputs(path)
+    return Inputs(t["q"], t["k"], t["v"], m["causal"], m["name"], dict(m["params"]), m["scale"],
+                  m["seed"], m["block_n"])
 
 
 def replay(path: str | Path, reference: str = "torch64") -> dict:
     """Recompute the saved case's error from its tensors and configuration."""
-    d = torch.load(Path(path), weights_only=False)
-    s = d["summary"]
+    s = load_inputs(path)[1]["summary"]
     c = s["config"]
     kw = _engine_kw(c["policy"], c["precision"], c["block_m"], c["block_n"], c["order"],
                     c["variant"])
