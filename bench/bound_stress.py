@@ -21,7 +21,7 @@ from collections import Counter
 import torch
 
 from flashnum.analysis.bounds import bound
-from flashnum.engine.core import attention
+from flashnum.engine import attention
 from flashnum.inputs.distributions import DISTRIBUTIONS, make
 from flashnum.reference import reference
 

@@ -14,7 +14,7 @@ import torch
 
 from flashnum.analysis.attribution import attribute
 from flashnum.analysis.metrics import signed_err
-from flashnum.engine.core import attention
+from flashnum.engine import attention
 from flashnum.inputs.distributions import make
 from flashnum.numerics.formats import FORMATS
 from flashnum.numerics.policy import make_policy

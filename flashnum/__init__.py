@@ -13,8 +13,8 @@ distributions (adversarial inputs), metrics, bounds, attribution, search,
 kernels (Triton), store / run (experiments), figures (the paper's figures).
 """
 
+from flashnum.engine import attention
 from flashnum.engine.backward import attention_backward
-from flashnum.engine.core import attention
 from flashnum.numerics.formats import FORMATS, get_format
 from flashnum.numerics.policy import SITES, Policy, make_policy
 

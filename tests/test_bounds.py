@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scipy.stats import binom
 
 from flashnum.analysis.bounds import bound
-from flashnum.engine.core import attention
+from flashnum.engine import attention
 from flashnum.inputs.distributions import DISTRIBUTIONS, make
 from flashnum.reference import reference
 

@@ -298,7 +298,7 @@ def test_every_distribution_has_a_config_with_its_defaults():
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_ties_survive_the_engines_own_logits(precision):
     # the engine forms S with fp32 BLAS dots; identical key rows must still tie exactly
-    from flashnum.engine.core import logits as engine_logits
+    from flashnum.engine import logits as engine_logits
 
     inp = make("ties", seq_len_q=200, head_dim=64)
     s = engine_logits(inp.q, inp.k, precision=precision, policy="fa2")

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import flashnum
-from flashnum.engine.core import logits
+from flashnum.engine import logits
 from flashnum.numerics.formats import get_format
 from flashnum.numerics.policy import Policy, make_policy
 
@@ -297,29 +297,34 @@ def _same_bits(a, b):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32", "tf32", "fp8_e4m3"])
 @pytest.mark.parametrize("variant", ["fa2", "exp2", "lazy", "qiu_yao"])
-@pytest.mark.parametrize("order,causal", [("forward", False), ("reverse", True),
-                                          ("max_ascending", False)])
+@pytest.mark.parametrize("order,causal,nq,nk", [("forward", False, 70, 90),
+                                                ("reverse", True, 70, 90),
+                                                ("forward", True, 90, 40),  # 50 masked rows
+                                                ("max_ascending", False, 70, 90)])
 @pytest.mark.parametrize("sigma", [1.0, 1e19])  # 1e19: fp32 logits overflow, m = inf/NaN
 @pytest.mark.parametrize("kernel", [True, False])  # flashnum.engine.native's exp kernel, or torch's
-def test_fast_path_is_bit_identical_to_the_general_step(monkeypatch, precision, variant, order,
-                                                        causal, sigma, kernel):
+def test_fast_path_is_bit_identical_to_the_readable_steps(monkeypatch, precision, variant, order,
+                                                          causal, nq, nk, sigma, kernel):
     # fp32 inputs (the stored-input shortcut) in ragged tiles, three heads run one at a time
-    # by the fast path: every output, the final m and l, the trace and the rescale counts
-    # must equal the general path's bit for bit
-    import flashnum.engine.core as engine
+    # by the fast path (flashnum.engine.fast): every output, the final m and l, the trace and
+    # the rescale counts must equal the readable steps' (flashnum.engine.recurrence) bit for bit
+    import flashnum.engine.fast
+    import flashnum.engine.flash
+    import flashnum.engine.native
 
     if not kernel:
-        monkeypatch.setattr(engine.native, "exp_rows", lambda *a, **kw: False)
+        monkeypatch.setattr(flashnum.engine.native, "exp_rows", lambda *a, **kw: False)
 
-    q, k, v = (x.float() for x in qkv(h=3, nq=70, nk=90, d=8, seed=3, sigma=sigma))
+    q, k, v = (x.float() for x in qkv(h=3, nq=nq, nk=nk, d=8, seed=3, sigma=sigma))
     kw = dict(precision=precision, policy="fa2", block_m=16, block_n=16, order=order,
               variant=variant, causal=causal, trace=True)
-    monkeypatch.setattr(engine, "_CHUNK", 1)
+    monkeypatch.setattr(flashnum.engine.fast, "CHUNK", 1)
     fast = flashnum.attention(q, k, v, **kw)
-    monkeypatch.setattr(engine, "_in_place_ok", lambda ar: False)
+    monkeypatch.setattr(flashnum.engine.flash, "in_place_ok", lambda ar: False)
     slow = flashnum.attention(q.double(), k.double(), v.double(), **kw)
     for a, b in [(fast.out, slow.out), (fast.m, slow.m), (fast.l, slow.l),
                  (fast.trace.m, slow.trace.m), (fast.trace.l, slow.trace.l)]:
         assert _same_bits(a, b)
     assert torch.equal(fast.n_rescales, slow.n_rescales)
     assert torch.equal(fast.masked, slow.masked)
+    assert bool(fast.masked.any()) == (nq > nk and causal)

@@ -14,7 +14,7 @@ are independent); it depends on the tiling only through block_n, the number of k
 blocks each row visits and the number of rescales.
 
 The derivation is in docs/bounds.md. In one paragraph: every rounding of the engine
-(flashnum.engine.core, Arith) is fl(x) = x (1 + delta) + eta with |delta| <= u of its
+(flashnum.engine, Arith) is fl(x) = x (1 + delta) + eta with |delta| <= u of its
 site and |eta| <= half the format's smallest subnormal (additions and subtractions
 have eta = 0). Step A: the rounding of Q, K and the QK^T accumulation and the logit
 roundings perturb each logit by at most E_j = a_A A_j + a_s |s_j| + a_L L1_j + a_0
@@ -493,7 +493,7 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: str, scale: float, l
         eta_fin = P["eta_out"]
     else:
         # +1: a key's P @ V tile and row sum are rounded into o's and l's formats once,
-        # before they are added (flashnum.engine.core; a no-op when o and l are fp32)
+        # before they are added (flashnum.engine.recurrence; a no-op when o and l are fp32)
         k_o = (3 * T + 1) if variant == "fa1" else (T + r + 1)
         k_l = (2 * T + 1) if variant == "fa1" else (T + r + 1)
         Ostar = _x(_x(_x(fno, pw("pv", bn)), tf_pv), pw("o", k_o))
@@ -766,7 +766,7 @@ def tightness_table(distributions=None, *, policies=("fa2", "naive", "lowp"),
     """
     import pandas as pd
 
-    from flashnum.engine.core import attention
+    from flashnum.engine import attention
     from flashnum.inputs.distributions import DISTRIBUTIONS, make
     from flashnum.reference import reference
 

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from flashnum.engine.core import logits
+from flashnum.engine import logits
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.tiling import causal_visible
 

@@ -148,7 +148,7 @@ def attention_backward(
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if out is None:
-        from flashnum.engine.core import attention  # the forward, same arithmetic model
+        from flashnum.engine import attention  # the forward, same arithmetic model
 
         res = attention(q, k, v, precision=precision, policy=pol.forward, block_m=block_m,
                         block_n=block_n, order=order, causal=causal, scale=scale,
@@ -281,8 +281,8 @@ def _flash(ar, q3, k3, v3, do3, o3, lse, bm, bn, causal, scale, perm):
 
 
 def _softmax_rows(arf: Arith, qc, k3, vis, scale_f):
-    """P of some query rows as the standard forward stores it (flashnum.engine.core's
-    standard structure: S in its site, fp32 softmax, normalised P cast to p_cast)."""
+    """P of some query rows as the standard forward stores it (flashnum.engine.standard's
+    structure: S in its site, fp32 softmax, normalised P cast to p_cast)."""
     pol = arf.policy
     s = arf.dot(qc, k3.transpose(-1, -2), pol.fmt("qk_acc"))
     s = arf.site(arf.site(s, "s") * scale_f, "s")

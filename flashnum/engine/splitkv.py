@@ -65,7 +65,7 @@ def _rows_visible(nq: int, nk: int, a: int, b: int, causal: bool) -> torch.Tenso
 def _partial(q, k, v, a, b, causal, kw, split_fmt):
     """o_s, lse_s, m_s, l_s, n_rescales of one split; rows grouped by visible count."""
     nq, dv = q.shape[-2], v.shape[-1]
-    from flashnum.engine.core import attention  # the engine entry point (no import cycle)
+    from flashnum.engine import attention  # the engine entry point (no import cycle)
 
     lead = q.shape[:-2]
     o = torch.zeros(*lead, nq, dv, dtype=torch.float64)

@@ -31,7 +31,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from flashnum.engine.core import BACKENDS, VARIANTS
+from flashnum.engine import BACKENDS, VARIANTS
 from flashnum.inputs import distributions as dist
 from flashnum.numerics.formats import FORMAT_NAMES, PRECISIONS, ROUNDINGS, get_format
 from flashnum.numerics.policy import POLICIES, SITES

@@ -56,7 +56,7 @@ import torch
 from scipy.optimize import differential_evolution
 from scipy.stats import qmc
 
-from flashnum.engine.core import attention
+from flashnum.engine import attention
 from flashnum.inputs.distributions import DISTRIBUTIONS, Inputs, dot_logits, make
 from flashnum.inputs.io import load_inputs, save_inputs
 from flashnum.numerics.policy import make_policy

@@ -33,11 +33,18 @@ def check_block(name: str, block) -> int:
     return block
 
 
+def visible(i, j, nq: int, nk: int):
+    """Whether query i may attend key j under the causal mask (bottom-right aligned):
+    j <= i + (Nk - Nq). i, j: ints, arrays or tensors (broadcast), or symbolic (the
+    Triton kernel's offsets). The one statement of the rule: every backend calls it."""
+    return j <= i + (nk - nq)
+
+
 def causal_visible(nq: int, nk: int, device=None) -> torch.Tensor:
     """(Nq, Nk) bool: True where query i may attend key j (bottom-right aligned)."""
     i = torch.arange(nq, device=device)[:, None]
     j = torch.arange(nk, device=device)[None, :]
-    return j <= i + (nk - nq)
+    return visible(i, j, nq, nk)
 
 
 def needs_block_max(order) -> bool:

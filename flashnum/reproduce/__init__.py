@@ -41,7 +41,7 @@ import pandas as pd
 import torch
 
 from flashnum.analysis.metrics import max_abs_err, signed_err
-from flashnum.engine.core import attention
+from flashnum.engine import attention
 from flashnum.harness import manifest, store
 from flashnum.inputs.distributions import make
 from flashnum.numerics.blockscaled import quantize_tiles, random_hadamard, scaled

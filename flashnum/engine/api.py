@@ -1,0 +1,181 @@
+"""The public entry point `attention` and its argument checks (backend "emulate" and the rest).
+
+    import flashnum
+    res = flashnum.attention(q, k, v, precision="bf16", policy="fa2",
+                             block_m=64, block_n=64, order="forward", variant="fa2",
+                             causal=False, scale=None, rounding="nearest", seed=0,
+                             trace=False)
+
+For every query block (all at once, vectorised over batch, heads and query
+blocks) it visits the key blocks in the chosen order and runs FlashAttention-2's
+recurrence (Dao 2023, Algorithm 1):
+
+    m_i = max(m_{i-1}, rowmax(S_ij))
+    l_i = l_{i-1} exp(m_{i-1} - m_i) + rowsum(exp(S_ij - m_i))
+    o_i = o_{i-1} exp(m_{i-1} - m_i) + exp(S_ij - m_i) @ V_j
+    out = o_last / l_last
+
+rounding every value at the site the policy names (flashnum.numerics.policy) and nowhere
+else. Memory is O(Nq * block_n): no Nq x Nk matrix is ever formed (the
+`standard` structure, which must form S, works through row chunks).
+
+Where it lives: this module checks the arguments and dispatches; flashnum.engine.flash
+runs the blocked loop, whose steps are flashnum.engine.recurrence (the readable path,
+one step function per variant) or flashnum.engine.fast (the same operations in place);
+flashnum.engine.standard is the `standard` structure (policy `naive`);
+flashnum.engine.tiles forms the logits of a tile; flashnum.engine.arith rounds.
+
+Arithmetic model. Each elementwise operation (+, -, *, /, exp) is correctly
+rounded into its site's format: computed exactly enough in a carrier, then
+rounded once. Reductions (the two dots, the block row sum) accumulate in their
+site's format: fp64/exact in float64, fp32 by real fp32 arithmetic (torch's
+float32 matmul/sum, whose summation order is the BLAS's, as a GPU's is its
+own), tf32 by rounding the operands to tf32 and summing in fp32 (tensor cores),
+narrower formats by recursive summation rounded after every addition. A
+block's row sum and its P @ V tile are stored in l's and o's formats before they
+are added into l and o (what a pure-PyTorch port does with bf16 tensors; a no-op
+when l and o are fp32, as in FA2 kernels). The
+carrier is float32 when every site is fp32 or narrower (exact for +, -, *, /
+since 24 >= 2p + 2 for p <= 11 makes the double rounding innocuous), else
+float64. exp is always evaluated in float64 and then rounded once. For a float32
+argument rounded into fp32 (the P site of every policy with fp32 softmax state)
+that is the correctly rounded exp on every input (checked exhaustively, `python
+bench/exp_exhaustive.py`); otherwise it is correctly rounded except within ~2^-52
+of a rounding boundary. The fp32 exp site runs in flashnum.engine.native's fused C kernel
+when that is built, else in torch: the same values either way (docs/engine.md). FMA
+contraction is not modelled (a GPU kernel may contract s * scale - m).
+
+Variants:
+    fa2      divide once at the end (FlashAttention-2)
+    fa1      normalise every step: P relative to the block max, o kept normalised
+             (FlashAttention-1, Algorithm 1)
+    exp2     fa2 with log2(e) folded into the scale and exp2 (Triton's tutorial)
+    lazy     fa2 that rescales only when the max grows by more than `tau` (in the
+             units of the logits; FlashAttention-4 uses 8 in log2 units)
+    qiu_yao  fa2 with Qiu & Yao's max adjustment: where >= 2 logits of a block lie
+             within 1e-3 of its max, use beta * max (max > 0) or 0 (max < 0) as the
+             block max, so that no P is exactly 1
+Fully masked rows (causal with Nq > Nk) give out = 0 and are flagged in
+`res.masked`; l stays 0 and m stays -inf for them, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from flashnum.engine.flash import flash
+from flashnum.engine.recurrence import STEPS
+from flashnum.engine.result import Result
+from flashnum.engine.standard import standard
+from flashnum.numerics.formats import ROUNDINGS
+from flashnum.numerics.policy import Policy, check_precision, make_policy
+from flashnum.numerics.tiling import ORDERS, check_block
+
+VARIANTS = ("fa2", "fa1", "exp2", "lazy", "qiu_yao")
+BACKENDS = ("emulate", "triton", "mp")
+assert set(VARIANTS) == set(STEPS), "every variant has its step in flashnum.engine.recurrence"
+
+
+def _check(q, k, v, precision, policy, block_m, block_n, order, variant, rounding, backend):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.ndim < 2:
+            raise ValueError(f"{name} must have shape (..., N, d), got {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be floating point, got {x.dtype}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k head dims differ: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v key counts differ: k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(
+            f"batch dims differ: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        # a finite sum needs every term finite (one pass); only a sum that is not finite
+        # (an inf or NaN, or merely an overflow) needs the elementwise check
+        if math.isfinite(float(x.sum())):
+            continue
+        if not bool(torch.isfinite(x).all()):
+            bad = "NaN" if bool(torch.isnan(x).any()) else "inf"
+            raise ValueError(f"{name} contains {bad}; inputs must be finite (mask with causal=)")
+    check_precision(precision, mp=True)  # a policy's precision (p<bits> too), or mp
+    check_block("block_m", block_m)
+    check_block("block_n", block_n)
+    if isinstance(order, str) and order not in ORDERS:
+        raise ValueError(f"unknown order {order!r}; valid: {', '.join(ORDERS)}, or a permutation")
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    precision: str = "bf16",
+    policy: str | Policy = "fa2",
+    block_m: int = 64,
+    block_n: int = 64,
+    order="forward",
+    variant: str = "fa2",
+    causal: bool = False,
+    scale: float | None = None,
+    rounding: str = "nearest",
+    seed: int = 0,
+    trace: bool = False,
+    backend: str = "emulate",
+    mp_bits: int = 256,
+    tau: float = 8.0,
+    beta: float = 2.0,
+) -> Result:
+    """Attention softmax(scale Q K^T) V through the blocked online softmax.
+
+    precision: fp64 fp32 tf32 fp16 bf16 fp8_e4m3 fp8_e5m2 mp, or p<bits> (2..52)
+    policy:    fa2 naive lowp exact uniform, or a flashnum.numerics.policy.Policy
+    order:     forward reverse random max_ascending max_descending, or a permutation
+    variant:   fa2 fa1 exp2 lazy (tau) qiu_yao (beta)
+    rounding:  nearest stochastic (seeded by `seed`; inputs are always rounded to nearest)
+    backend:   emulate (this module), triton (flashnum.backends), mp (mpmath at mp_bits)
+    """
+    if precision == "mp" and backend == "emulate":
+        backend = "mp"
+    _check(q, k, v, precision, policy, block_m, block_n, order, variant, rounding, backend)
+    if backend == "mp":
+        from flashnum.backends.mp import attention_mp
+
+        return attention_mp(
+            q, k, v, bits=mp_bits, block_m=block_m, block_n=block_n, order=order,
+            variant=variant, causal=causal, scale=scale, seed=seed, trace=trace, tau=tau,
+            beta=beta,
+        )
+    pol = make_policy(policy, precision)
+    if backend == "triton":
+        from flashnum.backends.triton import attention_triton
+
+        return attention_triton(
+            q, k, v, policy=pol, precision=precision, block_m=block_m, block_n=block_n,
+            order=order, variant=variant, causal=causal, scale=scale, seed=seed, trace=trace,
+            rounding=rounding,
+        )
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if pol.structure == "standard":
+        res = standard(q, k, v, pol, causal=causal, scale=scale, rounding=rounding, seed=seed)
+    else:
+        res = flash(q, k, v, pol, block_m=block_m, block_n=block_n, order=order,
+                    variant=variant, causal=causal, scale=scale, rounding=rounding, seed=seed,
+                    trace=trace, tau=tau, beta=beta)
+    res.info = dict(
+        precision=precision, policy=pol.name, block_m=block_m, block_n=block_n,
+        order=order if isinstance(order, str) else "permutation", variant=variant,
+        causal=causal, scale=scale, rounding=rounding, seed=seed,
+    )
+    return res
