@@ -305,7 +305,9 @@ def make_backward_policy(name: str | BackwardPolicy, precision: str = "bf16") ->
     forward is make_policy(name, precision). See flashnum.engine.backward for what each models."""
     if isinstance(name, BackwardPolicy):
         return name
-    fwd = make_policy(name, precision)  # validates name and precision
+    if name not in PRESETS:
+        raise ValueError(f"unknown backward policy {name!r}; valid: {', '.join(PRESETS)}")
+    fwd = make_policy(name, precision)  # validates the precision
     if name == "exact":
         return BackwardPolicy(forward=fwd, name="exact")
     x, out = fwd.inputs, fwd.out
