@@ -204,3 +204,21 @@ def test_reference_backward_is_cached():
     b = reference_backward(q, k, v, do, method="fp64")
     assert cache_info()["memory_hits"] == hits + 1
     assert torch.equal(a.dq, b.dq)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_native_fused_pass_gives_the_values_of_the_general_path(causal):
+    from flashnum.engine import native
+
+    if not native.available():
+        pytest.skip(native.status())
+    q, k, v, do = (x.float() for x in inputs(70, 45, lead=(2,)))
+    fused = attention_backward(q, k, v, do, block_m=16, block_n=16, causal=causal)
+    native.set_enabled(False)
+    try:
+        plain = attention_backward(q, k, v, do, block_m=16, block_n=16, causal=causal)
+    finally:
+        native.set_enabled(True)
+    for a, b in zip((fused.dq, fused.dk, fused.dv), (plain.dq, plain.dk, plain.dv),
+                    strict=True):
+        assert torch.equal(a, b)

@@ -7,7 +7,8 @@
                                     seed=0, dq_order="forward")
     g.dq, g.dk, g.dv     float64, each value representable in the output format
     g.lse, g.delta       (..., Nq) the stored log-sum-exp and D, as the backward read them
-    g.ds_rowsum          (..., Nq) rowsum of dS as it enters the GEMMs, summed in float64
+    g.ds_rowsum          (..., Nq) rowsum of dS as it enters the GEMMs, summed on the
+                         carrier (float32 when every site is fp32 or narrower)
                          (zero in exact arithmetic: sum_j P_ij (dP_ij - D_i) = 0)
     g.out                the forward output O the backward used (flashnum's own forward
                          with the same policy, or `out=` and `lse=` given by the caller)
@@ -60,8 +61,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from flashnum.engine import native
 from flashnum.engine.arith import Arith, carrier, wider
-from flashnum.numerics.formats import FORMATS, PRECISIONS, ROUNDINGS
+from flashnum.numerics.formats import EXACT, FORMATS, PRECISIONS, ROUNDINGS
 from flashnum.numerics.policy import BackwardPolicy, make_backward_policy
 from flashnum.numerics.tiling import causal_visible, check_block, key_block_order, n_blocks
 
@@ -90,7 +92,8 @@ def _check(q, k, v, do, precision, block_m, block_n, dq_order, rounding, out, ls
         if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.ndim < 2:
             raise ValueError(f"{name} must be a floating-point torch.Tensor (..., N, d), got "
                              f"{type(x).__name__} {tuple(getattr(x, 'shape', ()))}")
-        if not bool(torch.isfinite(x).all()):
+        # a finite sum needs every term finite; only a sum that is not needs the full check
+        if not math.isfinite(float(x.detach().sum())) and not bool(torch.isfinite(x).all()):
             raise ValueError(f"{name} contains NaN or inf; inputs must be finite")
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or not (
             q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
@@ -194,6 +197,8 @@ def attention_backward(
 
 def _stored(ar: Arith, x: torch.Tensor, fmt) -> torch.Tensor:
     """x as stored in memory: rounded to nearest into `fmt`, (B, N, d) on the carrier."""
+    if fmt is not EXACT and x.dtype is fmt.torch_dtype:  # already values of the format
+        return x.detach().to("cpu", ar.dtype).reshape(-1, *x.shape[-2:])
     x64 = x.detach().to("cpu", torch.float64)
     return ar.rnd(x64, fmt, nearest=True).to(ar.dtype).reshape(-1, *x.shape[-2:])
 
@@ -239,7 +244,7 @@ def _flash(ar, q3, k3, v3, do3, o3, lse, bm, bn, causal, scale, perm):
     nqp = n_blocks(nq, bm) * bm
     nkp = n_blocks(nk, bn) * bn
     delta = _rowsum_products(ar, do3, o3, "delta")
-    lse_s = ar.site(lse.to(ar.dtype), "lse")
+    lse_s = ar.rnd(lse, ar.fmt("lse"), nearest=True).to(ar.dtype)  # from float64: once
     # a fully masked row has L = -inf and every S = -inf: shift by 0 so that P = 0
     lse_safe = _pad_rows(torch.where(torch.isfinite(lse_s), lse_s, torch.zeros_like(lse_s)),
                          nqp)
@@ -252,25 +257,33 @@ def _flash(ar, q3, k3, v3, do3, o3, lse, bm, bn, causal, scale, perm):
     dq = torch.zeros(B, nqp, q3.shape[-1], dtype=ar.dtype)
     dk = torch.zeros(B, nkp, k3.shape[-1], dtype=ar.dtype)
     dv = torch.zeros(B, nkp, v3.shape[-1], dtype=ar.dtype)
-    ds_rowsum = torch.zeros(B, nqp, dtype=torch.float64)
+    ds_rowsum = torch.zeros(B, nqp, dtype=ar.dtype)  # summed on the carrier
+    fused = _fused_ok(ar, scale_s)
     for j in perm:
         cols = slice(j * bn, (j + 1) * bn)
         kj, vj = kp[:, cols], vp[:, cols]
         s = ar.dot(qp, kj.transpose(-1, -2), ar.fmt("qk_acc"))
-        s = ar.site(ar.site(s, "s") * scale_s, "s")
         kpos = torch.arange(j * bn, (j + 1) * bn)[None, :]
         vis = (qpos < nq) & (kpos < nk)
         if causal:
             vis = vis & (kpos <= qpos + (nk - nq))
         if not bool(vis.all()):
-            s = s.masked_fill(~vis, -math.inf)
-        p = ar.exp(ar.rnd(s - lse_safe[..., None], f_diff), ar.fmt("p"))
-        pc = ar.site(p, "p_cast")
+            s.masked_fill_(~vis, -math.inf)  # -inf * scale is -inf (scale > 0 or not fused)
+        if fused:  # the same values as the branch below, in one native pass
+            p, pc = s, torch.empty_like(s)
+            native.exp_rows(s, lse_safe, p, pc, ar.fmt("p_cast").name, scale=scale_s)
+        else:
+            s = ar.site(ar.site(s, "s") * scale_s, "s")
+            p = ar.exp(ar.rnd(s - lse_safe[..., None], f_diff), ar.fmt("p"))
+            pc = ar.site(p, "p_cast")
         dv[:, cols] = _tile_sums(ar, pc, dop, bm, "dv_acc", "dv")
         dp = ar.site(ar.dot(dop, vj.transpose(-1, -2), ar.fmt("dp_acc")), "dp")
-        ds = ar.site(p * ar.site(dp - deltap[..., None], "ds"), "ds")
+        if fused:  # fp32 (dP - D) * P in place: the same two roundings
+            ds = dp.sub_(deltap[..., None]).mul_(p)
+        else:
+            ds = ar.site(p * ar.site(dp - deltap[..., None], "ds"), "ds")
         dsc = ar.site(ds, "ds_cast")
-        ds_rowsum += dsc.sum(-1, dtype=torch.float64)
+        ds_rowsum += dsc.sum(-1)
         dk[:, cols] = _tile_sums(ar, dsc, qp, bm, "dk_acc", "dk")
         dq = ar.site(dq + ar.site(ar.dot(dsc, kj, ar.fmt("dq_acc")), "dq"), "dq")
     # the softmax scale multiplies the accumulators once, at the end (in their formats)
@@ -278,6 +291,16 @@ def _flash(ar, q3, k3, v3, do3, o3, lse, bm, bn, causal, scale, perm):
     dk = ar.site(ar.site(dk[:, :nk] * _scaled(ar, scale, ar.fmt("dk")), "dk"), "out")
     dv = ar.site(dv[:, :nk], "out")
     return dq, dk, dv, delta, lse_s, ds_rowsum[:, :nq]
+
+
+def _fused_ok(ar: Arith, scale_s: float) -> bool:
+    """Whether P, its cast and dS can take the native pass and in-place fp32 ops: a float32
+    carrier, round to nearest, fp32 s, lse, p, dp, ds, a cast the kernel knows, scale > 0."""
+    if ar.dtype is not torch.float32 or ar.stochastic or scale_s <= 0 or not native.available():
+        return False
+    fp32 = all(ar.fmt(x) is not EXACT and ar.fmt(x).name == "fp32"
+               for x in ("s", "lse", "p", "dp", "ds"))
+    return fp32 and ar.fmt("p_cast").name in native.CASTS
 
 
 def _softmax_rows(arf: Arith, qc, k3, vis, scale_f):
