@@ -22,7 +22,8 @@ from flashnum.analysis.invariants import invariants
 from flashnum.harness import manifest, store
 from flashnum.harness.config import check
 from flashnum.harness.grid import CASE_FIELDS, CONF, expand, in_shard
-from flashnum.harness.run import ConfigError, growth, policy_of, precheck, run
+from flashnum.harness.run import ConfigError, policy_of, precheck, run
+from flashnum.harness.summary import growth
 from flashnum.inputs.distributions import make
 from flashnum.numerics.policy import SITES, Policy, make_policy
 

@@ -14,7 +14,7 @@ Every case (flashnum.harness.grid) goes through one data flow, each arrow a plai
     truth  = reference(inputs rounded to the policy's input format)
              "certified" while batch*heads*Nq*Nk <= reference.certified_max_logits,
              else "fp64" with its a-priori err_bound, checked per row (ref_ok)
-    result = flashnum.attention(inputs, case)          trace=True on the emulator
+    result = attention(inputs, case)          trace=True on the emulator
     row    = metrics.summary + bounds.bound + invariants (m_ok, l_ok) + timings
 
 The reference sees the inputs as the kernel stores them (rounded to the policy's
@@ -25,35 +25,43 @@ thread per process (so results do not depend on the number of workers). Each
 finished task appends its rows to experiments/<name>/ (flashnum.harness.store); a rerun
 skips every case_id already there, `recompute=true` runs them again.
 
-Invariants (m_ok, l_ok): flashnum.analysis.invariants.
-Errors in the config stop before any work with one line on stderr and exit code 2.
+Invariants (m_ok, l_ok): flashnum.analysis.invariants. The config is composed once and
+its grid expanded once (precheck); errors in it stop before any work with one line on
+stderr and exit code 2 (flashnum.harness.cli). A multirun (-m) goes through hydra.main,
+which composes each job. Beside this module: the scheduler (tasks, workers, Ctrl-C:
+flashnum.harness.scheduler) and the printed summary (flashnum.harness.summary).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import os
-import re
 import sys
 import time
-from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from datetime import datetime, timezone
 from pathlib import Path
 
 import hydra
-import numpy as np
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import get_original_cwd
 from omegaconf import OmegaConf
 
-from flashnum.analysis.bounds import accounting, accounting_phrase
+from flashnum.analysis import bounds, metrics
 from flashnum.analysis.invariants import invariants
-from flashnum.harness import manifest, store
+from flashnum.engine.core import attention
+from flashnum.harness import cli, manifest, scheduler, store, summary
+from flashnum.harness.cli import ConfigError
 from flashnum.harness.config import check, register
 from flashnum.harness.grid import CASE_FIELDS, CONF, Case, expand, select
+from flashnum.inputs.distributions import make
+from flashnum.inputs.search import worst_case
 from flashnum.numerics.policy import make_policy
+from flashnum.reference import reference
 
+PROG = "flashnum.run"
 register()
 
 
@@ -83,8 +91,6 @@ def policy_of(case: Case, policy: str | None = None):
 
 
 def _num(x) -> float:
-    import torch
-
     if isinstance(x, torch.Tensor):
         x = x.detach().to(torch.float64)
         return float(x.max()) if x.numel() else math.nan
@@ -93,9 +99,6 @@ def _num(x) -> float:
 
 def run_case(case: Case, inp, ref_of, experiment: str, opts: dict) -> dict:
     """One results row. `ref_of(q, k, v, causal, scale)` gives the (cached) reference."""
-    import flashnum
-    from flashnum.analysis import bounds, metrics
-
     t0 = time.perf_counter()
     causal = bool(case.causal or inp.causal)
     eng_prec, pol = policy_of(case)
@@ -111,13 +114,13 @@ def run_case(case: Case, inp, ref_of, experiment: str, opts: dict) -> dict:
               beta=case.beta)
     flash = pol is None or pol.structure == "flash"
     trace = opts["trace"] and case.backend == "emulate" and flash
-    res = flashnum.attention(q, k, v, precision=eng_prec, policy=pol if pol else "exact",
+    res = attention(q, k, v, precision=eng_prec, policy=pol if pol else "exact",
                              trace=trace, **kw)
     attention_s = time.perf_counter() - t1
     naive_out = None
     if opts["naive_ratio"] and pol is not None and pol.structure == "flash":
         naive = policy_of(case, "naive")[1]
-        naive_out = flashnum.attention(q, k, v, precision=eng_prec, policy=naive,
+        naive_out = attention(q, k, v, precision=eng_prec, policy=naive,
                                        **{**kw, "backend": "emulate"}).out
     out_fmt = pol.out if pol is not None else "fp64"
     row = {"experiment": experiment, "case_id": case.case_id}
@@ -157,8 +160,6 @@ def run_case(case: Case, inp, ref_of, experiment: str, opts: dict) -> dict:
 
 
 def _inputs(case: Case, cache: dict):
-    from flashnum.inputs.distributions import make
-
     key = case.block_n  # make() may place structure per key block
     if key not in cache:
         cache[key] = make(case.distribution, batch=case.batch, heads=case.heads,
@@ -170,8 +171,6 @@ def _inputs(case: Case, cache: dict):
 
 def _ref_of(opts: dict):
     """The reference of a case: certified while affordable, else fp64 (cached by input)."""
-    from flashnum.reference import reference
-
     def ref_of(q, k, v, causal, scale):
         n = q.numel() // q.shape[-1] * k.shape[-2]  # batch * heads * Nq * Nk logits
         method = "certified" if n <= opts["certified_max_logits"] else "fp64"
@@ -184,8 +183,6 @@ def _ref_of(opts: dict):
 
 def run_group(cases: list[Case], experiment: str, exp_dir: str, opts: dict) -> dict:
     """Run cases that share their inputs; append their rows as one part. In a worker."""
-    import torch
-
     torch.set_num_threads(1)
     rows, failures, cache = [], [], {}
     t0 = time.perf_counter()
@@ -201,11 +198,6 @@ def run_group(cases: list[Case], experiment: str, exp_dir: str, opts: dict) -> d
 
 def run_search_group(cases: list[Case], experiment: str, exp_dir: str, opts: dict) -> dict:
     """worst_case: one inputs.search.worst_case per case, then a full row for its inputs."""
-    import torch
-
-    from flashnum.inputs.distributions import make
-    from flashnum.inputs.search import worst_case
-
     torch.set_num_threads(1)
     rows, failures = [], []
     t0 = time.perf_counter()
@@ -239,44 +231,6 @@ def run_search_group(cases: list[Case], experiment: str, exp_dir: str, opts: dic
 # the sweep
 
 
-def _cost(case: Case) -> float:
-    n = case.batch * case.heads * case.seq_len_q * case.seq_len_k * case.head_dim
-    w = {"triton": 40.0, "mp": 2000.0}.get(case.backend, 1.0)
-    w *= {"uniform": 20.0, "lowp": 2.0}.get(case.policy, 1.0)
-    return n * w * (64.0 / case.block_n) ** 0.5
-
-
-def tasks_of(cases: list[Case], n_workers: int) -> list[tuple]:
-    """(function, cases) tasks: cases grouped by inputs, big groups split so that every
-    worker has work, one task per search case; searches first, then largest first."""
-    groups: dict = defaultdict(list)
-    plain = [c for c in cases if not c.is_search]
-    for c in plain:
-        groups[c.input_key()].append(c)
-    chunk = max(1, math.ceil(len(plain) / (3 * max(1, n_workers))))
-    tasks = [g[i : i + chunk] for g in groups.values() for i in range(0, len(g), chunk)]
-    tasks = sorted(tasks, key=lambda t: -sum(_cost(c) for c in t))
-    return [(run_search_group, [c]) for c in cases if c.is_search] + [
-        (run_group, t) for t in tasks]
-
-
-def _n_workers(cfg) -> int:
-    if cfg.n_jobs > 0:
-        return cfg.n_jobs
-    try:
-        n = len(os.sched_getaffinity(0))  # honours SLURM's cpus_per_task
-    except AttributeError:
-        n = os.cpu_count() or 1
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        if "joblib" in str(HydraConfig.get().launcher.get("_target_", "")):
-            return 1  # joblib already runs one job per core
-    except (ValueError, AttributeError):
-        pass
-    return n
-
-
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -287,40 +241,43 @@ def _manifest_path(exp_dir: Path, cfg) -> Path:
     return exp_dir / f"manifest.shard-{cfg.shard}-of-{cfg.num_shards}.json"
 
 
-def _overrides() -> list:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        # store.root is where the rows went (the manifest lies there), not how to compute them
-        return [o for o in HydraConfig.get().overrides.task if not o.startswith("store.root=")]
-    except ValueError:
-        return []
+def _overrides(given: list | None) -> list:
+    """The command's overrides for the manifest: given, or a multirun job's own."""
+    if given is None:
+        try:
+            given = list(HydraConfig.get().overrides.task)
+        except ValueError:  # no Hydra app running (run(cfg) called from Python)
+            given = []
+    # store.root is where the rows went (the manifest lies there), not how to compute them
+    return [o for o in given if not o.startswith("store.root=")]
 
 
 def root_dir(cfg) -> Path:
     root = Path(cfg.store.root)
     if not root.is_absolute():
         try:
-            from hydra.utils import get_original_cwd
-
             root = Path(get_original_cwd()) / root
         except ValueError:
             root = Path.cwd() / root
     return root
 
 
-def run(cfg) -> dict:
-    """Run (or resume) the experiment the config describes; returns counts and the table."""
+def run(cfg, cases: list[Case] | None = None, overrides: list[str] | None = None) -> dict:
+    """Run (or resume) the experiment the config describes; returns counts and the table.
+
+    cases: the config's grid when the caller has expanded it already (expand(cfg));
+    overrides: the command line's, recorded in the manifest.
+    """
     t_start = time.perf_counter()
     started = _now()
-    cases_all = expand(cfg)
+    cases_all = expand(cfg) if cases is None else cases
     cases = select(cases_all, cfg.shard, cfg.num_shards)
     if cfg.max_cases is not None:
         cases = cases[: cfg.max_cases]
     exp_dir = root_dir(cfg) / cfg.experiment
     done = set() if cfg.recompute else store.done_ids(exp_dir)
     todo = [c for c in cases if c.case_id not in done]
-    n_workers = max(1, min(_n_workers(cfg), len(todo)))
+    n_workers = max(1, min(scheduler.n_workers(cfg), len(todo)))
     shard = f" (shard {cfg.shard} of {cfg.num_shards}: {len(cases)})" if cfg.num_shards > 1 else ""
     print(f"{cfg.experiment}: {len(cases_all)} cases in the grid{shard}; "
           f"{len(cases) - len(todo)} already in {exp_dir}; running {len(todo)} "
@@ -333,7 +290,7 @@ def run(cfg) -> dict:
     exp_dir.mkdir(parents=True, exist_ok=True)
     # a record only for a run that computes: one that finds every case stored (or whose
     # every case fails) leaves the manifest byte for byte as it was
-    rec = manifest.record("flashnum.run", _overrides(), shard=cfg.shard,
+    rec = manifest.record("flashnum.run", _overrides(overrides), shard=cfg.shard,
                           num_shards=cfg.num_shards, n_workers=n_workers, start_time=started,
                           counts=counts, config=OmegaConf.to_container(cfg, resolve=True)
                           ) if todo else None
@@ -344,8 +301,10 @@ def run(cfg) -> dict:
                 bound_prob=cfg.checks.bound_prob, m_exact=cfg.checks.m_exact,
                 certified_max_logits=cfg.reference.certified_max_logits, bits=cfg.reference.bits,
                 ok_ratio=cfg.reference.ok_ratio)
-    tasks = tasks_of(todo, n_workers)
-    failures = _execute(tasks, cfg.experiment, str(exp_dir), opts, n_workers, cfg.progress)
+    tasks = [(run_search_group if t[0].is_search else run_group, t)
+             for t in scheduler.tasks_of(todo, n_workers)]
+    failures = scheduler.execute(tasks, (cfg.experiment, str(exp_dir), opts), n_workers,
+                                 cfg.progress)
     counts.update(run=len(todo) - len(failures), failed=len(failures))
     wall = time.perf_counter() - t_start
     if cfg.num_shards == 1:
@@ -356,297 +315,74 @@ def run(cfg) -> dict:
     ids = {c.case_id for c in cases}
     df = store.load(exp_dir, all_rows=True) if store._files(exp_dir) else None
     df = df[df["case_id"].isin(ids)].reset_index(drop=True) if df is not None else None
-    print(summary(df, cfg, counts, wall, n_workers, failures), flush=True)
+    print(summary.summary(df, cfg, counts, wall, n_workers, failures), flush=True)
     return dict(counts=counts, table=df, failures=failures, wall_s=wall)
 
 
-def _init_worker() -> None:
-    import signal
-
-    import torch
-
-    torch.set_num_threads(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-
-
-def _execute(tasks, experiment, exp_dir, opts, n_workers, progress) -> list:
-    from tqdm import tqdm
-
-    total = sum(len(t) for _, t in tasks)
-    failures: list = []
-    # a terminal gets a live bar; a log file one line every 30 s
-    bar = tqdm(total=total, unit="case", disable=not progress or total == 0, file=sys.stderr,
-               dynamic_ncols=True, smoothing=0.05,
-               mininterval=0.1 if sys.stderr.isatty() else 30.0)
-    if n_workers <= 1:
-        import torch
-
-        n_threads = torch.get_num_threads()
-        try:
-            for fn, t in tasks:
-                r = fn(t, experiment, exp_dir, opts)
-                failures += r["failures"]
-                bar.update(r["n"])
-        finally:
-            torch.set_num_threads(n_threads)
-            bar.close()
-        return failures
-    # spawn, not fork: a forked torch may hang in its thread pool; children inherit the env
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(n_workers, mp_context=ctx, initializer=_init_worker)
-    finished = False
-    try:
-        futures = [pool.submit(fn, t, experiment, exp_dir, opts) for fn, t in tasks]
-        for f in as_completed(futures):
-            r = f.result()
-            failures += r["failures"]
-            bar.update(r["n"])
-            if failures:
-                bar.set_postfix(failed=len(failures))
-        finished = True
-    finally:
-        if not finished:
-            # interrupted: stop the workers now (a part is written whole or not at all);
-            # otherwise they would finish every queued task before the process can exit
-            for proc in list(getattr(pool, "_processes", {}).values()):
-                proc.terminate()
-        pool.shutdown(wait=finished, cancel_futures=True)
-        bar.close()
-    return failures
-
-
 # ---------------------------------------------------------------------------
-# the summary
-
-
-def growth(df, x: str, y: str = "max_abs_err", by: str = "policy") -> dict:
-    """Fitted exponent of y ~ x^slope per `by`: log-log least squares within groups.
-
-    Rows are grouped by every case field except x (so a group differs only in x:
-    same distribution, seed, tiling, ...); the slope pools the within-group
-    variation (a fixed-effects fit), so axes that differ between slices do not
-    leak into it. Returns {value of by: (slope, number of groups used, points)}.
-    """
-    out = {}
-    if df is None or not len(df) or x not in df or y not in df:
-        return out
-    skip = {x, "seq_len_q"} if x == "seq_len_k" else {x}
-    keys = [f for f in CASE_FIELDS if f not in skip and f != by and f in df]
-    for val, sub in df.groupby(by, sort=True):
-        sub = sub[(sub[y] > 0) & np.isfinite(sub[y])]
-        if not len(sub):
-            continue
-        lx, ly = np.log(sub[x].astype(float)), np.log(sub[y].astype(float))
-        g = sub[keys].astype(str).agg("|".join, axis=1) if keys else np.zeros(len(sub))
-        n_x = lx.groupby(g).transform("nunique")
-        use = n_x > 1
-        if not use.any():
-            continue
-        dx = (lx - lx.groupby(g).transform("mean"))[use]
-        dy = (ly - ly.groupby(g).transform("mean"))[use]
-        den = float((dx * dx).sum())
-        if den > 0:
-            out[val] = (float((dx * dy).sum() / den), int(g[use].nunique()), int(use.sum()))
-    return out
-
-
-def summary(df, cfg, counts, wall, n_workers, failures) -> str:
-    lines = [f"== {cfg.experiment}: {counts['grid']} cases in the grid, {counts['selected']} "
-             f"selected, {counts['done_before']} already done, {counts['run']} run now, "
-             f"{counts['failed']} failed; wall {wall:.1f} s on {n_workers} worker(s)"]
-    for cid, msg in failures[:5]:
-        lines.append(f"  failed {cid}: {msg}")
-    if df is None or not len(df):
-        return "\n".join(lines)
-    n = len(df)
-    meth = df["reference_method"].value_counts().to_dict()
-    lines.append(f"reference: {', '.join(f'{k} {v}' for k, v in sorted(meth.items()))} rows; "
-                 f"err_bound <= {cfg.reference.ok_ratio:g} x the error in "
-                 f"{int(df['ref_ok'].sum())}/{n} rows (max err_bound "
-                 f"{df['ref_err_bound'].max():.2g}; max err_bound / error "
-                 f"{(df['ref_err_bound'] / df['max_abs_err']).replace(np.inf, np.nan).max():.2g})")
-    bad = df[~df["ref_ok"].astype(bool)]
-    if len(bad):
-        lines.append(f"  FLAG: {len(bad)} rows whose reference is not far below their error "
-                     f"(e.g. {bad['case_id'].iloc[0]}): read their errors as upper bounds only")
-    acc = accounting(df["bound"], df["bound_holds"])
-    lines.append(f"invariants: m_ok {int(df['m_ok'].sum())}/{n}, l_ok {int(df['l_ok'].sum())}/{n};"
-                 f" a-priori bound {accounting_phrase(acc)} rows")
-    cols = [c for c in ("case_id", "precision", "policy", "distribution", "seq_len_k", "block_n",
-                        "order", "variant", "backend", "max_abs_err", "max_ulp_err", "bound")
-            if c in df and df[c].nunique() > 0]
-    worst = df.sort_values("max_abs_err", ascending=False).head(cfg.worst)
-    lines.append(f"worst {len(worst)} cases by max_abs_err:")
-    lines.append(_table(worst[cols]))
-    rows = []
-    for y in ("max_abs_err", "normwise_rel_err"):
-        gn, gb = growth(df, "seq_len_k", y), growth(df, "block_n", y)
-        for pol in sorted(set(gn) | set(gb)):
-            a, b = gn.get(pol), gb.get(pol)
-            rows.append(dict(error=y, policy=pol,
-                             slope_N=f"{a[0]:+.2f} ({a[1]} groups)" if a else "-",
-                             slope_block_n=f"{b[0]:+.2f} ({b[1]} groups)" if b else "-"))
-    if rows:
-        import pandas as pd
-
-        lines.append("growth: error ~ N^slope_N and ~ block_n^slope_block_n (log-log least "
-                     "squares within groups differing only in N = seq_len_k, or in block_n)")
-        lines.append(_table(pd.DataFrame(rows)))
-    return "\n".join(lines)
-
-
-def _table(df) -> str:
-    def fmt(x):
-        if isinstance(x, float):
-            return f"{x:.3g}"
-        return str(x)
-
-    return df.to_string(index=False, formatters={c: fmt for c in df.columns})
-
-
-# ---------------------------------------------------------------------------
-# the command line: check everything first, then hand over to Hydra
-
-
-class ConfigError(Exception):
-    pass
-
-
-def _options(group: str) -> list[str]:
-    from hydra.core.global_hydra import GlobalHydra
-
-    try:
-        opts = list(GlobalHydra.instance().config_loader().get_group_options(group))
-    except Exception:
-        opts = []
-    d = CONF / group
-    opts += [p.stem for p in d.glob("*.yaml")] if d.is_dir() else []
-    if group == "distribution":
-        from flashnum.inputs.distributions import DISTRIBUTIONS
-
-        opts += list(DISTRIBUTIONS)
-    return sorted(set(opts))
-
-
-def _schema_keys(key: str) -> list[str]:
-    from flashnum.harness.config import Config
-
-    node = OmegaConf.structured(Config)
-    parent = key.rsplit(".", 1)[0] if "." in key else ""
-    sub = OmegaConf.select(node, parent) if parent else node
-    return sorted(sub.keys()) if hasattr(sub, "keys") else []
-
-
-def explain(exc: BaseException) -> str:
-    """One line for a Hydra / OmegaConf / validation error: the bad value and the choices."""
-    msgs = []
-    e = exc
-    while e is not None and len(msgs) < 4:
-        msgs.append(str(e))
-        e = e.__cause__ or e.__context__
-    text = "\n".join(msgs)
-    m = re.search(r"Could not (?:find|load) '([^']+)'", text)
-    if m:
-        group, _, name = m.group(1).rpartition("/")
-        if group:
-            what = group.replace("hydra/", "hydra/")
-            return f"unknown {what} {name!r}; valid: {', '.join(_options(group))}"
-        return f"config {name!r} not found"
-    m = re.search(r"Key '([^']+)' (?:is )?not in", text) or re.search(
-        r"Could not override '([^']+)'", text)
-    if m:
-        full = re.search(r"full_key: (\S+)", text)
-        key = full.group(1) if full else m.group(1)
-        parent = key.rsplit(".", 1)[0]
-        if parent.split(".")[-1] in ("sites", "params", "search"):  # open mappings
-            return f"{key} is not set yet; add it with +{key}=VALUE"
-        valid = _schema_keys(key)
-        return f"unknown key {key!r}; valid: {', '.join(valid)}" if valid else (
-            f"unknown key {key!r}")
-    m = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
-    if m:
-        full = re.search(r"full_key: (\S+)", text)
-        key = full.group(1) if full else "?"
-        return f"bad value {m.group(1)!r} for {key}: expected {m.group(2).lower()}"
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
-    return first
-
-
-def _first_values(overrides: list[str]) -> list[str]:
-    """The overrides with each sweep (a,b / range(..) / choice(..)) cut to its first value."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    out = []
-    for o in OverridesParser.create().parse_overrides(overrides):
-        if o.is_sweep_override():
-            try:
-                first = next(iter(o.sweep_string_iterator()))
-            except Exception:
-                continue
-            out.append(f"{o.get_key_element()}={first}")
-        else:
-            out.append(o.input_line)
-    return out
+# the command line: check everything first, compose once, expand once
 
 
 def precheck(overrides: list[str]):
-    """Compose and check the config as Hydra will; ConfigError(one line) when it is bad."""
-    from hydra import compose, initialize_config_dir
+    """Compose conf/ with the overrides and check it; ConfigError(one line) when bad.
 
+    A multirun's sweeps are cut to their first values (each job is checked again).
+    Returns (cfg, cases): the config composed once and its grid expanded once.
+    """
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3",
-                                   job_name="flashnum.harness.run"):
-            try:
-                cfg = compose("config", overrides=_first_values(overrides),
-                              return_hydra_config=True)
-            except Exception as e:
-                raise ConfigError(explain(e)) from None
-            try:
-                check(cfg)
-                expand(cfg)
-            except ValueError as e:
-                raise ConfigError(str(e).splitlines()[0]) from None
-    except ConfigError:
-        raise
+                                   job_name="flashnum.run"):
+            cfg = compose("config", overrides=cli.first_values(overrides))
     except Exception as e:
-        raise ConfigError(explain(e)) from None
-    return cfg
+        raise ConfigError(cli.explain(e)) from None
+    return cfg, _checked(cfg)
 
 
-def _fail(msg: str, code: int = 2):
-    print(f"flashnum.harness.run: error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(code)
+def _checked(cfg) -> list[Case]:
+    """check(cfg) and its grid, or ConfigError with the first line of what is wrong."""
+    try:
+        check(cfg)
+        return expand(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+
+
+def _go(cfg, cases, overrides) -> dict:
+    try:
+        return run(cfg, cases, overrides)
+    except KeyboardInterrupt:
+        cli.fail(PROG, "interrupted: finished cases are stored; run the same command to resume",
+                 130)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
 def _hydra_main(cfg) -> None:
+    """One job of a multirun (Hydra composes each job's config)."""
     try:
-        check(cfg)
-        expand(cfg)
-    except ValueError as e:
-        _fail(str(e).splitlines()[0])
+        cases = _checked(cfg)
+    except ConfigError as e:
+        cli.fail(PROG, str(e))
+    _go(cfg, cases, None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m flashnum.run [key=value ...]: one run composes conf/ once and runs it;
+    -m (multirun) and Hydra's own flags (--help, --cfg, --info) go through hydra.main."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = cli.hydra_args(argv)
+    if args.help or args.hydra_help or args.info or args.shell_completion or args.cfg:
+        _hydra_main()
+        return 0
     try:
-        result = run(cfg)
-    except KeyboardInterrupt:
-        _fail("interrupted: finished cases are stored; run the same command to resume", 130)
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if result.get("failures") and HydraConfig.get().mode == RunMode.RUN:
-        sys.exit(1)
-
-
-def main() -> None:
-    from hydra._internal.utils import get_args_parser
-
-    args, _ = get_args_parser().parse_known_args()
-    if not (args.help or args.hydra_help or args.info or args.shell_completion or args.cfg):
-        try:
-            precheck(args.overrides)
-        except ConfigError as e:
-            _fail(str(e))
-    _hydra_main()
+        cfg, cases = precheck(args.overrides)
+    except ConfigError as e:
+        cli.fail(PROG, str(e))
+    if args.multirun:
+        _hydra_main()
+        return 0
+    task = [o for o in args.overrides if not o.lstrip("+~").startswith("hydra")]
+    result = _go(cfg, cases, task)
+    return 1 if result.get("failures") else 0
 
 
 if __name__ == "__main__":
@@ -654,4 +390,4 @@ if __name__ == "__main__":
     # functions by module name, and `__main__` is another module in their process
     from flashnum.harness.run import main as _main
 
-    _main()
+    sys.exit(_main())

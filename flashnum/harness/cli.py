@@ -1,0 +1,188 @@
+"""The one command-line convention of every `python -m flashnum.<command>`.
+
+Every command takes Hydra's `key=value` overrides (the same grammar as
+`python -m flashnum.run`: dotted keys, lists [a,b], +key=value for open mappings),
+stops a bad value before any work with one line on stderr and exit status 2,
+and writes into the one store (flashnum.harness.store, root `store.root=`).
+
+A command other than run declares its options as a dataclass and calls main_of:
+
+    @dataclass
+    class Args:
+        what: str = "all"
+        quick: bool = False
+        store: StoreConf = field(default_factory=StoreConf)
+
+    def main(argv=None) -> int:
+        return main_of("flashnum.reproduce", Args, _run, argv, positional="what",
+                       check=_check, doc=__doc__)
+
+`python -m flashnum.reproduce fa3_table3 quick=true` then calls _run(cfg) with the
+composed config (a bare first word is the `positional` key); `--help` lists the keys
+with their defaults. `run` itself composes conf/ (flashnum.harness.run.main).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import fields, is_dataclass
+
+from hydra import compose, initialize
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import MissingConfigException
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+from flashnum.harness.config import Config
+from flashnum.harness.paths import CONF
+from flashnum.inputs.distributions import DISTRIBUTIONS
+
+OPEN_MAPPINGS = ("sites", "params", "search")  # config keys whose entries are free-form
+
+
+class ConfigError(ValueError):
+    """A bad command line or config; its text is the one line the user sees."""
+
+
+def fail(prog: str, msg: str, code: int = 2):
+    """Print `prog: error: msg` (one line) on stderr and exit with `code`."""
+    print(f"{prog}: error: {msg.splitlines()[0] if msg else 'failed'}", file=sys.stderr,
+          flush=True)
+    sys.exit(code)
+
+
+def _chain(exc: BaseException):
+    seen = 0
+    while exc is not None and seen < 8:
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+
+
+def _options(group: str, found=()) -> list[str]:
+    """The choices of a config group: what Hydra found, the yaml files, the distributions."""
+    opts = list(found or [])
+    d = CONF / group
+    opts += [p.stem for p in d.glob("*.yaml")] if d.is_dir() else []
+    if group == "distribution":
+        opts += list(DISTRIBUTIONS)
+    return sorted(set(opts))
+
+
+def _schema_keys(schema, key: str) -> list[str]:
+    """The keys the schema allows beside `key` (at the same level)."""
+    node = OmegaConf.structured(schema)
+    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    sub = OmegaConf.select(node, parent) if parent else node
+    return sorted(sub.keys()) if hasattr(sub, "keys") else []
+
+
+def _type_word(node) -> str:
+    """integer, float, boolean, string: the type an OmegaConf value node holds."""
+    return type(node).__name__.removesuffix("Node").lower() or "another type"
+
+
+def explain(exc: BaseException, schema=None) -> str:
+    """One line for a Hydra / OmegaConf error: the bad value or key, and the choices.
+
+    Reads the exceptions' public attributes (MissingConfigException.missing_cfg_file
+    and .options, OmegaConf's .full_key and .value), never their text; `schema` is the
+    dataclass whose keys are listed for an unknown key (default: run's Config).
+    """
+    schema = Config if schema is None else schema
+    for e in _chain(exc):
+        if isinstance(e, MissingConfigException) and e.missing_cfg_file:
+            group, _, name = e.missing_cfg_file.rpartition("/")
+            if group:
+                return f"unknown {group} {name!r}; valid: {', '.join(_options(group, e.options))}"
+            return f"config {name!r} not found"
+        if isinstance(e, ValidationError) and getattr(e, "full_key", None):
+            return (f"bad value {e.value!r} for {e.full_key}: expected "
+                    f"{_type_word(e.child_node)}")
+        if isinstance(e, (ConfigAttributeError, ConfigKeyError)) and getattr(e, "full_key", None):
+            key = e.full_key
+            parent = key.rsplit(".", 1)[0]
+            if parent.split(".")[-1] in OPEN_MAPPINGS:
+                return f"{key} is not set yet; add it with +{key}=VALUE"
+            valid = _schema_keys(schema, key)
+            return f"unknown key {key!r}; valid: {', '.join(valid)}" if valid else (
+                f"unknown key {key!r}")
+    text = "\n".join(str(e) for e in _chain(exc))
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+
+
+def first_values(overrides: list[str]) -> list[str]:
+    """The overrides with each sweep (a,b / range(..) / choice(..)) cut to its first value."""
+    out = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.is_sweep_override():
+            try:
+                first = next(iter(o.sweep_string_iterator()))
+            except Exception:
+                continue
+            out.append(f"{o.get_key_element()}={first}")
+        else:
+            out.append(o.input_line)
+    return out
+
+
+def hydra_args(argv: list[str]):
+    """Hydra's own reading of a command line (flags, overrides, multirun).
+
+    Hydra has no public parser of its command line; this is the one hydra.main uses,
+    so `python -m flashnum.run` accepts exactly Hydra's flags. The only private import.
+    """
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser().parse_known_args(argv)[0]
+
+
+def _usage(prog: str, schema, doc: str | None, positional: str | None) -> str:
+    lines = [(doc or "").strip(), "", f"usage: python -m {prog}"
+             + (f" [{positional}]" if positional else "") + " [key=value ...]", "", "keys:"]
+    node = OmegaConf.to_container(OmegaConf.structured(schema))
+    for f in fields(schema):
+        lines.append(f"  {f.name}={node[f.name]!r}")
+    return "\n".join(lines).strip() + "\n"
+
+
+def parse(prog: str, schema, argv: list[str] | None = None, *,
+          positional: str | None = None, doc: str | None = None):
+    """The schema's config with the `key=value` overrides of argv; exit 2 when bad."""
+    if not is_dataclass(schema):
+        raise TypeError(f"schema must be a dataclass, got {schema!r}")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(_usage(prog, schema, doc, positional), end="")
+        sys.exit(0)
+    if positional and argv and "=" not in argv[0] and not argv[0].startswith("-"):
+        argv[0] = f"{positional}={argv[0]}"
+    bad = [a for a in argv if "=" not in a]
+    if bad:
+        fail(prog, f"{bad[0]!r} is not key=value; valid keys: "
+             f"{', '.join(f.name for f in fields(schema))}")
+    name = f"{prog.replace('.', '_')}_args"
+    ConfigStore.instance().store(name=name, node=schema)
+    try:
+        with initialize(version_base="1.3", config_path=None):
+            return compose(name, overrides=argv)
+    except Exception as e:
+        fail(prog, explain(e, schema))
+
+
+def main_of(prog: str, schema, run: Callable, argv: list[str] | None = None, *,
+            positional: str | None = None, check: Callable | None = None,
+            doc: str | None = None) -> int:
+    """parse, then check(cfg) (a ValueError is a one-line exit 2), then run(cfg) -> status."""
+    cfg = parse(prog, schema, argv, positional=positional, doc=doc)
+    if check is not None:
+        try:
+            check(cfg)
+        except ValueError as e:
+            fail(prog, str(e))
+    try:
+        return int(run(cfg) or 0)
+    except KeyboardInterrupt:
+        fail(prog, "interrupted: what finished is stored; run the same command to go on", 130)
