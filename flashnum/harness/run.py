@@ -51,7 +51,7 @@ from omegaconf import OmegaConf
 
 from flashnum.analysis import bounds, metrics
 from flashnum.analysis.invariants import invariants
-from flashnum.engine.core import attention
+from flashnum.engine import attention
 from flashnum.harness import cli, manifest, scheduler, store, summary
 from flashnum.harness.cli import ConfigError
 from flashnum.harness.config import check, register
