@@ -140,6 +140,8 @@ def attention(
 
     precision: fp64 fp32 tf32 fp16 bf16 fp8_e4m3 fp8_e5m2 mp, or p<bits> (2..52)
     policy:    fa2 naive lowp exact uniform, or a flashnum.numerics.policy.Policy
+               or torch_cpu (flashnum.engine.torch_cpu: torch's CPU SDPA kernel, its own
+               splits)
     order:     forward reverse random max_ascending max_descending, or a permutation
     variant:   fa2 fa1 exp2 lazy (tau) qiu_yao (beta)
     rounding:  nearest stochastic (seeded by `seed`; inputs are always rounded to nearest)
@@ -148,6 +150,11 @@ def attention(
     if precision == "mp" and backend == "emulate":
         backend = "mp"
     _check(q, k, v, precision, policy, block_m, block_n, order, variant, rounding, backend)
+    if isinstance(policy, str) and policy == "torch_cpu":
+        # a model of one real kernel: its own splits, exp and order (block sizes ignored)
+        from flashnum.engine.torch_cpu import attention_torch_cpu
+
+        return attention_torch_cpu(q, k, v, precision=precision, causal=causal, scale=scale)
     if backend == "mp":
         from flashnum.backends.mp import attention_mp
 

@@ -19,10 +19,14 @@ for fp32, bf16 and fp16. This module repeats its arithmetic in the same order:
   exp       P = exp(s - m) on whole 16-lane vectors by ATen's Vectorized<float>::exp_u20 for
             fp32 (a degree-5 polynomial with FMA) and fexp_u20 for bf16/fp16 (a cubic for
             2^frac, assembled in the exponent bits: errors up to ~1e-4 relative); neither is
-            torch.exp's SLEEF function. glibc expf on the kvB mod 16 tail columns
-  row sum   16 lane accumulators over the vectors, the AVX-512 shuffle tree (lanes
-            i + 8, + 4, + 2, + 1), then the tail columns one by one
-  state     alpha = expf(m_old - m_new); l = fma(alpha, l_old, rowsum) (GCC contracts
+            torch.exp's SLEEF function. On the kvB mod 16 tail columns the correctly
+            rounded exp (measured: glibc's expf differs from the kernel there, the C
+            library's double exp rounded to fp32 agrees on every case tried)
+  row sum   lane accumulators over the vectors (fp32: one of 16 lanes; bf16/fp16: two,
+            over 32-column steps, and one for a last 16-column step), the AVX-512 shuffle
+            tree (lanes i + 8, + 4, + 2, + 1), then the tail columns one by one
+  state     alpha = expf(m_old - m_new) (std::exp of a float: glibc's expf, not rounded
+            correctly on about one argument in 2000); l = fma(alpha, l_old, rowsum) (GCC contracts
             this C++ expression on the AVX-512 build); o = o * alpha before the GEMM
   P cast    P stored in bf16/fp16 (round to nearest even) as the P @ V operand;
             fp32 P stays fp32. The row sum reads the fp32 P
@@ -44,7 +48,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import hashlib
 import math
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +149,24 @@ def _expf():
 
 
 @functools.cache
+def _exp64():
+    name = ctypes.util.find_library("m") or "libm.so.6"
+    f = ctypes.CDLL(name).exp
+    f.restype = ctypes.c_double
+    f.argtypes = [ctypes.c_double]
+    return f
+
+
+def exp64(x: torch.Tensor) -> torch.Tensor:
+    """The C library's double exp of fp32 x (float64 result); rounded to fp32 it is the
+    correctly rounded exp that the kernel's tail loop delivers (measured)."""
+    f = _exp64()
+    flat = x.detach().contiguous().reshape(-1).double().numpy()
+    out = np.fromiter((f(v) for v in flat.tolist()), dtype=np.float64, count=flat.size)
+    return torch.from_numpy(out).reshape(x.shape)
+
+
+@functools.cache
 def _logf():
     name = ctypes.util.find_library("m") or "libm.so.6"
     f = ctypes.CDLL(name).logf
@@ -172,6 +198,9 @@ def _mkl():
         return None
     for f in fns.values():
         f.restype = None
+    fns["threads"] = lib.MKL_Set_Num_Threads_Local  # the C entry (by value)
+    fns["threads"].restype = ctypes.c_int
+    fns["threads"].argtypes = [ctypes.c_int]
     return fns
 
 
@@ -191,47 +220,127 @@ def _gemm(prec, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc):
               ctypes.c_void_p(c.data_ptr()), ctypes.byref(ci(ldc)))
 
 
-def _qk(prec, q, k) -> torch.Tensor:
-    """S (BH, qB, kvB) fp32 = q (BH, qB, d) @ k (BH, kvB, d)^T, per head as the kernel calls
-    gemm(T, N, kvB, qB, d, 1, k, ldk, q, ldq, 0, S, kvB)."""
-    bh, qb, d = q.shape
-    kvb = k.shape[1]
+class _one_thread:
+    """MKL on one thread, as inside the kernel's parallel loop (each task runs its GEMMs
+    sequentially)."""
+
+    def __enter__(self):
+        self.old = _mkl()["threads"](1)
+
+    def __exit__(self, *exc):
+        _mkl()["threads"](self.old)
+
+
+def _qk(prec, q, k, s) -> None:
+    """s (qB, kvB) fp32 = q (qB, d) @ k (kvB, d)^T, as the kernel calls
+    gemm(T, N, kvB, qB, d, 1, k, d, q, d, 0, s, kvB). q, k are views into the inputs and s
+    a view into the thread's buffer: MKL's result can depend on the operands' alignment."""
+    qb, d = q.shape
+    kvb = k.shape[0]
     if _mkl() is None:
-        return torch.matmul(q.float(), k.float().transpose(-1, -2))
-    s = torch.empty(bh, qb, kvb, dtype=torch.float32)
-    for h in range(bh):
-        _gemm(prec, b"T", b"N", kvb, qb, d, k[h], d, q[h], d, 0.0, s[h], kvb)
-    return s
+        s.copy_(torch.matmul(q.float(), k.float().T))
+        return
+    with _one_thread():
+        _gemm(prec, b"T", b"N", kvb, qb, d, k, d, q, d, 0.0, s, kvb)
 
 
 def _pv(prec, p, v, o, first: bool) -> None:
-    """o (BH, qB, d) fp32 <- p (BH, qB, kvB) @ v (BH, kvB, d) + (0 if first else 1) o, per
-    head as gemm(N, N, d, qB, kvB, 1, v, ldv, p, kvB, beta, o, d)."""
-    bh, qb, kvb = p.shape
+    """o (qB, d) fp32 <- p (qB, kvB) @ v (kvB, d) + (0 if first else 1) o, as the kernel
+    calls gemm(N, N, d, qB, kvB, 1, v, d, p, kvB, beta, o, d)."""
+    qb, kvb = p.shape
     d = v.shape[-1]
     if _mkl() is None:
         pv = torch.matmul(p.float(), v.float())
         o.copy_(pv if first else pv + o)
         return
-    for h in range(bh):
-        _gemm(prec, b"N", b"N", d, qb, kvb, v[h], d, p[h], kvb, 0.0 if first else 1.0, o[h], d)
+    with _one_thread():
+        _gemm(prec, b"N", b"N", d, qb, kvb, v, d, p, kvb, 0.0 if first else 1.0, o, d)
 
 
 # ---------------------------------------------------------------------------
-# the row softmax of one block
+# the row softmax of one block: torch_cpu.c when a C compiler is at hand (fast), else the
+# same operations in torch (tests check that both give the same bits)
 
 
-def _row_sum(p: torch.Tensor) -> torch.Tensor:
-    """sum over the last dim as _exp_reduce_sum_fusion_kernel adds: 16 lane accumulators,
-    the shuffle tree, then the tail columns in order."""
+@functools.cache
+def _clib():
+    """torch_cpu.c compiled once into the cache ($FLASHNUM_CACHE or ~/.cache/flashnum), or
+    None (no compiler, or FLASHNUM_NATIVE=0)."""
+    if os.environ.get("FLASHNUM_NATIVE") == "0":
+        return None
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    src = Path(__file__).with_suffix(".c").read_text()
+    flags = ["-O2", "-ffp-contract=off", "-fPIC", "-shared"]
+    key = hashlib.sha256("\0".join([src, cc, *flags]).encode()).hexdigest()[:16]
+    root = Path(os.environ.get("FLASHNUM_CACHE") or Path.home() / ".cache" / "flashnum")
+    so = root / f"torch_cpu-{key}.so"
+    if not so.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        c_file = so.with_name(f"{so.stem}.{os.getpid()}.c")
+        c_file.write_text(src)
+        tmp = so.with_name(f"{so.stem}.{os.getpid()}.so")
+        r = subprocess.run([cc, *flags, str(c_file), "-o", str(tmp), "-lm"], capture_output=True)
+        c_file.unlink(missing_ok=True)
+        if r.returncode != 0:
+            return None
+        os.replace(tmp, so)
+    lib = ctypes.CDLL(str(so))
+    f = lib.tc_softmax_block
+    f.restype = None
+    f.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [
+        ctypes.c_int]
+    return lib
+
+
+def softmax_block(s, m, l, prec, use_c=True):
+    """One key block's softmax step on scaled logits s (R, n): returns (p, alpha, live) and
+    updates m, l (R,) in place."""
+    lib = _clib() if use_c else None
+    if lib is not None:
+        s = s.contiguous()
+        p = torch.empty_like(s)
+        alpha = torch.empty_like(m)
+        live = torch.empty(m.shape, dtype=torch.int32)
+        lib.tc_softmax_block(s.data_ptr(), s.shape[0], s.shape[1], m.data_ptr(), l.data_ptr(),
+                             p.data_ptr(), alpha.data_ptr(), live.data_ptr(), int(prec != "fp32"))
+        return p, alpha, live.bool()
+    m_new = torch.maximum(m, s.amax(dim=-1))
+    live = m_new != -math.inf  # a row with no visible key yet: P = 0, state kept
+    m_safe = torch.where(live, m_new, torch.zeros_like(m_new))
+    p = _block_exp(s, m_safe, prec)
+    p = torch.where(live[..., None], p, torch.zeros_like(p))
+    row_sum = _row_sum(p, prec)
+    alpha = expf(torch.where(live, m - m_safe, torch.zeros_like(m)))
+    l.copy_(torch.where(live, _fma(alpha, l, row_sum), l))
+    m.copy_(torch.where(live, m_new, m))
+    return p, torch.where(live, alpha, torch.ones_like(alpha)), live
+
+
+
+def _row_sum(p: torch.Tensor, prec: str) -> torch.Tensor:
+    """sum over the last dim as _exp_reduce_sum_fusion_kernel adds: lane accumulators (for a
+    bf16/fp16 P two of them, over 32-column steps, plus one for a last 16-column step), the
+    AVX-512 shuffle tree (lane i + 8, + 4, + 2, + 1), then the tail columns in order."""
     n = p.shape[-1]
     main = LANES * (n // LANES)
-    acc = torch.zeros(*p.shape[:-1], LANES, dtype=torch.float32)
-    for c0 in range(0, main, LANES):
-        acc = acc + p[..., c0 : c0 + LANES]
+    step = LANES if prec == "fp32" else 2 * LANES
+    end_n = step * (n // step)
+    zeros = torch.zeros(*p.shape[:-1], LANES, dtype=torch.float32)
+    acc = [zeros, zeros.clone()]
+    tail = zeros.clone()
+    for c0 in range(0, end_n, step):
+        for i in range(step // LANES):
+            acc[i] = acc[i] + p[..., c0 + i * LANES : c0 + (i + 1) * LANES]
+    for c0 in range(end_n, main, LANES):
+        tail = tail + p[..., c0 : c0 + LANES]
+    total = acc[0] + tail
+    if step > LANES:
+        total = total + acc[1]
     for half in (8, 4, 2, 1):
-        acc = acc[..., :half] + acc[..., half : 2 * half]
-    total = acc[..., 0]
+        total = total[..., :half] + total[..., half : 2 * half]
+    total = total[..., 0]
     for c in range(main, n):
         total = total + p[..., c]
     return total
@@ -246,7 +355,7 @@ def _block_exp(s: torch.Tensor, m: torch.Tensor, prec: str) -> torch.Tensor:
     p = torch.empty_like(x)
     p[..., :main] = (exp_u20 if prec == "fp32" else fexp_u20)(x[..., :main])
     if main < n:
-        p[..., main:] = expf(x[..., main:])
+        p[..., main:] = exp64(x[..., main:]).float()
     return p
 
 
@@ -255,10 +364,11 @@ def _block_exp(s: torch.Tensor, m: torch.Tensor, prec: str) -> torch.Tensor:
 
 
 def attention_torch_cpu(q, k, v, *, precision="bf16", causal=False, scale=None,
-                        q_split=None, kv_split=None) -> Result:
+                        q_split=None, kv_split=None, use_c=True) -> Result:
     """What torch's CPU SDPA computes for q, k, v stored in `precision` (fp32, bf16, fp16).
 
-    q_split/kv_split default to the kernel's own choice for the shape (split_sizes)."""
+    q_split/kv_split default to the kernel's own choice for the shape (split_sizes);
+    use_c=False takes the torch path of the row softmax (the same values, slower)."""
     if precision not in DTYPES:
         raise ValueError(f"policy torch_cpu models precision fp32, bf16 or fp16, not {precision!r}")
     dtype = DTYPES[precision]
@@ -283,14 +393,18 @@ def attention_torch_cpu(q, k, v, *, precision="bf16", causal=False, scale=None,
     out = torch.zeros(bh, nq, d, dtype=torch.float32)
     m_all = torch.zeros(bh, nq, dtype=torch.float32)
     l_all = torch.zeros(bh, nq, dtype=torch.float32)
-    for r0 in range(0, nq, qs):
-        qb = min(qs, nq - r0)
-        m, l, o = _query_block(precision, q3[:, r0 : r0 + qb], k3, v3, r0, ks, causal, scale32)
-        l_safe = torch.where(l == 0, torch.ones_like(l), l)
-        recip = 1.0 / l_safe  # the kernel multiplies by the fp32 reciprocal
-        out[:, r0 : r0 + qb] = (o * recip[..., None]).to(dtype).float()
-        m_all[:, r0 : r0 + qb] = torch.where(m == -math.inf, torch.zeros_like(m), m)
-        l_all[:, r0 : r0 + qb] = l_safe
+    bufs = _ThreadBuffers(dtype, qs, ks, d, bh * -(-nq // qs))
+    for h in range(bh):
+        for r0 in range(0, nq, qs):
+            qb = min(qs, nq - r0)
+            buf = bufs.for_task(h * -(-nq // qs) + r0 // qs)
+            m, l, o = _query_block(precision, q3[h, r0 : r0 + qb], k3[h], v3[h], r0, ks, causal,
+                                   scale32, buf, use_c)
+            l_safe = torch.where(l == 0, torch.ones_like(l), l)
+            recip = 1.0 / l_safe  # the kernel multiplies by the fp32 reciprocal
+            out[h, r0 : r0 + qb] = (o * recip[:, None]).to(dtype).float()
+            m_all[h, r0 : r0 + qb] = torch.where(m == -math.inf, torch.zeros_like(m), m)
+            l_all[h, r0 : r0 + qb] = l_safe
     masked = torch.zeros(bh, nq, dtype=torch.bool)
     m64, l64 = m_all.double(), l_all.double()
     lse = (m_all + expf(l_all, _logf())).double()  # fp32 m + std::log(l), as the kernel stores it
@@ -303,34 +417,54 @@ def attention_torch_cpu(q, k, v, *, precision="bf16", causal=False, scale=None,
     )
 
 
-def _query_block(prec, qb_, k3, v3, r0, ks, causal, scale32):
-    """(m, l, o) of one query block after every key block it visits."""
-    bh, qb, d = qb_.shape
-    nk = k3.shape[1]
-    m = torch.full((bh, qb), -math.inf, dtype=torch.float32)
-    l = torch.zeros(bh, qb, dtype=torch.float32)
-    o = torch.zeros(bh, qb, d, dtype=torch.float32)
+class _ThreadBuffers:
+    """The kernel's per-thread scratch: one fp32 buffer per thread holding qk (qS x kvS), the
+    row max and sum (qS each) and dst (qS x d) one after another, and for bf16/fp16 one
+    buffer of the stored P. MKL may sum differently for operands aligned differently, so the
+    model uses the same offsets, on the thread at::parallel_for gives the task (contiguous
+    chunks of ceil(tasks / threads) tasks, threads = min(torch threads, tasks))."""
+
+    def __init__(self, dtype, qs, ks, d, tasks):
+        self.threads = max(1, min(torch.get_num_threads(), tasks))
+        self.chunk = -(-tasks // self.threads)
+        self.qs, self.ks, self.d = qs, ks, d
+        self.per_thread = qs * ks + 2 * qs + qs * d
+        self.f32 = torch.empty(self.threads, self.per_thread, dtype=torch.float32)
+        self.low = (None if dtype is torch.float32
+                    else torch.empty(self.threads, qs * ks, dtype=dtype))
+
+    def for_task(self, task):
+        t = task // self.chunk
+        base = self.f32[t]
+        return dict(qk=base[: self.qs * self.ks],
+                    dst=base[self.qs * self.ks + 2 * self.qs :][: self.qs * self.d],
+                    low=None if self.low is None else self.low[t])
+
+
+def _query_block(prec, q, k, v, r0, ks, causal, scale32, buf, use_c=True):
+    """(m, l, o) of one query block (q: qB x d) of one head after every key block it visits."""
+    qb, d = q.shape
+    nk = k.shape[0]
+    m = torch.full((qb,), -math.inf, dtype=torch.float32)
+    l = torch.zeros(qb, dtype=torch.float32)
+    o = buf["dst"][: qb * d].view(qb, d)
     num_keys = min(r0 + qb, nk) if causal else nk
     rows = torch.arange(qb)
     for n in range(0, num_keys, ks):
         kvb = min(ks, nk - n)
-        s = _qk(prec, qb_, k3[:, n : n + kvb].contiguous())
+        s = buf["qk"][: qb * kvb].view(qb, kvb)
+        _qk(prec, q, k[n : n + kvb], s)
         if causal and num_keys - n <= ks:
-            cols = torch.arange(kvb)
-            s = s.masked_fill(cols[None, :] > (r0 + rows - n)[:, None], -math.inf)
-        s = s * scale32
-        m_new = torch.maximum(m, s.amax(dim=-1))
-        live = m_new != -math.inf  # a row with no visible key yet: P = 0, state kept
-        m_safe = torch.where(live, m_new, torch.zeros_like(m_new))
-        p = _block_exp(s, m_safe, prec)
-        p = torch.where(live[..., None], p, torch.zeros_like(p))
-        row_sum = _row_sum(p)
-        alpha = expf(torch.where(live, m - m_safe, torch.zeros_like(m)))
-        l = torch.where(live, _fma(alpha, l, row_sum), l)
+            s.masked_fill_(torch.arange(kvb)[None, :] > (r0 + rows - n)[:, None], -math.inf)
+        s.mul_(scale32)
+        p, alpha, live = softmax_block(s, m, l, prec, use_c)
         if n > 0:
-            o = torch.where(live[..., None], o * alpha[..., None], o)
-        m = torch.where(live, m_new, m)
-        pc = p.to(DTYPES[prec]).contiguous()  # the stored P (fp32 stays fp32)
-        o = o.contiguous()
-        _pv(prec, pc, v3[:, n : n + kvb].contiguous(), o, first=n == 0)
-    return m, l, o
+            o.mul_(alpha[:, None])  # alpha is 1 on skipped rows: o kept
+        if buf["low"] is None:
+            s.copy_(p)  # fp32: P overwrites the logits in the same buffer
+            pc = s
+        else:
+            pc = buf["low"][: qb * kvb].view(qb, kvb)
+            pc.copy_(p)  # the stored P: one round to nearest even
+        _pv(prec, pc, v[n : n + kvb], o, first=n == 0)
+    return m, l, o.clone()
