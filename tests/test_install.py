@@ -1,0 +1,73 @@
+"""A built wheel is a complete package: it carries conf/ (a non-editable install runs from any
+directory), the license, and the build prints no setuptools deprecation warnings."""
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = ["flashnum", "conf", "pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    """pip wheel of a copy of the sources (the build writes build/ and *.egg-info in place)."""
+    src = tmp_path_factory.mktemp("src")
+    for name in SOURCES:
+        p = REPO / name
+        if p.is_dir():
+            shutil.copytree(p, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(p, src / name)
+    out = tmp_path_factory.mktemp("dist")
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps",
+                        "--no-build-isolation", "-w", str(out), str(src)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    (whl,) = out.glob("flashnum-*.whl")
+    return whl, p.stdout + p.stderr
+
+
+def test_the_wheel_carries_every_config_file_byte_for_byte(wheel):
+    whl, _ = wheel
+    with zipfile.ZipFile(whl) as z:
+        shipped = {n.removeprefix("flashnum/conf/"): z.read(n) for n in z.namelist()
+                   if n.startswith("flashnum/conf/")}
+    source = {f.relative_to(REPO / "conf").as_posix(): f.read_bytes()
+              for f in (REPO / "conf").rglob("*.yaml")}
+    assert "config.yaml" in source and shipped == source
+
+
+def test_the_wheel_states_its_license_as_an_spdx_expression_with_the_file(wheel):
+    whl, _ = wheel
+    with zipfile.ZipFile(whl) as z:
+        meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA")))
+        lic = [n for n in z.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+    assert b"License-Expression: MIT" in meta and len(lic) == 1
+
+
+def test_building_prints_no_setuptools_deprecation_warning(wheel):
+    _, log = wheel
+    assert "SetuptoolsDeprecationWarning" not in log and "is deprecated" not in log
+
+
+def test_the_unpacked_wheel_runs_an_experiment_from_another_directory(wheel, tmp_path):
+    whl, _ = wheel
+    site = tmp_path / "site"
+    with zipfile.ZipFile(whl) as z:
+        z.extractall(site)
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    p = subprocess.run([sys.executable, "-m", "flashnum.run", "experiment=smoke", "dry_run=true",
+                        f"store.root={tmp_path / 'x'}"], cwd=cwd, capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "smoke: 48 cases in the grid" in p.stdout
+    q = subprocess.run([sys.executable, "-c", "import flashnum.harness.paths as p; print(p.CONF)"],
+                       cwd=cwd, capture_output=True, text=True, timeout=120,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)})
+    assert Path(q.stdout.strip()) == site / "flashnum" / "conf"
