@@ -1,0 +1,335 @@
+"""A-priori error bounds for the emulated backward (flashnum.engine.backward), per gradient.
+
+    from flashnum.analysis.bounds_backward import bound_backward
+    b = bound_backward(q, k, v, do, policy="fa2", precision="bf16", block_m=64, block_n=64)
+    b["dq"], b["dk"], b["dv"]       elementwise bounds >= |computed - exact| (float64 tensors)
+    b["max"]                         {"dq": ..., "dk": ..., "dv": ...} the largest of each
+    b["terms"], b["dominant_site"]   per gradient: each site's bound alone (at the entry with
+                                     the largest bound) and the largest of them
+
+`exact` is the real gradient of the given inputs (flashnum.reference_backward). The bound
+holds for every dq_order, block_m and forward key-block order with the given block sizes,
+for round to nearest (rounding="stochastic": every u doubled). The derivation is in
+docs/backward.md; in short, every rounding is fl(x) = x (1 + delta) + eta, |delta| <= u of
+its site (2^-53 for exact sites, which run on the float64 carrier), |eta| <= half the
+format's smallest subnormal, and every accumulation of n products errs by at most
+gamma_{n+1} sum |a||b| (any order). Through the algorithm, entry by entry:
+
+    logits      |s^ - s| <= e_s = a_A scale |q|.|k|        (inputs, dot, scale, s roundings)
+    stored LSE  |L^ - L| <= eps_L = E_s + -log(1 - theta) + lse's rounding, with theta the
+                relative error of the forward's l (its exps, the rescales whose arguments
+                telescope to at most the logit range R, the row sums)
+    P           |P^ - P| <= pi P + eta, pi = exp(e_s + eps_L + u_diff |s - L| + u_p + ...) - 1
+    dV          sum_i |P^ - P| |dO| + gamma (sum_i P^ |dO|) + rounding of dO, output
+    dP, D       gamma (|dO| |V|^T);  |dO|.E_O (E_O: the forward bound of O per row,
+                flashnum.analysis.bounds) + gamma (|dO|.|O^|)
+    dS          |P^ - P| |dP - D| + P^ (e_dP + e_D) + the two roundings of P (dP - D)
+    dQ, dK      scale (e_dS |K| + gamma |dS^| |K| + input roundings) + scale and output
+                roundings
+
+The bound is rigorous (the higher-order products are kept: (1 + u)^k - 1, exp(x) - 1,
+-log(1 - x)) but it is a worst case over the signs of the roundings; it is evaluated in
+float64 with the exact P, dP, D, dS of the inputs and a relative slack of 2^-30.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from flashnum.numerics.formats import EXACT, FORMATS
+from flashnum.numerics.policy import BWD_SITES, make_backward_policy
+from flashnum.numerics.tiling import causal_visible, n_blocks
+
+U64 = 2.0**-53
+EXP64 = 2.0**-52  # torch's float64 exp: within 1 ulp
+EVAL_SLACK = 2.0**-30
+GROUPS = (*BWD_SITES, "inputs", "forward")  # sites a term can come from
+_ROWS = 1 << 22  # logits per chunk of the evaluation
+
+
+def _u(f, sr: bool) -> tuple[float, float]:
+    """(u, eta) of one rounding into format f: exact sites run on the float64 carrier."""
+    if f is EXACT or f.p >= 53:
+        return U64, 2.0**-1075
+    return (2 * f.u if sr else f.u), f.min_subnormal / 2 * (2 if sr else 1)
+
+
+def _acc(f, n: int, sr: bool) -> float:
+    """gamma_{n+1} of an accumulation of n products in format f (tf32: operands to tf32)."""
+    if f is not EXACT and f.name == "tf32":
+        u_op, u = FORMATS["tf32"].u * (2 if sr else 1), FORMATS["fp32"].u * (2 if sr else 1)
+        g = (n + 1) * u / (1 - (n + 1) * u)
+        return (1 + u_op) ** 2 * (1 + g) - 1
+    u = _u(f, sr)[0]
+    nu = (n + 1) * u
+    return nu / (1 - nu) if nu < 1 else math.inf
+
+
+def _units(pol, sr: bool, only: str | None, on_grid=(False, False)) -> dict:
+    """u and eta of every backward site, the inputs and the forward's sites; with `only`
+    set, every group but that one is exact (u = eta = 0): its term alone. on_grid: whether
+    (q, k, v) and dO are already values of their formats (then storing them is exact)."""
+    U = {}
+    for site in BWD_SITES:
+        U[site] = _u(pol.fmt(site), sr)
+    fwd = pol.forward
+    U["inputs"] = (0.0, 0.0) if on_grid[0] else _u(fwd.fmt("inputs"), sr)
+    if on_grid[1]:
+        U["do"] = (0.0, 0.0)
+    for site in ("qk_acc", "s", "m", "p", "l_acc", "l", "div", "p_cast"):
+        U["fwd." + site] = _u(fwd.fmt(site), sr)
+    if only is not None:
+        for key in U:
+            group = "forward" if key.startswith("fwd.") else key
+            if group != only:
+                U[key] = (0.0, 0.0)
+    return U
+
+
+def bound_backward(q, k, v, do, *, policy="fa2", precision="bf16", block_m: int = 64,
+                   block_n: int = 64, causal: bool = False, scale=None,
+                   rounding: str = "nearest", terms: bool = True) -> dict:
+    """Elementwise a-priori bounds on the errors of dQ, dK, dV; see the module docstring."""
+    if rounding not in ("nearest", "stochastic"):
+        raise ValueError(f"unknown rounding {rounding!r}; valid: nearest, stochastic")
+    pol = make_backward_policy(policy, precision)
+    sr = rounding == "stochastic"
+    q3, k3, v3, do3 = (x.detach().to("cpu", torch.float64).reshape(-1, *x.shape[-2:])
+                       for x in (q, k, v, do))
+    d = q3.shape[-1]
+    sc = 1 / math.sqrt(d) if scale is None else float(scale)
+    E_O = _forward_bound(q, k, v, pol, block_n, causal, sc, rounding)
+    geo = dict(bm=block_m, bn=block_n, causal=causal, scale=sc, B=q3.shape[0], sr=sr)
+
+    def grid(x, f):
+        return f is not EXACT and f.p < 53 and f.representable(x)
+
+    fin = pol.forward.fmt("inputs")
+    on_grid = (all(grid(x, fin) for x in (q3, k3, v3)), grid(do3, pol.fmt("do")))
+
+    def run(only, E):
+        return _evaluate(q3, k3, v3, do3, E, pol, _units(pol, sr, only, on_grid), geo,
+                         carrier=only is None)
+
+    full = run(None, E_O)
+    lead = q.shape[:-2]
+    shapes = dict(dq=q.shape, dk=k.shape, dv=v.shape)
+    out = {g: (full[g] * (1 + EVAL_SLACK)).reshape(shapes[g]) for g in ("dq", "dk", "dv")}
+    out["max"] = {g: float(out[g].max()) if out[g].numel() else 0.0 for g in ("dq", "dk", "dv")}
+    out["terms"], out["dominant_site"] = {}, {}
+    if terms:
+        parts = {s: run(s, E_O if s == "forward" else torch.zeros_like(E_O)) for s in GROUPS}
+        for g in ("dq", "dk", "dv"):
+            worst = int(torch.argmax(full[g].reshape(-1))) if full[g].numel() else 0
+            t = {s: float(parts[s][g].reshape(-1)[worst]) for s in GROUPS}
+            out["terms"][g] = t
+            out["dominant_site"][g] = max(t, key=t.get)
+    out["info"] = dict(policy=pol.name, precision=precision, block_m=block_m, block_n=block_n,
+                       causal=causal, scale=sc, rounding=rounding, lead=tuple(lead))
+    return out
+
+
+def _forward_bound(q, k, v, pol, block_n, causal, scale, rounding) -> torch.Tensor:
+    """Per row, a bound on max_c |O^_c - O_c| of the forward the backward reads (flash
+    structure only: the standard backward does not read O)."""
+    if pol.structure == "standard":
+        return torch.zeros(math.prod(q.shape[:-2]), q.shape[-2], dtype=torch.float64)
+    from flashnum.analysis.bounds import bound
+
+    b = bound(q, k, v, policy=pol.forward, block_n=block_n, causal=causal, scale=scale,
+              rounding=rounding)
+    return b["bound_rows"].reshape(-1, q.shape[-2]).to(torch.float64)
+
+
+def _evaluate(q3, k3, v3, do3, E_O, pol, U, geo, carrier: bool) -> dict:
+    """Elementwise bounds for every head, in chunks of query rows (dK, dV summed over them)."""
+    B, nq, d = q3.shape
+    nk, dv = k3.shape[1], v3.shape[2]
+    rows = max(1, min(nq, _ROWS // max(1, nk)))
+    vis_all = causal_visible(nq, nk) if geo["causal"] else torch.ones(nq, nk, dtype=torch.bool)
+    out = dict(dq=torch.zeros(B, nq, d, dtype=torch.float64),
+               dk=torch.zeros(B, nk, d, dtype=torch.float64),
+               dv=torch.zeros(B, nk, dv, dtype=torch.float64))
+    for b in range(B):
+        acc_dk = acc_dv = None
+        for r0 in range(0, nq, rows):
+            sl = slice(r0, r0 + rows)
+            res = _chunk(q3[b, sl], k3[b], v3[b], do3[b, sl], E_O[b, sl], vis_all[sl], pol, U,
+                         geo, carrier, nq)
+            out["dq"][b, sl] = res["dq"]
+            acc_dk = _add(acc_dk, res["dk_parts"])
+            acc_dv = _add(acc_dv, res["dv_parts"])
+        out["dk"][b] = _finish_kv(acc_dk, "dk", pol, U, geo, nq, nk)
+        out["dv"][b] = _finish_kv(acc_dv, "dv", pol, U, geo, nq, nk)
+    return out
+
+
+def _add(acc, parts):
+    return parts if acc is None else [a + c for a, c in zip(acc, parts, strict=True)]
+
+
+def _chunk(q, k, v, do, E_O, vis, pol, U, geo, carrier, nq_total):
+    """The bound's ingredients for some query rows (see the module docstring)."""
+    std = pol.structure == "standard"
+    sc, bn = abs(geo["scale"]), geo["bn"]
+    nk, d, dv = k.shape[0], q.shape[1], v.shape[1]
+    n_kb = n_blocks(nk, bn)
+    u_in, u_do = U["inputs"][0], U["do"][0]
+    x64 = U64 if carrier else 0.0
+    exp64 = EXP64 if carrier else 0.0
+
+    # -- logits: inputs, the dot, the scale and the two roundings of s --
+    u_s = max(U["s"][0], U["fwd.s"][0])
+    f_qk = pol.forward.fmt("qk_acc") if std else pol.fmt("qk_acc")
+    # the dot's error is relative to A = scale |q|.|k|, the roundings of s to |s|
+    a_A = (1 + u_in) ** 2 * (1 + _acc(f_qk, d, geo["sr"]) * (U["qk_acc"][0] > 0 or
+                                                          U["fwd.qk_acc"][0] > 0)) - 1
+    A = sc * (q.abs() @ k.abs().T)
+    S = geo["scale"] * (q @ k.T)
+    e_s = a_A * A
+    e_s = e_s + ((1 + u_s) ** 3 - 1) * (S.abs() + e_s) + 2 * U["s"][1] + 2 * U["fwd.s"][1]
+    S = S.masked_fill(~vis, -math.inf)
+    e_s = e_s.masked_fill(~vis, 0.0)
+    live = vis.any(-1)
+    m = torch.where(live, S.amax(-1), torch.zeros(()))
+    smin = torch.where(live, S.masked_fill(~vis, math.inf).amin(-1), torch.zeros(()))
+    Es = e_s.amax(-1)
+    P = torch.softmax(S, -1).nan_to_num()
+    L = m + torch.log(torch.exp(S - m[:, None]).sum(-1).clamp_min(1e-300))
+    ulog = lambda u: -math.log1p(-u) if u < 1 else math.inf  # noqa: E731
+    if std:
+        u_fd = max(U["fwd.s"][0], U["fwd.m"][0])
+        R = (m - smin) + 2 * Es + U["fwd.m"][0] * m.abs()
+        theta = torch.exp(Es + u_fd * R) * (1 + U["fwd.p"][0]) * (
+            1 + _acc(pol.forward.fmt("l_acc"), nk, geo["sr"]) * (U["fwd.l_acc"][0] > 0)) * (
+            1 + U["fwd.l"][0]) - 1
+        lg = (e_s + u_fd * R[:, None] + ulog(U["fwd.p"][0]) + exp64
+              + _nlog1m(theta)[:, None] + ulog(U["fwd.div"][0]) + ulog(U["fwd.p_cast"][0]))
+        pi = torch.expm1(lg)
+        eta_p = 2 * (U["fwd.p"][1] + U["fwd.div"][1] + U["fwd.p_cast"][1])
+        rho, eta_pc = pi, eta_p
+    else:
+        T = n_kb
+        u_fd = max(U["fwd.s"][0], U["fwd.m"][0])
+        R = (m - smin) + 2 * Es + 2 * U["fwd.m"][0] * m.abs()
+        theta = torch.exp((U["fwd.m"][0] + u_fd) * R) * (1 + U["fwd.p"][0]) ** T * (
+            1 + U["fwd.l"][0]) ** (2 * T + 1) * (
+            1 + _acc(pol.forward.fmt("l_acc"), bn, geo["sr"]) * (U["fwd.l_acc"][0] > 0)) - 1
+        # the forward's lse in float64 (m + log l), then the lse site
+        eps_L = Es + _nlog1m(theta) + 4 * x64 * (m.abs() + L.abs() + 1)
+        eps_L = eps_L + U["lse"][0] * (L.abs() + eps_L) + U["lse"][1]
+        u_bd = max(U["s"][0], U["lse"][0])
+        lg = (e_s + eps_L[:, None] + u_bd * ((S - L[:, None]).abs().nan_to_num(0.0) + e_s
+                                             + eps_L[:, None])
+              + ulog(U["p"][0]) + exp64)
+        pi = torch.expm1(lg)
+        eta_p = 2 * U["p"][1]
+        rho = (1 + pi) * (1 + U["p_cast"][0]) - 1
+        eta_pc = 2 * (U["p"][1] + U["p_cast"][1])
+    visf = vis.to(torch.float64)
+    eP0 = (pi * P + eta_p * visf).masked_fill(~vis, 0.0)   # P as computed
+    eP = (rho * P + eta_pc * visf).masked_fill(~vis, 0.0)  # P as it enters P^T dO
+    aO = do.abs()
+    aOh = aO * (1 + u_do)
+
+    # -- dV: row chunk contributions (summed over chunks by the caller) --
+    dv_parts = [eP.T @ aOh + P.T @ (u_do * aO), (P + eP).T @ aOh, P.T @ do]
+
+    # -- dP and D --
+    g_dp = (1 + u_do) * (1 + u_in) * (1 + _acc(pol.fmt("dp_acc"), dv, geo["sr"]) *
+                                      (U["dp_acc"][0] > 0)) * (1 + U["dp"][0]) - 1
+    dP = do @ v.T
+    e_dP = g_dp * (aO @ v.abs().T) + U["dp"][1]
+    f_delta = pol.fmt("delta")
+    u_dacc = min(_u(f_delta, geo["sr"])[0], FORMATS["fp32"].u) if U["delta"][0] > 0 else 0.0
+    g_delta = (1 + (dv + 1) * u_dacc / (1 - (dv + 1) * u_dacc)) * (1 + U["delta"][0]) - 1
+    if std:
+        Pc = P + eP
+        e_D = ((eP * dP.abs() + P * e_dP + eP * e_dP).sum(-1)
+               + (g_delta + 2 * x64 * nk) * (Pc * (dP.abs() + e_dP)).sum(-1) + U["delta"][1])
+        P_ds, eP_ds = P, eP
+    else:
+        O = P @ v
+        e_D = (aOh.sum(-1) * E_O + u_do * (aO * O.abs()).sum(-1)
+               + g_delta * (aOh * (O.abs() + E_O[:, None])).sum(-1) + U["delta"][1])
+        P_ds, eP_ds = P, eP0
+    D = (do * (P @ v)).sum(-1)
+    G = (dP - D[:, None]).abs()
+    e_G = e_dP + e_D[:, None]
+
+    # -- dS and its cast --
+    u_ds = U["ds"][0]
+    Ph = P_ds + eP_ds
+    e_dS = (eP_ds * G + Ph * e_G + ((1 + u_ds) ** 2 - 1) * Ph * (G + e_G)
+            + 2 * U["ds"][1] * visf)
+    dS = P * (dP - D[:, None])
+    u_c = U["ds_cast"][0]
+    if std:  # fl(fl(dS) * scale): the cast, the scale rounded to ds, the product
+        g_sc = (1 + u_c) ** 2 * (1 + u_ds) - 1
+        e_dSc = sc * (e_dS * (1 + g_sc) + g_sc * dS.abs()) + 2 * U["ds_cast"][1] * visf
+        mag = sc * dS.abs() + e_dSc  # >= |dS^ scaled|
+        k_err = sc * dS.abs()
+    else:
+        e_dSc = e_dS + u_c * (dS.abs() + e_dS) + U["ds_cast"][1] * visf
+        mag = dS.abs() + e_dSc
+        k_err = dS.abs()
+    e_dSc = e_dSc.masked_fill(~vis, 0.0)
+    mag = mag.masked_fill(~vis, 0.0)
+    ak, aq = k.abs(), q.abs()
+
+    # -- dQ (complete for these rows) --
+    if std:
+        g_dq = _acc(pol.fmt("dq_acc"), nk, geo["sr"]) * (U["dq_acc"][0] > 0)
+        X = sc * (dS @ k)
+        e_X = e_dSc @ (ak * (1 + u_in)) + k_err @ (u_in * ak) + g_dq * (mag @ (ak * (1 + u_in)))
+        pre = e_X + 2 * x64 * nk * (mag @ ak)
+    else:
+        g_dq = (1 + _acc(pol.fmt("dq_acc"), bn, geo["sr"]) * (U["dq_acc"][0] > 0)) * (
+            1 + U["dq"][0]) ** (n_kb + 1) - 1
+        Xu = dS @ k
+        e_X = e_dSc @ (ak * (1 + u_in)) + k_err @ (u_in * ak) + g_dq * (mag @ (ak * (1 + u_in)))
+        u_q = U["dq"][0]
+        pre = sc * (e_X * (1 + u_q) ** 2 + ((1 + u_q) ** 2 - 1) * Xu.abs())
+        X = sc * Xu
+    dq = pre + U["out"][0] * (X.abs() + pre) + U["out"][1]
+    dq = torch.where(live[:, None], dq, torch.zeros_like(dq))
+    # -- dK: row chunk contributions --
+    dk_parts = [e_dSc.T @ (aq * (1 + u_in)) + k_err.T @ (u_in * aq),
+                mag.T @ (aq * (1 + u_in)), dS.T @ q]
+    return dict(dq=dq, dk_parts=dk_parts, dv_parts=dv_parts)
+
+
+def _nlog1m(x: torch.Tensor) -> torch.Tensor:
+    """-log(1 - x), inf where x >= 1."""
+    return torch.where(x < 1, -torch.log1p(-x.clamp(max=1 - 1e-16)), torch.full_like(x, math.inf))
+
+
+def _finish_kv(parts, g: str, pol, U, geo, nq: int, nk: int) -> torch.Tensor:
+    """dK or dV from the row sums: accumulation, the scale (dK), the output rounding."""
+    err, mag, exact = parts
+    std = pol.structure == "standard"
+    sc = abs(geo["scale"])
+    acc_site = g + "_acc"
+    if std:
+        rows = max(1, min(nq, (1 << 24) // max(1, geo["B"] * nk)))
+        n_ch = n_blocks(nq, rows)
+        gam = (1 + _acc(pol.fmt(acc_site), rows, geo["sr"]) * (U[acc_site][0] > 0)) * (
+            1 + U[g][0]) ** (n_ch + 1) - 1
+    else:
+        n_qb = n_blocks(nq, geo["bm"])
+        gam = (1 + _acc(pol.fmt(acc_site), geo["bm"], geo["sr"]) * (U[acc_site][0] > 0)) * (
+            1 + U[g][0]) ** (n_qb + 1) - 1
+    e = err + gam * mag
+    if g == "dk":
+        if std:
+            X = sc * exact  # dsc already carries the scale (its errors in err)
+            pre = e
+        else:
+            u_k = U["dk"][0]
+            X = sc * exact
+            pre = sc * (e * (1 + u_k) ** 2 + ((1 + u_k) ** 2 - 1) * exact.abs())
+    else:
+        X, pre = exact, e
+    return pre + U["out"][0] * (X.abs() + pre) + U["out"][1]
