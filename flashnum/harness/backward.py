@@ -1,0 +1,205 @@
+"""Backward-pass experiments: grids of emulated backward cases, stored like the forward's.
+
+    python -m flashnum.harness.backward bwd_bf16_sweep          # conf/experiment/<name>.yaml
+    python -m flashnum.harness.backward bwd_order --limit 20    # the first 20 cases only
+    df = flashnum.harness.store.load("bwd_order")
+
+An experiment file has `experiment`, `description`, a `base` case and `grid`: a list of
+slices, each mapping axes to lists of values (the product of the lists; other axes from
+`base`). Axes: policy, precision, seq_len (Nq = Nk), head_dim, block (block_m =
+block_n), dq_order, distribution (flashnum.inputs.distributions, drawn on the
+precision's grid), causal, seed, forward_variant (the forward that makes O and LSE:
+fa2, or qiu_yao for Qiu & Yao's max adjustment), orders (bwd_order: how many random dQ
+orders besides forward and reverse; 0 = none), terms (per-site bound terms).
+
+Each case stores, per gradient g in dq, dk, dv: err_g = max|g - ref| against the
+certified reference (flashnum.reference_backward), ref_g = max|ref|, torch_err_g (torch
+autograd of standard attention on tensors of the precision, for bf16 and fp16), rule_g
+= err_g <= 2 torch_err_g (flash-attn's acceptance rule), bound_g (the a-priori bound's
+largest entry, flashnum.analysis.bounds_backward), held_g (every entry within its
+bound), dominant_g; ds_rowsum = max_i |sum_j dS_ij| and ds_abs = max_i sum_j |dS_ij| of
+the computed dS; for orders > 0, dq_spread = max |dQ(order) - dQ(forward)| over the
+orders. Cases are keyed by a hash of their axes; a rerun computes only missing cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from flashnum.analysis.bounds_backward import bound_backward
+from flashnum.engine.backward import attention_backward
+from flashnum.harness import store
+from flashnum.inputs.distributions import make
+from flashnum.reference_backward import reference_backward
+
+CONF = Path(__file__).resolve().parents[2] / "conf" / "experiment"
+AXES = ("policy", "precision", "seq_len", "head_dim", "block", "dq_order", "distribution",
+        "causal", "seed", "forward_variant", "orders", "terms")
+DEFAULT = dict(policy="fa2", precision="bf16", seq_len=64, head_dim=32, block=16,
+               dq_order="forward", distribution="gaussian", causal=False, seed=0,
+               forward_variant="fa2", orders=0, terms=False)
+GRADS = ("dq", "dk", "dv")
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def load_conf(name: str) -> dict:
+    from omegaconf import OmegaConf
+
+    path = CONF / f"{name}.yaml"
+    if not path.exists():
+        valid = sorted(p.stem for p in CONF.glob("bwd_*.yaml"))
+        raise ValueError(f"unknown backward experiment {name!r}; valid: {', '.join(valid)}")
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+
+
+def expand(conf: dict) -> list[dict]:
+    """Every case of the grid, each once, in order."""
+    base = {**DEFAULT, **conf.get("base", {})}
+    cases, seen = [], set()
+    for sl in conf["grid"]:
+        axes = {a: v for a, v in sl.items() if a != "name"}
+        bad = sorted(set(axes) - set(AXES))
+        if bad:
+            raise ValueError(f"unknown axis {bad[0]!r} in slice {sl.get('name')!r}; "
+                             f"valid: {', '.join(AXES)}")
+        for values in itertools.product(*axes.values()):
+            case = {**base, **dict(zip(axes, values, strict=True)), "slice": sl.get("name", "")}
+            if case["policy"] == "naive":  # autograd of standard attention: no blocks, order
+                case.update(block=DEFAULT["block"], dq_order="forward")
+            cid = case_id(case)
+            if cid not in seen:
+                seen.add(cid)
+                cases.append({**case, "case_id": cid})
+    return cases
+
+
+def case_id(case: dict) -> str:
+    key = {a: case[a] for a in AXES}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def inputs(case: dict):
+    """q, k, v from the catalogue and dO Gaussian, all on the precision's grid."""
+    grid = case["precision"] if case["precision"] in ("bf16", "fp16", "fp32") else "none"
+    inp = make(case["distribution"], seq_len_q=case["seq_len"], head_dim=case["head_dim"],
+               block_n=case["block"], seed=case["seed"], **_grid_kw(case["distribution"], grid))
+    g = torch.Generator().manual_seed(10_000 + case["seed"])
+    do = torch.randn(inp.q.shape[:-1] + inp.v.shape[-1:], generator=g, dtype=torch.float64)
+    if grid != "none":
+        from flashnum.numerics.formats import get_format
+
+        do = get_format(grid).round(do)
+    return inp, do
+
+
+def _grid_kw(name: str, grid: str) -> dict:
+    from flashnum.inputs.distributions import params
+
+    # distributions whose property lives in exact values keep their own ("common") grid
+    return {} if params(name).get("grid") == "common" else {"grid": grid}
+
+
+def run_case(case: dict) -> dict:
+    t0 = time.perf_counter()
+    inp, do = inputs(case)
+    q, k, v = inp.q, inp.k, inp.v
+    causal = case["causal"] or inp.causal
+    kw = dict(policy=case["policy"], precision=case["precision"], block_m=case["block"],
+              block_n=case["block"], causal=causal, scale=inp.scale)
+    ref = reference_backward(q, k, v, do, causal=causal, scale=inp.scale)
+    fwd = None
+    if case["forward_variant"] != "fa2":
+        import flashnum
+
+        fwd = flashnum.attention(q, k, v, precision=case["precision"], policy=case["policy"],
+                                 block_m=case["block"], block_n=case["block"], causal=causal,
+                                 scale=inp.scale, variant=case["forward_variant"])
+    given = {} if fwd is None else dict(out=fwd.out, lse=fwd.lse)
+    g = attention_backward(q, k, v, do, dq_order=case["dq_order"], **kw, **given)
+    b = bound_backward(q, k, v, do, terms=case["terms"], **kw)
+    row = {**{a: case[a] for a in AXES}, "slice": case["slice"], "case_id": case["case_id"],
+           "causal_effective": causal, "ref_uncertain": ref.info.get("uncertain", 0)}
+    base = _torch_autograd(q, k, v, do, causal, inp.scale, case["precision"])
+    for name in GRADS:
+        x, r = getattr(g, name), getattr(ref, name)
+        err = (x - r).abs()
+        row[f"err_{name}"] = float(err.max())
+        row[f"ref_{name}"] = float(r.abs().max())
+        row[f"bound_{name}"] = b["max"][name]
+        row[f"held_{name}"] = bool((err <= b[name]).all())
+        row[f"dominant_{name}"] = b["dominant_site"].get(name, "")
+        t = math.nan if base is None else float((base[name] - r).abs().max())
+        row[f"torch_err_{name}"] = t
+        row[f"rule_{name}"] = bool(row[f"err_{name}"] <= 2 * t) if base is not None else None
+    row["ds_rowsum"] = float(g.ds_rowsum.abs().max())
+    row["dq_spread"] = _spread(q, k, v, do, g, kw, given, case) if case["orders"] else math.nan
+    row["wall_s"] = time.perf_counter() - t0
+    return row
+
+
+def _spread(q, k, v, do, g, kw, given, case) -> float:
+    """max |dQ(order) - dQ(forward)| over reverse and `orders` seeded random orders."""
+    n_kb = max(1, math.ceil(case["seq_len"] / case["block"]))
+    ref = attention_backward(q, k, v, do, dq_order="forward", **kw, **given).dq
+    spread = 0.0
+    perms = ["reverse"] + [torch.randperm(n_kb, generator=torch.Generator().manual_seed(s))
+                           for s in range(case["orders"])]
+    for perm in perms:
+        dq = attention_backward(q, k, v, do, dq_order=perm, **kw, **given).dq
+        spread = max(spread, float((dq - ref).abs().max()))
+    return spread
+
+
+def _torch_autograd(q, k, v, do, causal, scale, precision):
+    """Standard attention's gradients by torch autograd on tensors of the precision."""
+    dtype = TORCH_DTYPES.get(precision)
+    if dtype is None:
+        return None
+    q, k, v = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
+    sc = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * sc
+    if causal:
+        nq, nk = s.shape[-2:]
+        seen = torch.arange(nk)[None, :] <= torch.arange(nq)[:, None] + (nk - nq)
+        s = s.masked_fill(~seen, -math.inf)
+    (torch.softmax(s, -1).nan_to_num() @ v).backward(do.to(dtype))
+    return {n: x.grad.double() for n, x in zip(GRADS, (q, k, v), strict=True)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Run a backward experiment (see the docstring).")
+    ap.add_argument("experiment")
+    ap.add_argument("--limit", type=int, default=None, help="run at most this many cases")
+    ap.add_argument("--root", default=None, help="experiments folder (default: the repo's)")
+    ap.add_argument("--batch", type=int, default=25, help="cases per stored part")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)  # small cases: one thread is fastest on a shared machine
+    conf = load_conf(args.experiment)
+    cases = expand(conf)
+    exp_dir = store.experiment_dir(conf["experiment"], args.root)
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    store.write_grid(exp_dir, [c["case_id"] for c in cases])
+    done = store.done_ids(exp_dir)
+    todo = [c for c in cases if c["case_id"] not in done][: args.limit]
+    print(f"{conf['experiment']}: {len(cases)} cases, {len(todo)} to run")
+    rows = []
+    for i, case in enumerate(todo, 1):
+        rows.append(run_case(case))
+        if len(rows) >= args.batch or i == len(todo):
+            store.write_part(exp_dir, rows)
+            rows = []
+            print(f"  {i}/{len(todo)}", flush=True)
+    store.compact(exp_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
