@@ -1,5 +1,8 @@
 # flashnum: set up, run the main sweep, run the tests, build the paper.
-#   make run       set up .venv (CPU torch first) and run experiment=bf16_sweep
+#   make run       set up .venv (CPU torch first), compute experiment=bf16_sweep again into
+#                  the scratch store $(SCRATCH)/ and compare every row with the shipped table
+#                  in experiments/ (exit status 1 if any differs); a deterministic sample:
+#                  make run RUN_ARGS="num_shards=10 shard=0" (every 10th case)
 #   make test      set up .venv and run the test suite
 #   make figures   regenerate the paper's figures from experiments/*/results.parquet
 #   make paper     build paper/paper.pdf (latexmk)
@@ -10,6 +13,9 @@ VENV ?= .venv
 VENV_FLAGS ?=
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
+EXPERIMENT ?= bf16_sweep
+SCRATCH ?= scratch
+RUN_ARGS ?=
 
 .PHONY: setup run test figures paper
 setup: $(VENV)/.installed
@@ -21,7 +27,9 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 run: setup
-	$(BIN)/python -m flashnum.run experiment=bf16_sweep
+	rm -rf "$(SCRATCH)/$(EXPERIMENT)"
+	$(BIN)/python -m flashnum.run experiment=$(EXPERIMENT) store.root=$(SCRATCH) \
+	    compare_with=experiments $(RUN_ARGS)
 
 test: setup
 	$(BIN)/python -m pytest -q -n 2

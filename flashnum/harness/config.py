@@ -129,6 +129,9 @@ class Config:
     dry_run: bool = False  # expand the grid, print its size, run nothing
     max_cases: int | None = None  # first n cases of the (sharded) grid
     worst: int = 8  # how many worst cases the summary lists
+    # a store root (e.g. experiments): after the run, compare the rows computed now with the
+    # rows stored there (flashnum.harness.compare); exit status 1 if any differ
+    compare_with: str | None = None
 
 
 def register() -> None:
@@ -176,6 +179,9 @@ def check(cfg) -> None:
         raise ValueError(f"n_jobs must be >= 0, got {cfg.n_jobs}; valid: 0 (all cores), 1, 2, ...")
     if cfg.max_cases is not None and cfg.max_cases < 0:
         raise ValueError(f"max_cases must be >= 0 or null, got {cfg.max_cases}")
+    if cfg.get("compare_with") is not None and cfg.compare_with == cfg.store.root:
+        raise ValueError(f"compare_with={cfg.compare_with} is the store this run writes to; "
+                         "valid: another store root (e.g. store.root=scratch)")
     if cfg.reference.certified_max_logits < 0:
         raise ValueError("reference.certified_max_logits must be >= 0")
     # the case axes; every case of the grid is checked the same way (flashnum.harness.grid)

@@ -52,7 +52,7 @@ from omegaconf import OmegaConf
 from flashnum.analysis import bounds, metrics
 from flashnum.analysis.invariants import invariants
 from flashnum.engine import attention
-from flashnum.harness import cli, manifest, scheduler, store, summary
+from flashnum.harness import cli, compare, manifest, scheduler, store, summary
 from flashnum.harness.cli import ConfigError
 from flashnum.harness.config import check, register
 from flashnum.harness.grid import CASE_FIELDS, CONF, Case, expand, select
@@ -252,8 +252,9 @@ def _overrides(given: list | None) -> list:
     return [o for o in given if not o.startswith("store.root=")]
 
 
-def root_dir(cfg) -> Path:
-    root = Path(cfg.store.root)
+def root_dir(cfg, path: str | None = None) -> Path:
+    """store.root (or `path`), relative paths taken from the directory the run started in."""
+    root = Path(path or cfg.store.root)
     if not root.is_absolute():
         try:
             root = Path(get_original_cwd()) / root
@@ -316,7 +317,14 @@ def run(cfg, cases: list[Case] | None = None, overrides: list[str] | None = None
     df = store.load(exp_dir, all_rows=True) if store._files(exp_dir) else None
     df = df[df["case_id"].isin(ids)].reset_index(drop=True) if df is not None else None
     print(summary.summary(df, cfg, counts, wall, n_workers, failures), flush=True)
-    return dict(counts=counts, table=df, failures=failures, wall_s=wall)
+    result = dict(counts=counts, table=df, failures=failures, wall_s=wall)
+    if cfg.compare_with:  # the rows computed now against the stored ones
+        now_ids = {c.case_id for c in todo} - {cid for cid, _ in failures}
+        now = df[df["case_id"].isin(now_ids)] if df is not None else None
+        text, result["reproduces"] = compare.against(
+            now, root_dir(cfg, cfg.compare_with) / cfg.experiment)
+        print(text, flush=True)
+    return result
 
 
 # ---------------------------------------------------------------------------
@@ -382,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     task = [o for o in args.overrides if not o.lstrip("+~").startswith("hydra")]
     result = _go(cfg, cases, task)
-    return 1 if result.get("failures") else 0
+    return 1 if result.get("failures") or result.get("reproduces") is False else 0
 
 
 if __name__ == "__main__":
