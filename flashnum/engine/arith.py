@@ -65,6 +65,8 @@ class Arith:
         return self.rnd(x, self.fmt(site), nearest)
 
     def exp(self, x: torch.Tensor, fmt, base2: bool = False) -> torch.Tensor:
+        if hasattr(fmt, "exp"):  # a format with its own exp (FA4's polynomial exp2)
+            return fmt.exp(x, base2).to(self.dtype)
         # evaluated in float64 then rounded once: a correctly rounded exp
         if (x.dtype is torch.float32 and self.dtype is torch.float32 and not self.stochastic
                 and fmt is not EXACT and fmt.name == "fp32"):

@@ -239,6 +239,10 @@ def get_format(name, mp_bits: int | None = None):
 
     if key in blockscaled.BLOCK_FORMATS:
         return blockscaled.BLOCK_FORMATS[key]
+    from flashnum.numerics import hwarith
+
+    if key in hwarith.HW_FORMATS:  # fp32 with FA4's polynomial exp2; the fp8 MMA accumulator
+        return hwarith.HW_FORMATS[key]
     if key.startswith("p") and key[1:].isdigit():
         # p-bit significand with fp32's exponent range: the precision_bits studies
         p = int(key[1:])
@@ -247,7 +251,7 @@ def get_format(name, mp_bits: int | None = None):
         return Format(key, p, -126, 127)
     raise ValueError(
         f"unknown format {name!r}; valid: {', '.join(FORMAT_NAMES)}, mp, mp<bits>, p<bits>, "
-        f"{', '.join(blockscaled.BLOCK_FORMATS)}"
+        f"{', '.join(blockscaled.BLOCK_FORMATS)}, {', '.join(hwarith.HW_FORMATS)}"
     )
 
 
