@@ -31,3 +31,5 @@ def test_a_run_stores_one_row_per_case_and_resumes(tmp_path, monkeypatch):
     assert (df.err_dq > 0).all() and (df.dq_spread >= 0).all()
     backward.main(["bwd_tiny", "--root", str(tmp_path)])  # nothing left to run
     assert len(store.load(tmp_path / "bwd_tiny")) == 2
+    summ = backward.summary(tmp_path / "bwd_tiny")
+    assert list(summ.policy) == ["fa2", "naive"] and summ.held_dq.all()

@@ -2,6 +2,7 @@
 
     python -m flashnum.harness.backward bwd_bf16_sweep          # conf/experiment/<name>.yaml
     python -m flashnum.harness.backward bwd_order --limit 20    # the first 20 cases only
+    python -m flashnum.harness.backward bwd_order --summary     # the stored table, summarised
     df = flashnum.harness.store.load("bwd_order")
 
 An experiment file has `experiment`, `description`, a `base` case and `grid`: a list of
@@ -174,13 +175,46 @@ def _torch_autograd(q, k, v, do, causal, scale, precision):
     return {n: x.grad.double() for n, x in zip(GRADS, (q, k, v), strict=True)}
 
 
+def summary(name_or_path, root=None):
+    """One row per (slice, policy, precision, forward_variant): cases, whether every bound
+    held, flash-attn's rule, median error / max|ref| and error / bound per gradient, the
+    dQ order spread over dQ's error, and the most frequent dominant site."""
+    df = store.load(name_or_path, root)
+    keys = ["slice", "policy", "precision", "forward_variant"]
+    out = []
+    for key, grp in df.groupby(keys, sort=True):
+        row = dict(zip(keys, key, strict=True), cases=len(grp))
+        for g in GRADS:
+            row[f"held_{g}"] = bool(grp[f"held_{g}"].all())
+            rule = grp[f"rule_{g}"].dropna()
+            row[f"rule_{g}"] = f"{int(rule.astype(bool).sum())}/{len(rule)}"
+            row[f"rel_err_{g}"] = float((grp[f"err_{g}"] / grp[f"ref_{g}"]).median())
+            row[f"err/bound_{g}"] = float((grp[f"err_{g}"] / grp[f"bound_{g}"]).max())
+            dom = grp[f"dominant_{g}"].replace("", None).dropna()
+            row[f"dominant_{g}"] = dom.mode().iloc[0] if len(dom) else ""
+        spread = (grp["dq_spread"] / grp["err_dq"]).dropna()
+        row["spread/err_dq_median"] = float(spread.median()) if len(spread) else math.nan
+        row["spread/err_dq_max"] = float(spread.max()) if len(spread) else math.nan
+        out.append(row)
+    import pandas as pd
+
+    return pd.DataFrame(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Run a backward experiment (see the docstring).")
     ap.add_argument("experiment")
+    ap.add_argument("--summary", action="store_true", help="print the stored table's summary")
     ap.add_argument("--limit", type=int, default=None, help="run at most this many cases")
     ap.add_argument("--root", default=None, help="experiments folder (default: the repo's)")
     ap.add_argument("--batch", type=int, default=25, help="cases per stored part")
     args = ap.parse_args(argv)
+    if args.summary:
+        import pandas as pd
+
+        with pd.option_context("display.width", 250, "display.max_columns", 40):
+            print(summary(load_conf(args.experiment)["experiment"], args.root).T.to_string())
+        return 0
     torch.set_num_threads(1)  # small cases: one thread is fastest on a shared machine
     conf = load_conf(args.experiment)
     cases = expand(conf)
