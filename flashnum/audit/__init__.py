@@ -1,0 +1,66 @@
+"""Audit any attention kernel: its error against the certified reference, FlashAttention's
+acceptance rule, NaN/Inf, masked rows and the LSE, beside an emulated model of it.
+
+    import flashnum.audit as fa
+    report = fa.audit(fn, precision="bf16", model="torch_cpu")    # fn(q, k, v, causal, scale)
+    report.passed, report.table, print(report.summary()), report.save("out/")
+
+    python -m flashnum.audit target=torch_sdpa precision=bf16      # exit 0 pass, 1 fail, 2 bad args
+
+audit(fn, *, precision, model, alignment, budget, reference, progress):
+  fn          a callable fn(q, k, v, causal=False, scale=None) -> out, or (out, lse); q, k, v
+              of one dtype, shape (B, H, N, d); or a target name (flashnum.audit.targets)
+  precision   fp32 bf16 fp16: the dtype of the inputs
+  model       a flashnum policy the kernel claims to follow ("torch_cpu", "fa2", ...) or None
+  alignment   the target's causal mask: "top_left" (torch's is_causal) or "bottom_right"
+              (flash-attn >= 2.1, flashnum); a named target knows its own
+  budget      quick, default (~2 minutes for a CPU kernel on 2 cores), full
+  reference   certified (default) or fp64 (flashnum.reference methods)
+
+Cases come from flashnum.audit.cases, rules from flashnum.audit.rules, the report from
+flashnum.audit.report. A case whose call raises or returns garbage fails; the audit goes on.
+"""
+
+from __future__ import annotations
+
+from flashnum.audit.cases import BUDGETS, Case, cases
+from flashnum.audit.report import Report
+from flashnum.audit.rules import ALIGNMENTS, DTYPES, evaluate
+from flashnum.audit.targets import resolve
+
+
+def audit(fn, *, precision: str = "bf16", model: str | None = None,
+          alignment: str | None = None, budget: str = "default",
+          reference: str = "certified", progress: bool = False,
+          case_list: list[Case] | None = None) -> Report:
+    """Run every case of `budget` (or `case_list`) through fn; see the module docstring."""
+    import pandas as pd
+
+    name = fn if isinstance(fn, str) else getattr(fn, "__qualname__", repr(fn))
+    if isinstance(fn, str):
+        fn, align0, model0 = resolve(fn)
+        alignment = alignment or align0
+        model = model if model is not None else model0
+    if not callable(fn):
+        raise TypeError(f"fn must be callable or a target name, got {type(fn).__name__}")
+    alignment = alignment or "top_left"
+    if precision not in DTYPES:
+        raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(DTYPES)}")
+    if alignment not in ALIGNMENTS:
+        raise ValueError(f"unknown alignment {alignment!r}; valid: {', '.join(ALIGNMENTS)}")
+    if reference not in ("certified", "fp64"):
+        raise ValueError(f"unknown reference {reference!r}; valid: certified, fp64")
+    todo = case_list if case_list is not None else cases(budget)
+    it = todo
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(todo, desc=f"audit {name}", unit="case")
+    rows = [evaluate(fn, c, precision=precision, alignment=alignment, model=model,
+                     reference_method=reference) for c in it]
+    return Report(target=name, precision=precision, alignment=alignment, model=model,
+                  budget=budget if case_list is None else "custom", table=pd.DataFrame(rows),
+                  info=dict(reference=reference))
+
+
+__all__ = ["audit", "Report", "Case", "cases", "BUDGETS", "ALIGNMENTS"]

@@ -1,0 +1,66 @@
+"""Audit a kernel from the shell; the report is written under the store.
+
+    python -m flashnum.audit target=torch_sdpa precision=bf16
+    python -m flashnum.audit target=flashnum_triton precision=fp16 budget=quick
+    python -m flashnum.audit target=my_pkg.attn:forward alignment=bottom_right model=fa2
+    python -m flashnum.audit target=torch_sdpa budget=full store.root=/tmp/audits
+
+Exit status: 0 every case kept every rule, 1 some case broke one (the summary says
+which), 2 bad arguments (one line on stderr). The report (table, report.md, plots) goes
+to <store.root>/audit/<target>-<precision>-<budget>/ (flashnum.audit.report).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flashnum.audit import BUDGETS, audit
+from flashnum.audit.rules import ALIGNMENTS, DTYPES
+from flashnum.audit.targets import resolve
+from flashnum.harness.cli import main_of
+from flashnum.harness.config import StoreConf
+
+
+@dataclass
+class Args:
+    target: str = "torch_sdpa"
+    precision: str = "bf16"
+    budget: str = "default"
+    model: str = ""          # "" keeps the target's own (torch_sdpa: torch_cpu), "none" for none
+    alignment: str = ""      # "" keeps the target's own
+    reference: str = "certified"
+    store: StoreConf = field(default_factory=StoreConf)
+
+
+def _check(cfg) -> None:
+    resolve(cfg.target)  # a ValueError names the valid targets
+    if cfg.precision not in DTYPES:
+        raise ValueError(f"unknown precision {cfg.precision!r}; valid: {', '.join(DTYPES)}")
+    if cfg.budget not in BUDGETS:
+        raise ValueError(f"unknown budget {cfg.budget!r}; valid: {', '.join(BUDGETS)}")
+    if cfg.alignment and cfg.alignment not in ALIGNMENTS:
+        raise ValueError(f"unknown alignment {cfg.alignment!r}; valid: {', '.join(ALIGNMENTS)}")
+    if cfg.reference not in ("certified", "fp64"):
+        raise ValueError(f"unknown reference {cfg.reference!r}; valid: certified, fp64")
+
+
+def _run(cfg) -> int:
+    model = None if cfg.model == "none" else (cfg.model or resolve(cfg.target)[2])
+    report = audit(cfg.target, precision=cfg.precision, model=model,
+                   alignment=cfg.alignment or None, budget=cfg.budget,
+                   reference=cfg.reference, progress=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{cfg.target}-{cfg.precision}-{cfg.budget}")
+    out = report.save(Path(cfg.store.root) / "audit" / name)
+    print(report.summary())
+    print(f"report: {out / 'report.md'}")
+    return 0 if report.passed else 1
+
+
+def main(argv=None) -> int:
+    return main_of("flashnum.audit", Args, _run, argv, check=_check, doc=__doc__)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,211 @@
+"""The rules an audited kernel must keep on every case, and the measurements behind them.
+
+    from flashnum.audit.rules import evaluate, standard_attention, ALIGNMENTS
+    row = evaluate(fn, case, precision="bf16", alignment="top_left", model="torch_cpu")
+
+Per case (one row of the audit's table):
+  crash      the call raised, or returned something that is not a tensor of the input's
+             shape and dtype (a kernel that writes garbage or out of bounds is a failed
+             case, never a failed audit)
+  nonfinite  an inf or NaN where the reference is finite
+  masked     a row that sees no key must be 0 (the reference's convention, and torch's,
+             flash-attn's and FlashAttention-2's)
+  fa_rule    FlashAttention's acceptance rule (flash-attention tests/test_flash_attn.py):
+             max|out - ref| <= 2 max|out_std - ref| + atol, where out_std is standard
+             attention computed in the same dtype in plain torch (standard_attention
+             below: S = Q K^T scale rounded to the dtype, softmax in fp32 rounded to the
+             dtype, P V in the dtype), and atol = 2 max|fl32(ref + 0.3 - 0.3) - ref|,
+             the fp32 noise floor flash-attn adds
+  lse        where the kernel also returns its log-sum-exp, flash-attn's rule on it:
+             max|lse - lse_ref| <= 2 max|lse_std - lse_ref| + 8 u32 max|lse_ref|, with
+             lse_std the fp32 logsumexp of the dtype-rounded logits
+The reference is flashnum.reference (certified: every output the float64 nearest the
+exact attention of the stored inputs) with the target's causal alignment. The model
+(`model=`, a flashnum policy such as "torch_cpu" or "fa2") is reported beside the kernel:
+its own error, and how many elements the kernel and the model share bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from flashnum.reference import reference
+
+ALIGNMENTS = ("top_left", "bottom_right")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+RULES = ("crash", "nonfinite", "masked", "fa_rule", "lse")
+U32 = 2.0**-24
+
+
+def visible(nq: int, nk: int, alignment: str) -> torch.Tensor:
+    """(Nq, Nk) bool: query i sees key j. top_left (torch's is_causal): j <= i;
+    bottom_right (flash-attn >= 2.1, flashnum): j <= i + Nk - Nq."""
+    i = torch.arange(nq)[:, None]
+    j = torch.arange(nk)[None, :]
+    return j <= i if alignment == "top_left" else j <= i + (nk - nq)
+
+
+def standard_attention(q, k, v, *, causal=False, alignment="top_left", scale=None):
+    """Standard attention in the inputs' dtype, plain torch (flash-attn's attention_ref
+    with upcast=False): S rounded to the dtype, softmax in fp32 then rounded, P V in the
+    dtype. Rows that see no key give 0."""
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if causal:
+        vis = visible(q.shape[-2], k.shape[-2], alignment)
+        s = s.masked_fill(~vis, -math.inf)
+    p = torch.softmax(s.float(), dim=-1)
+    p = torch.nan_to_num(p, nan=0.0).to(q.dtype)
+    return torch.matmul(p, v)
+
+
+def standard_lse(q, k, *, causal=False, alignment="top_left", scale=None):
+    """fp32 logsumexp of the dtype-rounded logits (-inf for rows that see no key)."""
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    s = (torch.matmul(q, k.transpose(-1, -2)) * scale).float()
+    if causal:
+        s = s.masked_fill(~visible(q.shape[-2], k.shape[-2], alignment), -math.inf)
+    return torch.logsumexp(s, dim=-1)
+
+
+def aligned_reference(q, k, v, *, causal, alignment, scale=None, method="certified"):
+    """flashnum.reference (bottom-right aligned) under either causal alignment.
+
+    Top-left with Nq <= Nk is bottom-right on the first Nq keys (later keys are seen by
+    no row); with Nq > Nk its first Nk rows are the square causal case and the rest see
+    every key."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    if not causal or alignment == "bottom_right" or nq == nk:
+        return reference(q, k, v, causal=causal, scale=scale, method=method)
+    if nq < nk:
+        return reference(q, k[..., :nq, :], v[..., :nq, :], causal=True, scale=scale,
+                         method=method)
+    top = reference(q[..., :nk, :], k, v, causal=True, scale=scale, method=method)
+    rest = reference(q[..., nk:, :], k, v, causal=False, scale=scale, method=method)
+    top.out = torch.cat([top.out, rest.out], dim=-2)
+    top.lse = torch.cat([top.lse, rest.lse], dim=-1)
+    top.row_max = torch.cat([top.row_max, rest.row_max], dim=-1)
+    top.err_bound = torch.cat([top.err_bound, rest.err_bound], dim=-1)
+    return top
+
+
+def _vmax(x: torch.Tensor) -> float:
+    """The largest value (NaN counts as inf); 0 for an empty tensor."""
+    return float(torch.nan_to_num(x, nan=math.inf).max()) if x.numel() else 0.0
+
+
+def _call(fn, q, k, v, causal, scale):
+    """(out, lse or None, error message or None)."""
+    want = tuple(q.shape[:-1]) + (v.shape[-1],)
+    try:
+        got = fn(q, k, v, causal=causal, scale=scale)
+    except Exception as e:  # a crashing target is a failed case
+        first = str(e).splitlines()[0][:120] if str(e) else ""
+        return None, None, f"raised {type(e).__name__}: {first}"
+    lse = None
+    if isinstance(got, (tuple, list)):
+        got, lse = (got[0], got[1]) if len(got) > 1 else (got[0], None)
+    if not isinstance(got, torch.Tensor):
+        return None, None, f"returned {type(got).__name__}, not a tensor"
+    if tuple(got.shape) != want:
+        return None, None, f"returned shape {tuple(got.shape)}, expected {want}"
+    if got.dtype != q.dtype:
+        return None, None, f"returned dtype {got.dtype}, expected {q.dtype}"
+    if lse is not None and (not isinstance(lse, torch.Tensor)
+                            or tuple(lse.shape) != tuple(q.shape[:-1])):
+        lse = None  # not the (..., Nq) log-sum-exp: not checked
+    return got.detach().to("cpu"), None if lse is None else lse.detach().to("cpu"), None
+
+
+def _model_out(model, q, k, v, precision, causal, alignment, scale):
+    """The model's output (float64) or None; a bottom-right model cannot model a top-left
+    kernel's Nq != Nk causal case (and back): then None."""
+    from flashnum.engine import attention
+
+    own = "top_left" if model == "torch_cpu" else "bottom_right"
+    if causal and alignment != own and q.shape[-2] != k.shape[-2]:
+        return None
+    return attention(q, k, v, precision=precision, policy=model, causal=causal,
+                     scale=scale).out
+
+
+def _check_out(row, fails, o, ref, finite_ref, masked_rows):
+    """nonfinite, masked and fa_rule on the kernel's output o (float64)."""
+    row["n_nonfinite"] = int((~torch.isfinite(o) & finite_ref).sum())
+    if row["n_nonfinite"]:
+        fails.append("nonfinite")
+    if bool(masked_rows.any()):
+        row["masked_max"] = _vmax(o[masked_rows[..., None].expand_as(o)].abs())
+        if not row["masked_max"] == 0.0:
+            fails.append("masked")
+    err = (o - ref.out).abs()[finite_ref]
+    row["err_max"] = _vmax(err)
+    row["err_rms"] = float(torch.nan_to_num(err, nan=math.inf).pow(2).mean().sqrt()) if (
+        err.numel()) else 0.0
+    if not row["err_max"] <= row["fa_bound"]:
+        fails.append("fa_rule")
+
+
+def _check_lse(row, fails, lse, ref, q, k, causal, alignment, scale):
+    keep = torch.isfinite(ref.lse)
+    lse_std = standard_lse(q, k, causal=causal, alignment=alignment, scale=scale).double()
+    e_k = torch.nan_to_num((lse.double() - ref.lse)[keep].abs(), nan=math.inf)
+    e_s = (lse_std - ref.lse)[keep].abs()
+    row["lse_err_max"] = _vmax(e_k)
+    row["lse_bound"] = 2 * _vmax(e_s) + 8 * U32 * _vmax(ref.lse[keep].abs())
+    if not row["lse_err_max"] <= row["lse_bound"]:
+        fails.append("lse")
+
+
+def _bound(std, ref_out, finite_ref) -> tuple[float, float]:
+    """(max |std - ref|, flash-attn's bound 2 max|std - ref| + 2 max|fl32(ref+0.3-0.3) - ref|)."""
+    std_err = _vmax((std - ref_out).abs()[finite_ref & torch.isfinite(std)])
+    r32 = ref_out.float()
+    noise = ((r32 + 0.3 - 0.3).double() - r32.double()).abs()[finite_ref]
+    return std_err, 2 * std_err + 2 * _vmax(noise)
+
+
+def evaluate(fn, case, *, precision="bf16", alignment="top_left", model=None,
+             reference_method="certified") -> dict:
+    """One row of the audit's table: the case, the measurements and the verdict per rule."""
+    t0 = time.perf_counter()
+    inp = case.inputs()
+    q, k, v = (x.to(DTYPES[precision]) for x in (inp.q, inp.k, inp.v))
+    causal, scale = case.causal, inp.scale
+    row = dict(case.asdict(), id=case.id, precision=precision, alignment=alignment)
+    ref = aligned_reference(q.double(), k.double(), v.double(), causal=causal,
+                            alignment=alignment, scale=scale, method=reference_method)
+    masked_rows = ~torch.isfinite(ref.row_max)  # rows that see no key
+    finite_ref = torch.isfinite(ref.out) & ~masked_rows[..., None].expand_as(ref.out)
+    std = standard_attention(q, k, v, causal=causal, alignment=alignment, scale=scale).double()
+    row["std_err_max"], row["fa_bound"] = _bound(std, ref.out, finite_ref)
+    out, lse, why = _call(fn, q, k, v, causal, scale)
+    fails = []
+    if why is not None:
+        fails.append("crash")
+        row["message"] = why
+    else:
+        _check_out(row, fails, out.double(), ref, finite_ref, masked_rows)
+        if lse is not None:
+            _check_lse(row, fails, lse, ref, q, k, causal, alignment, scale)
+    mo = None
+    if model is not None:
+        try:
+            mo = _model_out(model, q, k, v, precision, causal, alignment, scale)
+        except ValueError:
+            mo = None
+    if mo is not None:
+        row["model_err_max"] = _vmax((mo - ref.out).abs()[finite_ref])
+        if out is not None:
+            o = out.double()
+            row["model_bitwise"] = float(((o == mo) | (o.isnan() & mo.isnan())).float().mean())
+            row["model_max_diff"] = _vmax((o - mo).abs())
+    row["failed"] = ",".join(fails)
+    row["passed"] = not fails
+    row["seconds"] = time.perf_counter() - t0
+    return row
