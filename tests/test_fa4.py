@@ -137,3 +137,13 @@ def test_a_fp22_accumulator_across_blocks_errs_more_than_the_two_level_fix():
     # the truncation bias grows with the number of additions into one register: 1024 in
     # the one-level accumulator, 64 per block in the two-level one
     assert e1 > 3 * e2 > 0
+
+
+def test_a_scaled_cast_is_a_format_name():
+    f = get_format("fp8_e4m3*256")
+    x = torch.tensor([2.0**-12, 1.5, 3.0])
+    # 2^-12 * 256 = 2^-4: an e4m3 normal; 3 * 256 = 768 > 448 saturates to 448 / 256
+    assert f.round(x).tolist() == [2.0**-12, 1.5, 1.75]
+    assert get_format("fp8_e4m3").round(x)[0] == 0.0  # unscaled: below half of 2^-9
+    with pytest.raises(ValueError, match="positive factor"):
+        get_format("fp8_e4m3*-1")

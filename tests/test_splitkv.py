@@ -121,3 +121,11 @@ def test_bad_split_arguments_are_refused():
     q3, k3, v3 = qkv(3, 2, 1, 64)
     with pytest.raises(ValueError, match="multiple of key/value heads"):
         attention_splitkv(q3, k3, v3, num_splits=2)
+
+
+def test_flashnum_attention_takes_num_splits_and_gqa_shapes():
+    q, k, v = qkv(4, 2, 2, 300)
+    via_api = flashnum.attention(q, k, v, num_splits=3, split_precision="bf16", block_n=64)
+    direct = attention_splitkv(q, k, v, num_splits=3, split_precision="bf16", block_n=64)
+    assert torch.equal(via_api.out, direct.out)
+    assert flashnum.attention(q, k, v).out.shape == (2, 4, 2, 32)  # GQA without splits

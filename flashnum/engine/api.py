@@ -135,6 +135,8 @@ def attention(
     mp_bits: int = 256,
     tau: float = 8.0,
     beta: float = 2.0,
+    num_splits: int = 1,
+    split_precision: str = "fp32",
 ) -> Result:
     """Attention softmax(scale Q K^T) V through the blocked online softmax.
 
@@ -146,9 +148,22 @@ def attention(
     variant:   fa2 fa1 exp2 lazy (tau) qiu_yao (beta)
     rounding:  nearest stochastic (seeded by `seed`; inputs are always rounded to nearest)
     backend:   emulate (this module), triton (flashnum.backends), mp (mpmath at mp_bits)
+    num_splits, split_precision: split-KV decoding (flashnum.engine.splitkv): the keys in
+               num_splits chunks whose partial (o, lse) are stored in split_precision and
+               merged; K, V may have fewer heads than Q (GQA) on that path
     """
     if precision == "mp" and backend == "emulate":
         backend = "mp"
+    gqa = q.ndim >= 3 and k.ndim >= 3 and q.shape[-3] != k.shape[-3]
+    if num_splits != 1 or gqa:  # each split comes back through this function
+        from flashnum.engine.splitkv import attention_splitkv
+
+        return attention_splitkv(
+            q, k, v, num_splits=num_splits, split_precision=split_precision,
+            precision=precision, policy=policy, block_m=block_m, block_n=block_n, order=order,
+            variant=variant, causal=causal, scale=scale, rounding=rounding, seed=seed,
+            trace=trace, backend=backend, mp_bits=mp_bits, tau=tau, beta=beta,
+        )
     _check(q, k, v, precision, policy, block_m, block_n, order, variant, rounding, backend)
     if isinstance(policy, str) and policy == "torch_cpu":
         # a model of one real kernel: its own splits, exp and order (block sizes ignored)

@@ -239,6 +239,16 @@ def get_format(name, mp_bits: int | None = None):
 
     if key in blockscaled.BLOCK_FORMATS:
         return blockscaled.BLOCK_FORMATS[key]
+    if "*" in key:  # a cast with a static scale, e.g. fp8_e4m3*256 (blockscaled.scaled)
+        base, _, factor = key.partition("*")
+        try:
+            f = float(factor)
+        except ValueError:
+            f = math.nan
+        if base not in FORMATS or not (math.isfinite(f) and f > 0):
+            raise ValueError(f"format {name!r}: want <format>*<positive factor>, format one "
+                             f"of {', '.join(FORMATS)}")
+        return blockscaled.scaled(FORMATS[base], f)
     from flashnum.numerics import hwarith
 
     if key in hwarith.HW_FORMATS:  # fp32 with FA4's polynomial exp2; the fp8 MMA accumulator
