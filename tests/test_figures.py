@@ -308,7 +308,7 @@ def test_missing_experiment_gives_placeholder_and_names_the_command(tmp_path, ca
     # a stale plot from an earlier run must not survive: the folder shows what the tables say
     out.mkdir()
     (out / "error_vs_n.pdf").write_bytes(b"%PDF-stale")
-    assert main(["--experiments", str(root), "--out", str(out)]) == 0
+    assert main([f"store.root={root}", f"out={out}"]) == 0
     said = capsys.readouterr().out
     assert "python -m flashnum.run experiment=seqlen_growth" in said
     assert EXPERIMENTS["repro_qiu_yao"] in said

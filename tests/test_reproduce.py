@@ -1,4 +1,4 @@
-"""The reproductions: their building blocks are exact, and at --quick size the published
+"""The reproductions: their building blocks are exact, and at quick=true size the published
 findings that are robust there still hold, by margins of measured standard errors.
 
 Every comparison of two errors demands a gap of at least 3 standard errors, where the
@@ -101,7 +101,7 @@ def test_golden_tile_rule():
 
 
 # ---------------------------------------------------------------------------
-# the published findings at --quick size
+# the published findings at quick=true size
 
 
 @pytest.fixture(scope="module")
@@ -223,8 +223,15 @@ def test_rows_with_equal_protocols_are_refused():
 
 
 def test_cli_quick_run_stores_under_root(tmp_path, capsys):
-    assert R.main(["fp8_pcast", "--quick", "--root", str(tmp_path)]) == 0
+    assert R.main(["fp8_pcast", "quick=true", f"store.root={tmp_path}"]) == 0
     assert "ratio_vs_forward" in capsys.readouterr().out
     assert len(store.load(tmp_path / "repro_fp8_pcast")) == 4
-    with pytest.raises(SystemExit):
+    runs = manifest.runs(tmp_path / "repro_fp8_pcast" / store.MANIFEST)
+    assert runs[-1]["command"] == {"module": "flashnum.reproduce",
+                                   "overrides": ["fp8_pcast", "quick=true"]}
+    with pytest.raises(SystemExit) as e:
         R.main(["table9"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err == ("flashnum.reproduce: error: unknown reproduction 'table9'; valid: "
+                   "fa3_table3, is_flash_stable, qiu_yao, fp8_pcast, all\n")

@@ -2,6 +2,7 @@
 bad configs stop with one line, the shards and the SLURM launcher config compose."""
 
 import hashlib
+import importlib
 import json
 import os
 import signal
@@ -135,6 +136,43 @@ def test_the_command_line_stops_a_bad_config_with_exit_code_2_and_one_line(tmp_p
     assert p.stderr.strip().count("\n") == 0, p.stderr
     assert "unknown precision 'fp17'; valid:" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "single").exists()  # stopped before any work
+
+
+ENTRY_POINTS = {  # module -> (a key it has, a bad value for it, the type it wants)
+    "run": ("seed", "abc", "integer"),
+    "reproduce": ("seed", "abc", "integer"),
+    "search": ("budget", "abc", "float"),
+    "attribution": ("seq_len", "abc", "integer"),
+    "figures": ("store.root", "[1,2]", "string"),
+    "store": ("compact", "maybe", "boolean"),
+}
+
+
+def _main_of(module):
+    return importlib.import_module(f"flashnum.{module}").main
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_every_entry_point_stops_an_unknown_key_or_bad_value_with_one_line_and_status_2(
+        module, capsys):
+    key, bad, want = ENTRY_POINTS[module]
+    for argv, says in ((["colour=red"], "unknown key 'colour'; valid: "),
+                       ([f"{key}={bad}"], f"for {key}: expected {want}")):
+        with pytest.raises(SystemExit) as e:
+            _main_of(module)(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2, (module, argv, err)
+        assert err.startswith(f"flashnum.{module}: error: ") and err.count("\n") == 1, err
+        assert says in err, err
+
+
+@pytest.mark.parametrize("module", [m for m in ENTRY_POINTS if m != "run"])
+def test_every_entry_point_lists_its_keys_on_help(module, capsys):
+    with pytest.raises(SystemExit) as e:
+        _main_of(module)(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "key=value" in out and "store={'root': 'experiments'}" in out
 
 
 def test_slurm_launcher_configs_compose_with_a_sharded_experiment():

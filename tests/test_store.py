@@ -101,3 +101,62 @@ def test_json_is_replaced_atomically(tmp_path):
     store.write_json(path, {"a": 2})
     assert json.loads(path.read_text()) == {"a": 2}
     assert not list(tmp_path.glob(".tmp-*"))
+
+
+# ---------------------------------------------------------------------------
+# replace: a table recomputed whole
+
+
+def test_replace_makes_the_new_rows_the_whole_table_and_appends_the_manifest(tmp_path):
+    store.write_part(tmp_path / "repro_x", rows(["a", "b", "c"], 1.0))
+    store.compact(tmp_path / "repro_x")
+    store.write_part(tmp_path / "repro_x", rows(["d"], 1.0))  # a part not yet compacted
+    rec = {"run_id": "r1", "command": {"module": "flashnum.reproduce", "overrides": ["x"]}}
+    path = store.replace("repro_x", pd.DataFrame(rows(["c", "a"], 2.0)), rec, root=tmp_path)
+    assert path == tmp_path / "repro_x"
+    df = store.load(path)
+    assert list(df.case_id) == ["a", "c"] and set(df.max_abs_err) == {2.0}
+    assert not list((path / store.PARTS).glob("part-*")) and not list(path.rglob(".tmp-*"))
+    man = json.loads((path / store.MANIFEST).read_text())
+    assert [r["run_id"] for r in man["runs"]] == ["r1"] and man["experiment"] == "repro_x"
+
+
+def test_replace_refuses_a_table_without_one_row_per_case(tmp_path):
+    with pytest.raises(ValueError, match="one row per case_id"):
+        store.replace(tmp_path / "x", pd.DataFrame(rows(["a", "a"])))
+    assert not (tmp_path / "x").exists()
+
+
+def test_replace_refuses_while_another_process_compacts_and_takes_its_part_back(tmp_path):
+    exp = tmp_path / "x"
+    exp.mkdir()
+    (exp / store.LOCK).write_text(f"otherhost {os.getpid()}")
+    with pytest.raises(RuntimeError, match="being compacted"):
+        store.replace(exp, pd.DataFrame(rows(["a"])))
+    assert not list((exp / store.PARTS).glob("part-*"))  # its own part taken back
+
+
+# ---------------------------------------------------------------------------
+# the command line
+
+
+def test_the_store_command_takes_key_value_and_a_bare_name(tmp_path, capsys):
+    store.write_part(tmp_path / "e", rows(["a"]))
+    assert store.main(["e", f"store.root={tmp_path}", "compact=true"]) == 0
+    out = capsys.readouterr().out
+    assert "compacted: 1 rows" in out and "1 rows, 3 columns" in out
+    assert store.main([f"experiment={tmp_path / 'e'}"]) == 0
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["e", "compact=maybe"], "bad value 'maybe' for compact: expected boolean"),
+    (["e", "colour=red"], "unknown key 'colour'; valid: compact, experiment, store"),
+    ([], "which experiment?"),
+    (["e", "--compact"], "'--compact' is not key=value"),
+])
+def test_a_bad_store_command_is_one_line_and_exit_status_2(argv, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        store.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and says in err, err
+    assert err.startswith("flashnum.store: error: ")

@@ -20,15 +20,14 @@ order in the unit roundoffs the errors of different sites add: err_only says wha
 site does alone, total - err_without what removing it saves; where the two disagree
 the sites interact (for instance the P cast rounds values that p already rounded).
 
-From the shell (the experiment form of the table):
+From the shell (flashnum/attribution.py; the experiment form of the table):
 
-    python -m flashnum.attribution --distribution ties --precision bf16 --policy lowp
-    python -m flashnum.attribution --experiment     # the stored grid: experiments/attribution
+    python -m flashnum.attribution distribution=ties precision=bf16 policy=lowp
+    python -m flashnum.attribution experiment=true   # the stored grid: experiments/attribution
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 
 import pandas as pd
@@ -147,51 +146,6 @@ def experiment(**overrides) -> pd.DataFrame:
                     t.insert(5, "block_n", g["block_n"])
                     frames.append(t)
     return pd.concat(frames, ignore_index=True)
-
-
-def main(argv=None):
-    from flashnum.inputs.distributions import make
-
-    ap = argparse.ArgumentParser(description="Per-site error attribution of one case.")
-    ap.add_argument("--distribution", default="gaussian")
-    ap.add_argument("--precision", default="bf16")
-    ap.add_argument("--policy", default="fa2")
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--heads", type=int, default=1)
-    ap.add_argument("--block-n", type=int, default=64)
-    ap.add_argument("--order", default="forward")
-    ap.add_argument("--variant", default="fa2")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--experiment", action="store_true",
-                    help="run the stored grid (EXPERIMENT) into experiments/attribution/")
-    a = ap.parse_args(argv)
-    if a.experiment:
-        import time
-
-        from flashnum.reproduce import save
-
-        t0 = time.perf_counter()
-        t = experiment()
-        cfg = {key: list(val) if isinstance(val, tuple) else val
-               for key, val in EXPERIMENT.items()}
-        path = save("attribution", t, dict(cfg, wall_s=time.perf_counter() - t0))
-        print(f"stored {len(t)} rows in {path}")
-        return t
-    inp = make(a.distribution, heads=a.heads, seq_len_q=a.seq_len, head_dim=a.head_dim,
-               seed=a.seed, block_n=a.block_n)
-    t = attribute(inp.q, inp.k, inp.v, precision=a.precision, policy=a.policy,
-                  block_n=a.block_n, order=a.order, variant=a.variant, causal=inp.causal,
-                  scale=inp.scale)
-    with pd.option_context("display.width", 120, "display.float_format", "{:.3e}".format):
-        for metric in METRICS:
-            print(f"-- {metric} --")
-            print(t[t.metric == metric].drop(columns="metric").to_string(index=False))
-    return t
-
-
-if __name__ == "__main__":
-    main()
 
 
 __all__ = ["attribute", "dominant_site", "experiment", "rss", "rounded_sites", "METRICS"]

@@ -1,6 +1,6 @@
 """The paper's figures, tables and quoted numbers, from the stored results tables only.
 
-    python -m flashnum.figures [--experiments DIR] [--out paper/figures]
+    python -m flashnum.figures [store.root=DIR] [out=paper/figures]
     make -C paper figures
 
 Reads experiments/<name>/ through flashnum.harness.store.load and never reruns a case.
@@ -56,8 +56,8 @@ into the FIGURES registry below):
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from flashnum.figures.context import Figures, Unplottable
@@ -74,6 +74,8 @@ from flashnum.figures.plots import (
 from flashnum.figures.prose import REPRO, tab_repro
 from flashnum.figures.tables import tab_presets, tab_tightness, tab_worst_case
 from flashnum.figures.tex import tex_name
+from flashnum.harness.cli import main_of
+from flashnum.harness.config import StoreConf
 
 __all__ = ["EXPERIMENTS", "FIGURES", "NUMBERS", "PLOTS", "REPROS", "SOURCES", "Figures",
            "generate", "main", "tex_name"]
@@ -115,14 +117,21 @@ def generate(experiments=None, out=None) -> Figures:
     return F
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m flashnum.figures",
-                                 description=__doc__.split("\n")[0])
-    ap.add_argument("--experiments", default=None,
-                    help="the folder of experiment tables (default: the repository's experiments/)")
-    ap.add_argument("--out", default=None, help="where to write (default: paper/figures/)")
-    args = ap.parse_args(argv)
-    F = generate(args.experiments, args.out)
+@dataclass
+class Args:
+    """python -m flashnum.figures [store.root=DIR] [out=DIR]
+
+    store.root: the experiment tables (default: the repository's experiments/);
+    out: where the figures go (default: paper/figures/).
+    """
+
+    out: str = ""
+    store: StoreConf = field(default_factory=StoreConf)
+
+
+def _run(a) -> int:
+    root = a.store.root if a.store.root != StoreConf.root else None
+    F = generate(root, a.out or None)
     print(f"wrote {len(F.made)} figures/tables and numbers.tex to {F.out}")
     for stem in F.made:
         print(f"  made         {stem}")
@@ -134,6 +143,11 @@ def main(argv=None) -> int:
     if missing:
         print(f"{len(missing)} experiment(s) not yet run: {', '.join(missing)}")
     return 0
+
+
+def main(argv=None) -> int:
+    """python -m flashnum.figures (see Args)."""
+    return main_of("flashnum.figures", Args, _run, argv, doc=Args.__doc__)
 
 
 if __name__ == "__main__":

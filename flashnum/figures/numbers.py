@@ -29,7 +29,7 @@ EXPERIMENTS = {
     "precision_bits": _RUN.format("precision_bits"),
     "kernel_vs_emulator": _RUN.format("kernel_vs_emulator"),
     "worst_case": _RUN.format("worst_case"),
-    "attribution": "python -m flashnum.attribution --experiment",
+    "attribution": "python -m flashnum.attribution experiment=true",
     "repro_fa3_table3": _REPRO.format("fa3_table3"),
     "repro_is_flash_stable": _REPRO.format("is_flash_stable"),
     "repro_qiu_yao": _REPRO.format("qiu_yao"),

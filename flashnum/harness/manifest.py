@@ -38,8 +38,8 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
+from flashnum.harness.files import atomic_write, write_json
 from flashnum.harness.paths import CONF
-from flashnum.harness.store import atomic_write, write_json
 
 PACKAGE = Path(__file__).resolve().parents[1]
 REPO = PACKAGE.parent

@@ -3,7 +3,8 @@
     import flashnum.harness.store
     df = flashnum.harness.store.load("bf16_sweep")        # or a path to the folder
     flashnum.harness.store.compact("bf16_sweep")          # merge the parts into results.parquet
-    python -m flashnum.store bf16_sweep           # print size and columns; --compact
+    python -m flashnum.store bf16_sweep           # print size and columns; compact=true
+    flashnum.harness.store.replace("repro_x", df, record)  # a table recomputed whole
 
 Layout of experiments/<name>/:
 
@@ -33,11 +34,16 @@ import socket
 import sys
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from flashnum.harness import cli, manifest
+from flashnum.harness.config import StoreConf
+from flashnum.harness.files import atomic_write, write_json
 
 RESULTS = "results.parquet"
 PARTS = "parts"
@@ -60,23 +66,6 @@ def experiment_dir(name_or_path, root=None) -> Path:
         return Path(root) / p
     here = Path("experiments") / p
     return here if here.is_dir() else REPO / "experiments" / p
-
-
-def atomic_write(path: Path, write) -> None:
-    """write(tmp_path), fsync, then rename over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".tmp-{uuid.uuid4().hex}-{path.name}"
-    try:
-        write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _write_table(df: pd.DataFrame, path: Path) -> None:
@@ -171,11 +160,6 @@ def load(name_or_path, root=None, all_rows: bool = False) -> pd.DataFrame:
     raise AssertionError("unreachable")
 
 
-def write_json(path: Path, obj: dict) -> None:
-    text = json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
-    atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text))
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -236,27 +220,74 @@ def compact(name_or_path, root=None) -> int:
         (exp_dir / LOCK).unlink(missing_ok=True)
 
 
-def main(argv=None) -> int:
-    import argparse
+def replace(name_or_path, df: pd.DataFrame, record: dict | None = None, root=None) -> Path:
+    """Make df the experiment's whole table, and append `record` to its manifest.
 
-    ap = argparse.ArgumentParser(prog="python -m flashnum.store",
-                                 description=__doc__.split("\n")[0])
-    ap.add_argument("experiment", help="a name under experiments/ or a path")
-    ap.add_argument("--compact", action="store_true", help="merge the parts into results.parquet")
-    args = ap.parse_args(argv)
-    if args.compact:
-        n = compact(args.experiment)
+    For tables recomputed whole (the reproductions, attribution): the rows are written
+    as one part, then, under the compaction lock, results.parquet is rewritten from that
+    part alone (sorted by case_id, as compact writes it) in one atomic rename, and only
+    then are the earlier parts removed; a reader sees the old rows or the new ones.
+    record: flashnum.harness.manifest.record(...) of the run. Returns the folder.
+    """
+    if "case_id" not in df.columns or df["case_id"].duplicated().any():
+        raise ValueError("replace needs one row per case_id (a unique case_id column)")
+    exp_dir = experiment_dir(name_or_path, root)
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    new = write_part(exp_dir, df.to_dict("records"))
+    if not _take_lock(exp_dir):
+        if new is not None:
+            new.unlink(missing_ok=True)
+        raise RuntimeError(f"{exp_dir} is being compacted by another process; run again")
+    try:
+        _write_table(_read([new]) if new else pd.DataFrame(), exp_dir / RESULTS)
+        for f in _part_files(exp_dir):
+            f.unlink(missing_ok=True)
+    finally:
+        (exp_dir / LOCK).unlink(missing_ok=True)
+    if record is not None:
+        manifest.append(exp_dir / MANIFEST, exp_dir.name, record)
+    return exp_dir
+
+
+@dataclass
+class Args:
+    """python -m flashnum.store EXPERIMENT [compact=true] [store.root=DIR]"""
+
+    experiment: str = ""  # a name under store.root, or a path to the folder
+    compact: bool = False  # merge the parts into results.parquet first
+    store: StoreConf = field(default_factory=StoreConf)
+
+
+def _check(a) -> None:
+    if not a.experiment:
+        raise ValueError("which experiment? give its name: python -m flashnum.store bf16_sweep")
+
+
+def _root(a):
+    """store.root as given, or None (./experiments, else the repository's) by default."""
+    return a.store.root if a.store.root != StoreConf.root else None
+
+
+def _show(a) -> int:
+    root = _root(a)
+    if a.compact:
+        n = compact(a.experiment, root)
         print(f"compacted: {n} rows" if n >= 0 else "another compaction holds the lock")
     try:
-        df = load(args.experiment)
+        df = load(a.experiment, root)
     except FileNotFoundError as e:
         print(e, file=sys.stderr)
         return 1
-    print(f"{experiment_dir(args.experiment)}: {len(df)} rows, {len(df.columns)} columns")
+    print(f"{experiment_dir(a.experiment, root)}: {len(df)} rows, {len(df.columns)} columns")
     print(", ".join(df.columns))
     return 0
 
 
+def main(argv=None) -> int:
+    """python -m flashnum.store: a stored table's size and columns (compact=true first)."""
+    return cli.main_of("flashnum.store", Args, _show, argv, positional="experiment",
+                       check=_check, doc=Args.__doc__)
+
+
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -9,7 +9,7 @@
     replay(res.path)                       # recomputes the error from the saved tensors
     make("worst_case", path=res.path)      # the same inputs as a catalogue entry
 
-    python -m flashnum.search --precision bf16 --seq-len 1024 --budget 100
+    python -m flashnum.search precision=bf16 seq_len=1024 budget=100   (flashnum/search.py)
 
 What is measured. Inputs are first rounded to the policy's `inputs` format and
 the exact reference is computed on those rounded tensors, so the error is the
@@ -44,9 +44,7 @@ finds depends on the machine's speed. Pass max_evals for a reproducible run.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -439,34 +437,3 @@ def replay(path: str | Path, reference: str = "torch64") -> dict:
                     c["variant"])
     e = evaluate(load_worst(path), kw, c["metric"], reference)
     return dict(error=e, saved_error=s["error"], baseline=s["baseline"], ratio=e / s["baseline"])
-
-
-def main(argv=None) -> SearchResult:
-    ap = argparse.ArgumentParser(prog="python -m flashnum.search", description=__doc__.split(
-        "\n\n")[0])
-    ap.add_argument("--policy", default="fa2")
-    ap.add_argument("--precision", default="bf16")
-    ap.add_argument("--seq-len", type=int, default=1024)
-    ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--block-m", type=int, default=64)
-    ap.add_argument("--block-n", type=int, default=64)
-    ap.add_argument("--order", default="forward")
-    ap.add_argument("--variant", default="fa2")
-    ap.add_argument("--metric", default="max_abs", choices=METRICS)
-    ap.add_argument("--budget", type=float, default=100.0, help="wall-clock seconds")
-    ap.add_argument("--max-evals", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(DEFAULT_DIR))
-    ap.add_argument("--no-screen", action="store_true", help="skip the catalogue screen")
-    ap.add_argument("--quiet", action="store_true")
-    a = ap.parse_args(argv)
-    res = worst_case(a.policy, a.precision, a.seq_len, a.head_dim, a.block_n, a.block_m,
-                     a.order, a.metric, a.budget, a.seed, variant=a.variant,
-                     max_evals=a.max_evals, screen=not a.no_screen, save=a.out,
-                     verbose=not a.quiet)
-    print(json.dumps(res.summary(), default=str))
-    return res
-
-
-if __name__ == "__main__":
-    main()

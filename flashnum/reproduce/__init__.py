@@ -1,6 +1,6 @@
 """Reproductions of published numerical results on attention, ours beside theirs.
 
-    python -m flashnum.reproduce {fa3_table3,is_flash_stable,qiu_yao,fp8_pcast,all} [--quick]
+    python -m flashnum.reproduce {fa3_table3,is_flash_stable,qiu_yao,fp8_pcast,all} [quick=true]
 
     from flashnum import reproduce
     df = reproduce.fa3_table3(quick=True)      # a tidy DataFrame: ours beside the published
@@ -31,10 +31,10 @@ flashnum.reference's certified values).
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -43,6 +43,8 @@ import torch
 from flashnum.analysis.metrics import max_abs_err, signed_err
 from flashnum.engine import attention
 from flashnum.harness import manifest, store
+from flashnum.harness.cli import main_of
+from flashnum.harness.config import StoreConf
 from flashnum.inputs.distributions import make
 from flashnum.numerics.blockscaled import quantize_tiles, random_hadamard, scaled
 from flashnum.numerics.formats import FORMATS
@@ -576,35 +578,23 @@ def case_ids(name: str, df: pd.DataFrame) -> list[str]:
 
 
 def save(name: str, df: pd.DataFrame, config: dict, root=None):
-    """Write experiments/<name>/results.parquet and manifest.json (flashnum.harness.store's layout).
+    """Store df as experiments/<name>/ (flashnum.harness.store.replace) with a manifest record.
 
     A reproduction is one table: earlier rows of `name` are replaced, not appended to
-    (the manifest appends a record of this run to the earlier ones).
+    (the manifest appends a record of this run to the earlier ones). Each row gets a
+    case_id from its protocol columns (case_ids). Returns the folder.
     """
-    exp_dir = store.experiment_dir(name, root)
-    exp_dir.mkdir(parents=True, exist_ok=True)
-    started = config.get("start_time") or store_now()
-    for f in [exp_dir / store.RESULTS, *sorted((exp_dir / store.PARTS).glob("part-*"))]:
-        f.unlink(missing_ok=True)
+    started = config.get("start_time") or manifest.now()
     df = df.copy()
     df.insert(0, "case_id", case_ids(name, df))
-    store.write_part(exp_dir, df.to_dict("records"))
-    n = store.compact(exp_dir)
     args = [config.get("reproduction") or name.removeprefix("repro_")]
-    args += (["--quick"] if config.get("quick") else []) + (
-        [f"--seed={config['seed']}"] if config.get("seed") else [])
+    args += (["quick=true"] if config.get("quick") else []) + (
+        [f"seed={config['seed']}"] if config.get("seed") else [])
     rec = manifest.record("flashnum.reproduce", args, config=config,
                           shard=0, num_shards=1, n_workers=1, start_time=started,
-                          end_time=store_now(), wall_s=config.get("wall_s"),
-                          counts=dict(grid=len(df), run=n, failed=0))
-    manifest.append(exp_dir / store.MANIFEST, name, rec)
-    return exp_dir
-
-
-def store_now() -> str:
-    from datetime import datetime, timezone
-
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+                          end_time=manifest.now(), wall_s=config.get("wall_s"),
+                          counts=dict(grid=len(df), run=len(df), failed=0))
+    return store.replace(name, df, rec, root=root)
 
 
 FUNCTIONS = {"fa3_table3": fa3_table3, "is_flash_stable": is_flash_stable,
@@ -625,37 +615,55 @@ DISPLAY = {
 }
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m flashnum.reproduce",
-                                 description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=[*REPRODUCTIONS, "all"])
-    ap.add_argument("--quick", action="store_true",
-                    help="tiny sizes (seconds); not stored unless --root is given")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--root", default=None,
-                    help="store under ROOT/repro_<name> (default: the repository's experiments/)")
-    ap.add_argument("--no-save", action="store_true", help="print only")
-    args = ap.parse_args(argv)
-    names = REPRODUCTIONS if args.what == "all" else (args.what,)
+@dataclass
+class Args:
+    """python -m flashnum.reproduce WHAT [quick=true] [seed=N] [save=false] [store.root=DIR]
+
+    WHAT: fa3_table3, is_flash_stable, qiu_yao, fp8_pcast, or all. quick=true runs tiny
+    sizes (seconds) and stores only with an explicit store.root=.
+    """
+
+    what: str = ""
+    quick: bool = False
+    seed: int = 0
+    save: bool = True  # false: print only
+    store: StoreConf = field(default_factory=StoreConf)
+
+
+def _check(a) -> None:
+    if a.what not in (*REPRODUCTIONS, "all"):
+        raise ValueError(f"unknown reproduction {a.what!r}; valid: "
+                         f"{', '.join(REPRODUCTIONS)}, all")
+
+
+def _run(a) -> int:
+    root = a.store.root if a.store.root != StoreConf.root else None
+    names = REPRODUCTIONS if a.what == "all" else (a.what,)
     for name in names:
         t0 = time.perf_counter()
-        started = store_now()
-        df = FUNCTIONS[name](quick=args.quick, seed=args.seed)
+        started = manifest.now()
+        df = FUNCTIONS[name](quick=a.quick, seed=a.seed)
         wall = time.perf_counter() - t0
         with pd.option_context("display.width", 200, "display.max_columns", 20,
                                "display.max_rows", 500, "display.float_format", "{:.3g}".format):
             print(f"== {name} ({wall:.0f} s)")
             print(df[DISPLAY[name]].to_string(index=False))
-        if args.no_save or (args.quick and args.root is None):
+        if not a.save or (a.quick and root is None):
             continue
-        size = "quick" if args.quick else "full"
-        config = dict(reproduction=name, quick=args.quick, seed=args.seed,
+        size = "quick" if a.quick else "full"
+        config = dict(reproduction=name, quick=a.quick, seed=a.seed,
                       sizes=SIZES[name][size], start_time=started, wall_s=wall,
                       command=f"python -m flashnum.reproduce {name}"
-                      + (" --quick" if args.quick else ""))
-        path = save(f"repro_{name}", df, config, root=args.root)
+                      + (" quick=true" if a.quick else ""))
+        path = save(f"repro_{name}", df, config, root=root)
         print(f"stored {len(df)} rows in {path}")
     return 0
+
+
+def main(argv=None) -> int:
+    """python -m flashnum.reproduce (see Args)."""
+    return main_of("flashnum.reproduce", Args, _run, argv, positional="what", check=_check,
+                   doc=Args.__doc__)
 
 
 if __name__ == "__main__":
