@@ -1,0 +1,260 @@
+"""The real backward kernel: FlashAttention-2's backward in Triton, with flashnum's knobs.
+
+    from flashnum.backends.triton_backward import attention_backward_triton, compare_backward
+    g = attention_backward_triton(q, k, v, do, precision="bf16", block_m=32, block_n=32,
+                                  causal=False, dq_order="forward", out=None, lse=None)
+    g.dq, g.dk, g.dv, g.delta        # float64, as flashnum.attention_backward returns them
+    table = compare_backward(q, k, v, do, block_m=32, block_n=32)   # kernel vs emulator
+
+The structure of Triton's fused-attention tutorial (python/tutorials/06-fused-attention.py,
+`_attn_bwd_preprocess`, `_attn_bwd_dkdv`, `_attn_bwd_dq`):
+
+    _bwd_preprocess   D = rowsum(O * dO) in fp32, one program per query block
+    _bwd_dkdv         one program per key block: for every query block, P = exp(s - L)
+                      (s = scale * Q K^T in fp32, L the stored fp32 LSE), dV += cast(P)^T dO,
+                      dP = dO V^T, dS = P (dP - D), dK += cast(dS)^T Q; dK *= scale
+    _bwd_dq           one program per query block: for every key block in `dq_order` (on a
+                      GPU, the order flash-attn's atomic adds happen to take), dQ += cast(dS) K;
+                      dQ *= scale
+
+Knobs, as the forward kernel's (flashnum.backends.triton): block_m, block_n, the P and dS
+cast formats (`p_cast`, `ds_cast`: bf16, fp16 or fp32 for fp32 inputs), the output
+format, the dQ accumulation order, causal (bottom-right aligned). The natural-exp form
+only (the tutorial's exp2 form folds log2 e into K). The forward is flashnum's Triton
+forward kernel unless `out` and `lse` are given.
+
+On the CPU interpreter the forward kernel's fixes apply (the same helpers): bf16 tensors
+travel as fp32 (exact) so that tl.dot multiplies values, not bit patterns, and bf16 casts
+round to nearest even on the fp32 bits (`_round_rne`). What still differs from the
+emulator by construction: numpy's float32 exp (not correctly rounded; <= 2 ulps of fp32)
+and numpy's summation order inside each dot. `acc = tl.dot(a, b, acc)` is a matmul then
+an add here, the same two fp32 roundings as the emulator's tile product stored in the
+accumulator's format and then added.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from flashnum.backends.triton import _TORCH, INTERPRET, _cast, _dot, _round_rne
+from flashnum.engine.backward import Gradients, _check
+from flashnum.numerics.formats import get_format
+from flashnum.numerics.policy import make_backward_policy
+from flashnum.numerics.tiling import key_block_order, n_blocks
+
+PRECISIONS = ("bf16", "fp16", "fp32")
+
+
+@triton.jit
+def _bwd_preprocess(O, DO, DELTA, Nq, stride_z, stride_m, DV: tl.constexpr,
+                    HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    z = tl.program_id(1).to(tl.int64)
+    offs_dv = tl.arange(0, HEAD_DIM_V)
+    mask = (offs_m[:, None] < Nq) & (offs_dv[None, :] < DV)
+    ptr = z * stride_z + offs_m[:, None] * stride_m + offs_dv[None, :]
+    o = tl.load(O + ptr, mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DO + ptr, mask=mask, other=0.0).to(tl.float32)
+    tl.store(DELTA + z * Nq + offs_m, tl.sum(o * do, 1), mask=offs_m < Nq)
+
+
+@triton.jit
+def _p_and_ds(q, k_t, v_t, do, lse, delta, offs_m, cols, qk_scale, Nq, Nk,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+              EMULATE: tl.constexpr):
+    """P (fp32) and dS (fp32) of one (query block, key block) tile."""
+    s = _dot(q, k_t, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), "ieee", EMULATE, None)
+    s = s * qk_scale
+    keep = (cols[None, :] < Nk) & (offs_m[:, None] < Nq)
+    if CAUSAL:
+        keep = keep & (cols[None, :] <= offs_m[:, None] + (Nk - Nq))
+    s = tl.where(keep, s, float("-inf"))
+    p = tl.exp(s - lse[:, None])
+    dp = _dot(do, v_t, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), "ieee", EMULATE, None)
+    ds = p * (dp - delta[:, None])
+    return p, ds
+
+
+@triton.jit
+def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, qk_scale, Nq, Nk, n_qb,
+              stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
+              D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr,
+              HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr, P_FORMAT: tl.constexpr, DS_FORMAT: tl.constexpr,
+              OUT_FORMAT: tl.constexpr, EMULATE: tl.constexpr):
+    start_n = tl.program_id(0) * BLOCK_N
+    z = tl.program_id(1).to(tl.int64)
+    cols = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_dv = tl.arange(0, HEAD_DIM_V)
+    k_t = tl.load(K + z * stride_kz + cols[None, :] * stride_kn + offs_d[:, None],
+                  mask=(cols[None, :] < Nk) & (offs_d[:, None] < D), other=0.0)
+    v_t = tl.load(V + z * stride_vz + cols[None, :] * stride_vn + offs_dv[:, None],
+                  mask=(cols[None, :] < Nk) & (offs_dv[:, None] < DV), other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_V], tl.float32)
+    for qb in range(0, n_qb):
+        offs_m = qb * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < Nq
+        q = tl.load(Q + z * stride_qz + offs_m[:, None] * stride_qm + offs_d[None, :],
+                    mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+        do = tl.load(DO + z * Nq * DV + offs_m[:, None] * DV + offs_dv[None, :],
+                     mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        lse = tl.load(LSE + z * Nq + offs_m, mask=row_ok, other=0.0)
+        delta = tl.load(DELTA + z * Nq + offs_m, mask=row_ok, other=0.0)
+        p, ds = _p_and_ds(q, k_t, v_t, do, lse, delta, offs_m, cols, qk_scale, Nq, Nk,
+                          BLOCK_M, BLOCK_N, CAUSAL, EMULATE)
+        p_c = _cast(p, P_FORMAT, DO.dtype.element_ty, EMULATE)
+        dv = _dot(tl.trans(p_c), do, dv, "ieee", EMULATE, None)
+        ds_c = _cast(ds, DS_FORMAT, Q.dtype.element_ty, EMULATE)
+        dk = _dot(tl.trans(ds_c), q, dk, "ieee", EMULATE, None)
+    dk = dk * qk_scale
+    if OUT_FORMAT == "bf16" and EMULATE:
+        dk = _round_rne(dk, 16)
+        dv = _round_rne(dv, 16)
+    tl.store(DK + z * Nk * D + cols[:, None] * D + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=(cols[:, None] < Nk) & (offs_d[None, :] < D))
+    tl.store(DV_OUT + z * Nk * DV + cols[:, None] * DV + offs_dv[None, :],
+             dv.to(DV_OUT.dtype.element_ty),
+             mask=(cols[:, None] < Nk) & (offs_dv[None, :] < DV))
+
+
+@triton.jit
+def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, ORDER, qk_scale, Nq, Nk, n_kb,
+            stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
+            D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr,
+            HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            CAUSAL: tl.constexpr, DS_FORMAT: tl.constexpr, OUT_FORMAT: tl.constexpr,
+            EMULATE: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    z = tl.program_id(1).to(tl.int64)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_dv = tl.arange(0, HEAD_DIM_V)
+    row_ok = offs_m < Nq
+    q = tl.load(Q + z * stride_qz + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    do = tl.load(DO + z * Nq * DV + offs_m[:, None] * DV + offs_dv[None, :],
+                 mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    lse = tl.load(LSE + z * Nq + offs_m, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + z * Nq + offs_m, mask=row_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for step in range(0, n_kb):
+        kb = tl.load(ORDER + step)
+        cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
+        k_t = tl.load(K + z * stride_kz + cols[None, :] * stride_kn + offs_d[:, None],
+                      mask=(cols[None, :] < Nk) & (offs_d[:, None] < D), other=0.0)
+        v_t = tl.load(V + z * stride_vz + cols[None, :] * stride_vn + offs_dv[:, None],
+                      mask=(cols[None, :] < Nk) & (offs_dv[:, None] < DV), other=0.0)
+        p, ds = _p_and_ds(q, k_t, v_t, do, lse, delta, offs_m, cols, qk_scale, Nq, Nk,
+                          BLOCK_M, BLOCK_N, CAUSAL, EMULATE)
+        ds_c = _cast(ds, DS_FORMAT, Q.dtype.element_ty, EMULATE)
+        dq = _dot(ds_c, tl.trans(k_t), dq, "ieee", EMULATE, None)
+    dq = dq * qk_scale
+    if OUT_FORMAT == "bf16" and EMULATE:
+        dq = _round_rne(dq, 16)
+    tl.store(DQ + z * Nq * D + offs_m[:, None] * D + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
+
+
+def _storage(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """x (float64, values of fmt) in the kernel's storage dtype (bf16 as fp32 here)."""
+    if INTERPRET and fmt == "bf16":
+        return x.to(torch.float32).contiguous()
+    return x.to(_TORCH[fmt]).contiguous()
+
+
+def attention_backward_triton(q, k, v, do, *, precision="bf16", policy="fa2", block_m=32,
+                              block_n=32, causal=False, scale=None, dq_order="forward", seed=0,
+                              out=None, lse=None) -> Gradients:
+    """dQ, dK, dV by the Triton kernels (see the module docstring)."""
+    _check(q, k, v, do, precision, block_m, block_n, dq_order, "nearest", out, lse)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} not in the kernel; valid: "
+                         f"{', '.join(PRECISIONS)}")
+    pol = make_backward_policy(policy, precision)
+    if pol.structure != "flash" or pol.name not in ("fa2", "custom"):
+        raise ValueError(f"policy {pol.name!r} is not the kernel's; valid: fa2 (or a flash "
+                         "BackwardPolicy with fp32 accumulators)")
+    for b in (block_m, block_n):
+        if b < 16 or b & (b - 1):
+            raise ValueError(f"block size {b} not in the kernel; valid: powers of 2 >= 16")
+    d, nq, nk, dv = q.shape[-1], q.shape[-2], k.shape[-2], v.shape[-1]
+    sc = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if out is None:
+        import flashnum
+
+        res = flashnum.attention(q, k, v, precision=precision, policy=pol.forward,
+                                 block_m=block_m, block_n=block_n, causal=causal, scale=sc,
+                                 backend="triton")
+        out, lse = res.out, res.lse
+    fin, fout = pol.forward.inputs, pol.out
+    lead = q.shape[:-2]
+    q3, k3, v3 = (_storage(get_format(fin).round(x.detach().double()).reshape(-1, *x.shape[-2:]),
+                           fin) for x in (q, k, v))
+    do3 = _storage(get_format(pol.do).round(do.detach().double()).reshape(-1, nq, dv), pol.do)
+    o3 = _storage(out.detach().double().reshape(-1, nq, dv), fout)
+    lse32 = lse.detach().double().reshape(-1, nq).to(torch.float32)
+    lse32 = torch.where(torch.isfinite(lse32), lse32, torch.zeros_like(lse32)).contiguous()
+    Z = q3.shape[0]
+    n_qb, n_kb = n_blocks(nq, block_m), n_blocks(nk, block_n)
+    hd, hdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
+    delta = torch.empty(Z, nq, dtype=torch.float32)
+    _bwd_preprocess[(n_qb, Z)](o3, do3, delta, nq, o3.stride(0), o3.stride(1), DV=dv,
+                               HEAD_DIM_V=hdv, BLOCK_M=block_m)
+    out_dtype = torch.float32 if (INTERPRET and fout == "bf16") else _TORCH[fout]
+    dq = torch.empty(Z, nq, d, dtype=out_dtype)
+    dk = torch.empty(Z, nk, d, dtype=out_dtype)
+    dvv = torch.empty(Z, nk, dv, dtype=out_dtype)
+    qk_scale = float(torch.tensor(sc, dtype=torch.float32))
+    strides = (q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0),
+               v3.stride(1))
+    common = dict(D=d, DV=dv, HEAD_DIM=hd, HEAD_DIM_V=hdv, BLOCK_M=block_m, BLOCK_N=block_n,
+                  CAUSAL=bool(causal), DS_FORMAT=pol.ds_cast, OUT_FORMAT=fout,
+                  EMULATE=INTERPRET)
+    _bwd_dkdv[(n_kb, Z)](q3, k3, v3, do3, lse32, delta, dk, dvv, qk_scale, nq, nk, n_qb,
+                         *strides, P_FORMAT=pol.p_cast, **common)
+    order = key_block_order(dq_order, 1, n_kb, seed)[0].to(torch.int32).contiguous()
+    _bwd_dq[(n_qb, Z)](q3, k3, v3, do3, lse32, delta, dq, order, qk_scale, nq, nk, n_kb,
+                       *strides, **common)
+    masked = torch.isneginf(lse.detach().double()).reshape(*lead, nq)
+    return Gradients(
+        dq=dq.double().reshape(*lead, nq, d), dk=dk.double().reshape(*lead, nk, d),
+        dv=dvv.double().reshape(*lead, nk, dv), lse=lse32.double().reshape(*lead, nq),
+        delta=delta.double().reshape(*lead, nq), out=o3.double().reshape(*lead, nq, dv),
+        masked=masked, ds_rowsum=torch.full((*lead, nq), math.nan),
+        info=dict(backend="triton", precision=precision, block_m=block_m, block_n=block_n,
+                  causal=causal, scale=sc, dq_order=dq_order if isinstance(dq_order, str)
+                  else "permutation"),
+    )
+
+
+def compare_backward(q, k, v, do, **kw) -> dict:
+    """Kernel against the emulated backward (the same forward O and LSE given to both), per
+    gradient: {"elem": fractions of entries within 0, 1, 2 ulps of the output format at the
+    emulator's value and the largest (flashnum.backends.triton.ulp_distribution), "scaled":
+    the same in ulps at the gradient's largest entry (entries that cancel to far below
+    it move by many of their own ulps for one ulp of an fp32 intermediate)}."""
+    import flashnum
+    from flashnum.backends.triton import ulp_distribution
+
+    precision = kw.get("precision", "bf16")
+    fwd = flashnum.attention(q, k, v, precision=precision, block_m=kw.get("block_m", 32),
+                             block_n=kw.get("block_n", 32), causal=kw.get("causal", False),
+                             scale=kw.get("scale"))
+    gk = attention_backward_triton(q, k, v, do, out=fwd.out, lse=fwd.lse, **kw)
+    ge = flashnum.attention_backward(q, k, v, do, out=fwd.out, lse=fwd.lse, **kw)
+    fout = get_format(make_backward_policy(kw.get("policy", "fa2"), precision).out)
+    out = {}
+    for name in ("dq", "dk", "dv"):
+        a, b = getattr(gk, name), getattr(ge, name)
+        top = b.abs().max().expand_as(b)
+        out[name] = {"elem": ulp_distribution(a - b, fout.ulp(b)),
+                     "scaled": ulp_distribution(a - b, fout.ulp(top))}
+    return out
+
+
+__all__ = ["attention_backward_triton", "compare_backward", "PRECISIONS"]
