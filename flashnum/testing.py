@@ -16,7 +16,7 @@ from __future__ import annotations
 
 def assert_attention_accurate(fn, precision: str = "bf16", *, budget: str = "quick",
                               alignment: str | None = None, model: str | None = None,
-                              reference: str = "certified"):
+                              reference: str = "auto"):
     """Raise AssertionError (message: the audit's summary) unless fn passes the audit;
     return the Report otherwise."""
     from flashnum.audit import audit

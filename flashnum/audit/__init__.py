@@ -15,7 +15,8 @@ audit(fn, *, precision, model, alignment, budget, reference, progress):
   alignment   the target's causal mask: "top_left" (torch's is_causal) or "bottom_right"
               (flash-attn >= 2.1, flashnum); a named target knows its own
   budget      quick, default (~2 minutes for a CPU kernel on 2 cores), full
-  reference   certified (default) or fp64 (flashnum.reference methods)
+  reference   auto (default: fp64 where its proven bound cannot move a verdict, else
+              certified), certified, or fp64 (flashnum.reference methods)
 
 Cases come from flashnum.audit.cases, rules from flashnum.audit.rules, the report from
 flashnum.audit.report. A case whose call raises or returns garbage fails; the audit goes on.
@@ -25,13 +26,13 @@ from __future__ import annotations
 
 from flashnum.audit.cases import BUDGETS, Case, cases
 from flashnum.audit.report import Report
-from flashnum.audit.rules import ALIGNMENTS, DTYPES, evaluate
+from flashnum.audit.rules import ALIGNMENTS, DTYPES, REFERENCES, evaluate
 from flashnum.audit.targets import resolve
 
 
 def audit(fn, *, precision: str = "bf16", model: str | None = None,
           alignment: str | None = None, budget: str = "default",
-          reference: str = "certified", progress: bool = False,
+          reference: str = "auto", progress: bool = False,
           case_list: list[Case] | None = None) -> Report:
     """Run every case of `budget` (or `case_list`) through fn; see the module docstring."""
     import pandas as pd
@@ -48,8 +49,8 @@ def audit(fn, *, precision: str = "bf16", model: str | None = None,
         raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(DTYPES)}")
     if alignment not in ALIGNMENTS:
         raise ValueError(f"unknown alignment {alignment!r}; valid: {', '.join(ALIGNMENTS)}")
-    if reference not in ("certified", "fp64"):
-        raise ValueError(f"unknown reference {reference!r}; valid: certified, fp64")
+    if reference not in REFERENCES:
+        raise ValueError(f"unknown reference {reference!r}; valid: {', '.join(REFERENCES)}")
     todo = case_list if case_list is not None else cases(budget)
     it = todo
     if progress:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flashnum.audit import BUDGETS, audit
-from flashnum.audit.rules import ALIGNMENTS, DTYPES
+from flashnum.audit.rules import ALIGNMENTS, DTYPES, REFERENCES
 from flashnum.audit.targets import resolve
 from flashnum.harness.cli import main_of
 from flashnum.harness.config import StoreConf
@@ -30,7 +30,7 @@ class Args:
     budget: str = "default"
     model: str = ""          # "" keeps the target's own (torch_sdpa: torch_cpu), "none" for none
     alignment: str = ""      # "" keeps the target's own
-    reference: str = "certified"
+    reference: str = "auto"
     store: StoreConf = field(default_factory=StoreConf)
 
 
@@ -42,8 +42,8 @@ def _check(cfg) -> None:
         raise ValueError(f"unknown budget {cfg.budget!r}; valid: {', '.join(BUDGETS)}")
     if cfg.alignment and cfg.alignment not in ALIGNMENTS:
         raise ValueError(f"unknown alignment {cfg.alignment!r}; valid: {', '.join(ALIGNMENTS)}")
-    if cfg.reference not in ("certified", "fp64"):
-        raise ValueError(f"unknown reference {cfg.reference!r}; valid: certified, fp64")
+    if cfg.reference not in REFERENCES:
+        raise ValueError(f"unknown reference {cfg.reference!r}; valid: {', '.join(REFERENCES)}")
 
 
 def _run(cfg) -> int:
