@@ -275,15 +275,83 @@ def test_bad_arguments_raise_one_clear_error(kw, match):
         flashnum.attention(q, k, v, **{"block_n": 64, **kw})
 
 
-def test_bad_tensors_raise_one_clear_error():
-    q, k, v = qkv(nq=16, nk=32, d=8)
-    with pytest.raises(ValueError, match="head dims differ"):
-        flashnum.attention(q, k[..., :4], v)
-    with pytest.raises(ValueError, match="key counts differ"):
-        flashnum.attention(q, k, v[..., :5, :])
-    q[0, 0, 3, 2] = float("nan")
-    with pytest.raises(ValueError, match="q contains NaN"):
+@pytest.mark.parametrize(
+    "kw,error,match",
+    [
+        (dict(scale=float("nan")), ValueError, "scale must be finite, got nan"),
+        (dict(scale=float("inf")), ValueError, "scale must be finite, got inf"),
+        (dict(scale="a"), TypeError, "scale must be a real number, got 'a'"),
+        (dict(scale=True), TypeError, "scale must be a real number, got True"),
+        (dict(causal="yes"), TypeError, "causal must be True or False, got 'yes'"),
+        (dict(causal=1), TypeError, "causal must be True or False, got 1"),
+        (dict(trace="no"), TypeError, "trace must be True or False, got 'no'"),
+        (dict(seed=1.5), TypeError, "seed must be an integer, got 1.5"),
+        (dict(tau=-1.0), ValueError, "tau must be >= 0.0, got -1.0"),
+        (dict(beta=float("nan")), ValueError, "beta must be finite, got nan"),
+        (dict(precision="mp", mp_bits=1), ValueError, "mp_bits must be an integer >= 2, got 1"),
+    ],
+)
+def test_bad_options_raise_one_error_naming_the_argument(kw, error, match):
+    q, k, v = qkv(nq=8, nk=8, d=4)
+    with pytest.raises(error, match=match):
+        flashnum.attention(q, k, v, **kw)
+
+
+@pytest.mark.parametrize(
+    "shapes,match",
+    [
+        (((1, 0, 4), (1, 8, 4), (1, 8, 4)), r"query count Nq \(q.shape\[-2\]\) is 0"),
+        (((1, 8, 4), (1, 0, 4), (1, 0, 4)), r"key count Nk \(k.shape\[-2\]\) is 0"),
+        (((1, 8, 0), (1, 8, 0), (1, 8, 4)), r"head dim d \(q.shape\[-1\]\) is 0"),
+        (((1, 8, 4), (1, 8, 4), (1, 8, 0)), r"value dim dv \(v.shape\[-1\]\) is 0"),
+        (((0, 2, 8, 4), (0, 2, 8, 4), (0, 2, 8, 4)), r"batch dims \(0, 2\) hold no head"),
+        (((2, 0, 8, 4), (2, 0, 8, 4), (2, 0, 8, 4)), r"batch dims \(2, 0\) hold no head"),
+    ],
+)
+def test_empty_shapes_are_rejected_naming_the_empty_dimension(shapes, match):
+    q, k, v = (torch.ones(s) for s in shapes)
+    with pytest.raises(ValueError, match=match):
         flashnum.attention(q, k, v)
+
+
+def test_non_tensors_and_integer_tensors_are_type_errors():
+    q, k, v = qkv(nq=8, nk=8, d=4)
+    with pytest.raises(TypeError, match="k must be a torch.Tensor, got list"):
+        flashnum.attention(q, k.tolist(), v)
+    with pytest.raises(TypeError, match="v must be floating point, got torch.int64"):
+        flashnum.attention(q, k, v.long())
+
+
+def test_the_triton_backend_without_triton_says_how_to_install_it(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "triton", None)  # what `import triton` meets without it
+    q, k, v = qkv(nq=8, nk=8, d=4)
+    with pytest.raises(ValueError, match=r"pip install triton \(or pip install -e \.\[triton\]\)"):
+        flashnum.attention(q, k, v, backend="triton")
+
+
+@pytest.mark.parametrize("precision,big,n,what", [
+    ("fp16", 7e4, 2, "round to inf or NaN"),  # beyond fp16's 65504 (and its threshold 65520)
+    ("fp16", 65519.0, 0, None),  # below the threshold: rounds to 65504, no overflow
+    ("fp8_e4m3", 500.0, 2, "saturate to"),  # e4m3 saturates beyond 464 (448 + half an ulp)
+])
+def test_finite_inputs_that_overflow_the_inputs_format_are_warned_about(precision, big, n, what):
+    import warnings
+
+    q, k, v = qkv(nq=8, nk=8, d=4)
+    k[0, 0, 1, 2] = big
+    k[0, 1, 5, 0] = -big
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        flashnum.attention(q, k, v, precision=precision, policy="fa2")
+    msgs = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    if n == 0:
+        assert msgs == []
+    else:
+        assert len(msgs) == 1 and msgs[0].startswith(f"k: {n} of {k.numel()} finite values "
+                                                     f"overflow the inputs format {precision}")
+        assert what in msgs[0]
 
 
 # -- the in-place fast path changes no bit --------------------------------------------

@@ -62,7 +62,10 @@ Fully masked rows (causal with Nq > Nk) give out = 0 and are flagged in
 from __future__ import annotations
 
 import math
+import numbers
+import warnings
 
+import numpy as np
 import torch
 
 from flashnum.engine.flash import flash
@@ -78,14 +81,16 @@ BACKENDS = ("emulate", "triton", "mp")
 assert set(VARIANTS) == set(STEPS), "every variant has its step in flashnum.engine.recurrence"
 
 
-def _check(q, k, v, precision, policy, block_m, block_n, order, variant, rounding, backend):
+def _check_tensors(q, k, v) -> None:
+    """q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv): real floating tensors, no empty
+    dimension, matching shapes, every value finite."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.ndim < 2:
             raise ValueError(f"{name} must have shape (..., N, d), got {tuple(x.shape)}")
         if not x.is_floating_point():
-            raise ValueError(f"{name} must be floating point, got {x.dtype}")
+            raise TypeError(f"{name} must be floating point, got {x.dtype}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k head dims differ: q {tuple(q.shape)}, k {tuple(k.shape)}")
     if k.shape[-2] != v.shape[-2]:
@@ -94,6 +99,16 @@ def _check(q, k, v, precision, policy, block_m, block_n, order, variant, roundin
         raise ValueError(
             f"batch dims differ: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
+    for what, n in (("query count Nq (q.shape[-2])", q.shape[-2]),
+                    ("key count Nk (k.shape[-2])", k.shape[-2]),
+                    ("head dim d (q.shape[-1])", q.shape[-1]),
+                    ("value dim dv (v.shape[-1])", v.shape[-1])):
+        if n == 0:
+            raise ValueError(f"{what} is 0; attention needs at least 1 (empty shapes are "
+                             "rejected, not returned empty)")
+    if 0 in q.shape[:-2]:
+        raise ValueError(f"batch dims {tuple(q.shape[:-2])} hold no head; every batch dim "
+                         "must be >= 1 (empty shapes are rejected, not returned empty)")
     for name, x in (("q", q), ("k", k), ("v", v)):
         # a finite sum needs every term finite (one pass); only a sum that is not finite
         # (an inf or NaN, or merely an overflow) needs the elementwise check
@@ -102,6 +117,20 @@ def _check(q, k, v, precision, policy, block_m, block_n, order, variant, roundin
         if not bool(torch.isfinite(x).all()):
             bad = "NaN" if bool(torch.isnan(x).any()) else "inf"
             raise ValueError(f"{name} contains {bad}; inputs must be finite (mask with causal=)")
+
+
+def _check_number(name: str, x, lo: float | None = None) -> None:
+    """x a finite real number (not a bool), and >= lo if given."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {x!r} ({type(x).__name__})")
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be finite, got {x!r}")
+    if lo is not None and x < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {x!r}")
+
+
+def _check_options(precision, block_m, block_n, order, variant, causal, scale, rounding, seed,
+                   trace, backend, mp_bits, tau, beta) -> None:
     check_precision(precision, mp=True)  # a policy's precision (p<bits> too), or mp
     check_block("block_m", block_m)
     check_block("block_n", block_n)
@@ -109,10 +138,50 @@ def _check(q, k, v, precision, policy, block_m, block_n, order, variant, roundin
         raise ValueError(f"unknown order {order!r}; valid: {', '.join(ORDERS)}, or a permutation")
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    for name, flag in (("causal", causal), ("trace", trace)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
+    if scale is not None:
+        _check_number("scale", scale)  # None: 1/sqrt(d)
     if rounding not in ROUNDINGS:
         raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an integer, got {seed!r}")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    if backend == "triton":
+        try:
+            import triton  # noqa: F401  (heavy optional dependency: only for this backend)
+        except ImportError:
+            raise ValueError(
+                "backend='triton' needs the triton package, which is not installed: "
+                "pip install triton (or pip install -e .[triton])") from None
+    if isinstance(mp_bits, bool) or not isinstance(mp_bits, numbers.Integral) or mp_bits < 2:
+        raise ValueError(f"mp_bits must be an integer >= 2, got {mp_bits!r}")
+    _check_number("tau", tau, lo=0.0)
+    _check_number("beta", beta)
+
+
+def _warn_overflow(pol: Policy, **xs: torch.Tensor) -> None:
+    """Warn when finite inputs overflow the inputs format when stored (their rows come
+    out non-finite, or saturated), naming how many values of which input."""
+    fin = pol.fmt("inputs")
+    threshold = getattr(fin, "overflow_threshold", None)  # None: exact, or a scaled format
+    if threshold is None:
+        return
+    for name, x in xs.items():
+        a = x.detach().abs()
+        if not float(a.amax()) > fin.max:  # the common case: one pass, nothing to do
+            continue
+        # IEEE formats: the tie at the threshold goes to the even infinity; e4m3: stays 448
+        over = a > threshold if fin.max_override is not None else a >= threshold
+        n = int(over.sum())
+        if n:
+            what = f"saturate to +-{fin.max:g}" if fin.saturate else "round to inf or NaN"
+            warnings.warn(
+                f"{name}: {n} of {x.numel()} finite values overflow the inputs format "
+                f"{fin.name} (|x| beyond {fin.max:g}) and {what}; their rows are not what "
+                "the inputs say (see res.nonfinite)", RuntimeWarning, stacklevel=3)
 
 
 def attention(
@@ -151,10 +220,17 @@ def attention(
     num_splits, split_precision: split-KV decoding (flashnum.engine.splitkv): the keys in
                num_splits chunks whose partial (o, lse) are stored in split_precision and
                merged; K, V may have fewer heads than Q (GQA) on that path
+
+    Bad arguments raise one ValueError or TypeError naming the argument and what is valid.
+    Empty shapes (Nq, Nk, d, dv or a batch dim of 0) are rejected with a ValueError, not
+    returned as empty results. Inputs must be finite; finite inputs that overflow the
+    inputs format when stored (fp16 beyond 65504, say) are computed as stored and warned
+    about (RuntimeWarning naming how many values); their rows show in `res.nonfinite`.
     """
     if precision == "mp" and backend == "emulate":
         backend = "mp"
-    gqa = q.ndim >= 3 and k.ndim >= 3 and q.shape[-3] != k.shape[-3]
+    gqa = (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.ndim >= 3
+           and k.ndim >= 3 and q.shape[-3] != k.shape[-3])
     if num_splits != 1 or gqa:  # each split comes back through this function
         from flashnum.engine.splitkv import attention_splitkv
 
@@ -164,7 +240,9 @@ def attention(
             variant=variant, causal=causal, scale=scale, rounding=rounding, seed=seed,
             trace=trace, backend=backend, mp_bits=mp_bits, tau=tau, beta=beta,
         )
-    _check(q, k, v, precision, policy, block_m, block_n, order, variant, rounding, backend)
+    _check_tensors(q, k, v)
+    _check_options(precision, block_m, block_n, order, variant, causal, scale, rounding, seed,
+                   trace, backend, mp_bits, tau, beta)
     if isinstance(policy, str) and policy == "torch_cpu":
         # a model of one real kernel: its own splits, exp and order (block sizes ignored)
         from flashnum.engine.torch_cpu import attention_torch_cpu
@@ -179,6 +257,7 @@ def attention(
             beta=beta,
         )
     pol = make_policy(policy, precision)
+    _warn_overflow(pol, q=q, k=k, v=v)
     if backend == "triton":
         from flashnum.backends.triton import attention_triton
 
