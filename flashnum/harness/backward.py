@@ -222,7 +222,9 @@ def main(argv=None) -> int:
     exp_dir.mkdir(parents=True, exist_ok=True)
     store.write_grid(exp_dir, [c["case_id"] for c in cases])
     done = store.done_ids(exp_dir)
-    todo = [c for c in cases if c["case_id"] not in done][: args.limit]
+    # seeds in turn across every slice: a run stopped early covers the whole grid thinly
+    todo = sorted((c for c in cases if c["case_id"] not in done), key=lambda c: c["seed"])
+    todo = todo[: args.limit]
     print(f"{conf['experiment']}: {len(cases)} cases, {len(todo)} to run")
     rows = []
     for i, case in enumerate(todo, 1):
