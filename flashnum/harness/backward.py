@@ -1,8 +1,9 @@
 """Backward-pass experiments: grids of emulated backward cases, stored like the forward's.
 
     python -m flashnum.harness.backward bwd_bf16_sweep          # conf/experiment/<name>.yaml
-    python -m flashnum.harness.backward bwd_order --limit 20    # the first 20 cases only
-    python -m flashnum.harness.backward bwd_order --summary     # the stored table, summarised
+    python -m flashnum.harness.backward bwd_order limit=20      # the first 20 cases only
+    python -m flashnum.harness.backward bwd_order summary=true  # the stored table, summarised
+    (key=value options, flashnum.harness.cli: limit, batch, summary, store.root)
     df = flashnum.harness.store.load("bwd_order")
 
 An experiment file has `experiment`, `description`, a `base` case and `grid`: a list of
@@ -25,23 +26,24 @@ orders. Cases are keyed by a hash of their axes; a rerun computes only missing c
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import itertools
 import json
 import math
 import time
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 
 from flashnum.analysis.bounds_backward import bound_backward
 from flashnum.engine.backward import attention_backward
 from flashnum.harness import store
+from flashnum.harness.config import StoreConf
+from flashnum.harness.paths import CONF as CONF_ROOT
 from flashnum.inputs.distributions import make
 from flashnum.reference_backward import reference_backward
 
-CONF = Path(__file__).resolve().parents[2] / "conf" / "experiment"
+CONF = CONF_ROOT / "experiment"
 AXES = ("policy", "precision", "seq_len", "head_dim", "block", "dq_order", "distribution",
         "causal", "seed", "forward_variant", "orders", "terms")
 DEFAULT = dict(policy="fa2", precision="bf16", seq_len=64, head_dim=32, block=16,
@@ -201,40 +203,58 @@ def summary(name_or_path, root=None):
     return pd.DataFrame(out)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Run a backward experiment (see the docstring).")
-    ap.add_argument("experiment")
-    ap.add_argument("--summary", action="store_true", help="print the stored table's summary")
-    ap.add_argument("--limit", type=int, default=None, help="run at most this many cases")
-    ap.add_argument("--root", default=None, help="experiments folder (default: the repo's)")
-    ap.add_argument("--batch", type=int, default=25, help="cases per stored part")
-    args = ap.parse_args(argv)
-    if args.summary:
+@dataclass
+class Args:
+    experiment: str = "bwd_order"
+    limit: int | None = None  # run at most this many cases
+    batch: int = 25  # cases per stored part
+    summary: bool = False  # print the stored table's summary instead of running
+    store: StoreConf = field(default_factory=StoreConf)
+
+
+def _check_args(cfg) -> None:
+    load_conf(cfg.experiment)
+    if cfg.limit is not None and cfg.limit < 0:
+        raise ValueError(f"limit must be >= 0, got {cfg.limit}")
+    if cfg.batch < 1:
+        raise ValueError(f"batch must be >= 1, got {cfg.batch}")
+
+
+def _run(cfg) -> int:
+    conf = load_conf(cfg.experiment)
+    root = cfg.store.root
+    if cfg.summary:
         import pandas as pd
 
         with pd.option_context("display.width", 250, "display.max_columns", 40):
-            print(summary(load_conf(args.experiment)["experiment"], args.root).T.to_string())
+            print(summary(conf["experiment"], root).T.to_string())
         return 0
     torch.set_num_threads(1)  # small cases: one thread is fastest on a shared machine
-    conf = load_conf(args.experiment)
     cases = expand(conf)
-    exp_dir = store.experiment_dir(conf["experiment"], args.root)
+    exp_dir = store.experiment_dir(conf["experiment"], root)
     exp_dir.mkdir(parents=True, exist_ok=True)
     store.write_grid(exp_dir, [c["case_id"] for c in cases])
     done = store.done_ids(exp_dir)
     # seeds in turn across every slice: a run stopped early covers the whole grid thinly
     todo = sorted((c for c in cases if c["case_id"] not in done), key=lambda c: c["seed"])
-    todo = todo[: args.limit]
-    print(f"{conf['experiment']}: {len(cases)} cases, {len(todo)} to run")
+    todo = todo[: cfg.limit]
+    print(f"{conf['experiment']}: {len(cases)} cases, {len(todo)} to run", flush=True)
     rows = []
     for i, case in enumerate(todo, 1):
         rows.append(run_case(case))
-        if len(rows) >= args.batch or i == len(todo):
+        if len(rows) >= cfg.batch or i == len(todo):
             store.write_part(exp_dir, rows)
             rows = []
             print(f"  {i}/{len(todo)}", flush=True)
     store.compact(exp_dir)
     return 0
+
+
+def main(argv=None) -> int:
+    from flashnum.harness.cli import main_of
+
+    return main_of("flashnum.harness.backward", Args, _run, argv, positional="experiment",
+                   check=_check_args, doc=__doc__)
 
 
 if __name__ == "__main__":
