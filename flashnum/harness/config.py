@@ -89,7 +89,6 @@ class ReferenceConf:
 @dataclass
 class ChecksConf:
     trace: bool = True  # trace the emulated state: m must never decrease
-    m_exact: bool = True  # emulate: final m == max of engine.logits, bit for bit
     naive_ratio: bool = True  # also run standard attention in the precision
     bound: bool = True  # flashnum.analysis.bounds.bound for every case
     bound_prob: bool = True  # and its probabilistic bound (Higham & Mary)

@@ -149,8 +149,7 @@ def run_case(case: Case, inp, ref_of, experiment: str, opts: dict) -> dict:
     row["reference_method"] = ref.method
     row["ref_err_bound"] = _num(err_bound) if err_bound.numel() else 0.0
     row["ref_ok"] = bool(row["ref_err_bound"] <= opts["ok_ratio"] * row["max_abs_err"])
-    m_ok, l_ok = invariants(case, pol, eng_prec, q, k, res, ref, causal, inp.scale,
-                            opts.get("m_exact", True))
+    m_ok, l_ok = invariants(case, pol, eng_prec, q, k, res, ref, causal, inp.scale)
     row.update(m_ok=m_ok, l_ok=l_ok)
     row["n_rescales_max"] = int(res.n_rescales.max()) if res.n_rescales.numel() else 0
     row["nonfinite_rows"] = int(res.nonfinite.sum()) if res.nonfinite is not None else 0
@@ -299,7 +298,7 @@ def run(cfg, cases: list[Case] | None = None, overrides: list[str] | None = None
     store.write_grid(exp_dir, [c.case_id for c in cases_all])
 
     opts = dict(trace=cfg.checks.trace, naive_ratio=cfg.checks.naive_ratio, bound=cfg.checks.bound,
-                bound_prob=cfg.checks.bound_prob, m_exact=cfg.checks.m_exact,
+                bound_prob=cfg.checks.bound_prob,
                 certified_max_logits=cfg.reference.certified_max_logits, bits=cfg.reference.bits,
                 ok_ratio=cfg.reference.ok_ratio)
     tasks = [(run_search_group if t[0].is_search else run_group, t)
