@@ -1,6 +1,7 @@
 """Reproductions of published numerical results on attention, ours beside theirs.
 
-    python -m flashnum.reproduce {fa3_table3,is_flash_stable,qiu_yao,fp8_pcast,all} [quick=true]
+    python -m flashnum.reproduce {fa3_table3,is_flash_stable,qiu_yao,fp8_pcast,fp8_offset,
+                                  pcast_threshold,block_scaled,splitkv_decode,all} [quick=true]
 
     from flashnum import reproduce
     df = reproduce.fa3_table3(quick=True)      # a tidy DataFrame: ours beside the published
@@ -22,6 +23,10 @@ flashnum.harness.store) and prints it. docs/reproductions.md discusses every num
                      (mean signed error, z-score), with and without their max adjustment
     fp8_pcast        arXiv 2606.06521: P cast to e4m3 in forward key order vs reverse order
                      with a static scale S = 256
+    fp8_offset, pcast_threshold, block_scaled, splitkv_decode
+                     flash-attention #2716 (FA4's fp8 P offset and threshold), the P-cast
+                     collapse threshold of arXiv 2606.06521, block-scaled Q/K/V/P, split-KV
+                     decoding: see flashnum.reproduce.lowprec
 
 What is modelled is stated where it is built (docstrings below). Every reference is
 fp64 softmax attention of the given inputs (`reference64`), a few ulps of fp64 from the
@@ -49,8 +54,10 @@ from flashnum.inputs.distributions import make
 from flashnum.numerics.blockscaled import quantize_tiles, random_hadamard, scaled
 from flashnum.numerics.formats import FORMATS
 from flashnum.numerics.policy import SITES, Policy, make_policy
+from flashnum.reproduce import lowprec
 
-REPRODUCTIONS = ("fa3_table3", "is_flash_stable", "qiu_yao", "fp8_pcast")
+REPRODUCTIONS = ("fa3_table3", "is_flash_stable", "qiu_yao", "fp8_pcast", "fp8_offset",
+                 "pcast_threshold", "block_scaled", "splitkv_decode")
 E4M3 = FORMATS["fp8_e4m3"]
 
 
@@ -557,6 +564,8 @@ MEASURES = {
     "rmse_ratio_to_standard", "block_m_effect", "z_heads", "z_entries", "z_fix",
     "v_negative_fraction", "underflow_fraction", "ratio_vs_forward",
     "ratio_vs_forward_same_scale", "realised_height",
+    "err_over_u_vmax", "rescaled", "predicted_saturation", "budget_ok", "rel_err",
+    "flushed_fraction", "delta_c", "delta_all",
 }
 
 
@@ -598,9 +607,13 @@ def save(name: str, df: pd.DataFrame, config: dict, root=None):
 
 
 FUNCTIONS = {"fa3_table3": fa3_table3, "is_flash_stable": is_flash_stable,
-             "qiu_yao": qiu_yao, "fp8_pcast": fp8_pcast}
+             "qiu_yao": qiu_yao, "fp8_pcast": fp8_pcast, "fp8_offset": lowprec.fp8_offset,
+             "pcast_threshold": lowprec.pcast_threshold, "block_scaled": lowprec.block_scaled,
+             "splitkv_decode": lowprec.splitkv_decode}
 SIZES = {"fa3_table3": FA3_SIZES, "is_flash_stable": IFS_SIZES, "qiu_yao": QY_SIZES,
-         "fp8_pcast": PC_SIZES}
+         "fp8_pcast": PC_SIZES, "fp8_offset": lowprec.OFFSET_SIZES,
+         "pcast_threshold": lowprec.PCT_SIZES, "block_scaled": lowprec.BS_SIZES,
+         "splitkv_decode": lowprec.SKV_SIZES}
 DISPLAY = {
     "fa3_table3": ["row", "n", "d", "outlier_std", "scale_rule", "ref_inputs", "ours",
                    "ours_se", "published", "match", "best", "match_joint", "best_joint"],
@@ -612,6 +625,12 @@ DISPLAY = {
     "fp8_pcast": ["n", "realised_height", "p_scale", "order", "ours", "ours_se",
                   "underflow_fraction", "ratio_vs_forward", "ratio_vs_forward_same_scale",
                   "published_ratio_lo", "published_ratio_hi"],
+    "fp8_offset": ["format", "offset", "threshold", "growth", "max_abs_err",
+                   "err_over_u_vmax", "rescaled", "predicted_saturation", "budget_ok"],
+    "pcast_threshold": ["spread", "delta", "p_scale", "order", "rel_err", "flushed_fraction",
+                        "delta_c", "delta_all"],
+    "block_scaled": ["distribution", "format", "site", "transform", "max_abs_err", "rmse"],
+    "splitkv_decode": ["nk", "nq", "num_splits", "split_precision", "max_abs_err", "rmse"],
 }
 
 
