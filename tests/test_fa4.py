@@ -147,3 +147,34 @@ def test_a_scaled_cast_is_a_format_name():
     assert get_format("fp8_e4m3").round(x)[0] == 0.0  # unscaled: below half of 2^-9
     with pytest.raises(ValueError, match="positive factor"):
         get_format("fp8_e4m3*-1")
+
+
+def test_the_fp8_offset_table_flags_saturation_where_the_budget_is_broken():
+    from flashnum.reproduce import lowprec
+
+    df = lowprec.fp8_offset(quick=True)
+    n = lowprec.OFFSET_SIZES["quick"]["n"]
+    u = df["format"].map(lambda f: get_format(f).u)
+    # budget kept: P in o off by a factor 1 +- u, or by 2^-10 / 2^offset absolute in e4m3's
+    # subnormals, over l >= 1: |out - exact| <= (u + n 2^-(10 + offset)) max|v|
+    slack = (u + n * 2.0 ** (-10 - df["offset"])) / u
+    ok = df[df["budget_ok"]]
+    assert (ok["err_over_u_vmax"] <= slack[ok.index]).all()
+    hit = df[df["predicted_saturation"] & (df["growth"] == 2.5)]
+    assert len(hit) == 1 and hit["format"].item() == "fp8_e4m3" and hit["offset"].item() == 8
+    assert hit["err_over_u_vmax"].item() > 1  # the saturation error passes the rounding bound
+
+
+def test_the_pcast_table_collapses_past_the_predicted_threshold_and_not_before():
+    from flashnum.reproduce import lowprec
+
+    df = lowprec.pcast_threshold(quick=True)
+    fwd = df[df["order"] == "forward"]
+    past = fwd["delta"] > fwd["delta_all"]  # spread 0: every non-sink P flushed past it
+    assert (fwd.loc[past, "rel_err"] > 0.999).all()
+    assert (fwd.loc[past, "flushed_fraction"] == 1).all()
+    assert (fwd.loc[~past, "rel_err"] < 0.5).all()
+    assert (fwd.loc[~past, "flushed_fraction"] == 0).all()
+    # the static scale S = 256 moves the threshold by ln 256 = 5.5: delta 8 survives with it
+    row = fwd[(fwd["delta"] == 8.0) & (fwd["p_scale"] == 256.0)]
+    assert row["rel_err"].item() < 0.01
