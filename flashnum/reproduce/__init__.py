@@ -638,7 +638,8 @@ DISPLAY = {
 class Args:
     """python -m flashnum.reproduce WHAT [quick=true] [seed=N] [save=false] [store.root=DIR]
 
-    WHAT: fa3_table3, is_flash_stable, qiu_yao, fp8_pcast, or all. quick=true runs tiny
+    WHAT: fa3_table3, is_flash_stable, qiu_yao, fp8_pcast, fp8_offset, pcast_threshold,
+    block_scaled, splitkv_decode (flashnum.reproduce.lowprec), or all. quick=true runs tiny
     sizes (seconds) and stores only with an explicit store.root=.
     """
 
