@@ -18,8 +18,17 @@ def found(tmp_path_factory):
 
 
 def test_search_beats_gaussian_and_respects_the_v_bound(found):
+    from flashnum.inputs.search import prepare
+
     assert found.n_evals == 24
-    assert found.error >= found.baseline
+    # the baseline (seed 1) is in the screen, so >= would hold for free: the result must
+    # beat gaussian inputs of other seeds too, each scored by the same objective
+    kw = dict(policy="fa2", precision="bf16", block_m=32, block_n=32, order="forward",
+              variant="fa2")
+    gauss = [evaluate(prepare(make("gaussian", seq_len_q=128, head_dim=16, block_n=32,
+                                   seed=s), "bf16", "fa2"), kw, "max_abs") for s in range(2, 7)]
+    assert found.error > max(gauss + [found.baseline])
+    assert found.family != "gaussian"
     assert found.screen["gaussian"] == found.baseline  # the screen reruns the baseline
     assert float(found.inputs.v.abs().max()) <= found.bound
     # the history is the running best: increasing, ending at the result
@@ -64,13 +73,13 @@ def test_evaluate_rejects_unknown_metric_and_reference():
         worst_case(budget_s=0)
 
 
-def _p_cast_error_over_scale(name):
+def _p_cast_error_over_scale(name, seed=0):
     """max |out - exact| / (P|V|) with only FA2's P cast to bf16 rounded, in units of u."""
     import flashnum
     from flashnum.inputs.search import prepare, reference_out
     from flashnum.numerics.policy import make_policy
 
-    inp = prepare(make(name, seq_len_q=256), "bf16", "fa2")
+    inp = prepare(make(name, seq_len_q=256, seed=seed), "bf16", "fa2")
     res = flashnum.attention(inp.q, inp.k, inp.v, precision="bf16",
                              policy=make_policy("fa2", "bf16").only("p_cast"))
     s = inp.softmax_scale * inp.q @ inp.k.transpose(-1, -2)
@@ -81,12 +90,13 @@ def _p_cast_error_over_scale(name):
 def test_the_found_structure_makes_the_p_cast_error_coherent():
     # each cast P_hat = P (1 + d), |d| <= u, and l sums the uncast P, so
     # |sum (P_hat - P) v| / l <= u P|V|: the bound 1 u is proven (all else exact here).
-    # Gaussian inputs average the signs away (measured 0.21 u at N = 256); the plateau
-    # structure (identical keys after the peak, one-signed V) nearly attains the
-    # bound (measured 0.85 u): the thresholds 0.5 and 0.75 sit between the two.
-    plateau, gaussian = _p_cast_error_over_scale("plateau"), _p_cast_error_over_scale("gaussian")
-    assert plateau <= 1.0 + 1e-9 and gaussian <= 1.0 + 1e-9
-    assert gaussian < 0.5 < 0.75 < plateau
+    # Gaussian inputs average the signs away (measured 0.19-0.23 u at N = 256, seeds 0-2);
+    # the plateau structure (identical keys after the peak, one-signed V) nearly attains
+    # the bound (0.85-0.91 u): over three seeds each, every plateau beats every gaussian
+    plateau = [_p_cast_error_over_scale("plateau", s) for s in range(3)]
+    gaussian = [_p_cast_error_over_scale("gaussian", s) for s in range(3)]
+    assert max(plateau + gaussian) <= 1.0 + 1e-9
+    assert min(plateau) > 2 * max(gaussian)
 
 
 def test_plateau_peak_first_beats_peak_last():
@@ -95,7 +105,12 @@ def test_plateau_peak_first_beats_peak_last():
               variant="fa2")
     from flashnum.inputs.search import prepare
 
-    first = evaluate(prepare(make("plateau", seq_len_q=256), "bf16", "fa2"), kw, "max_ulp")
-    last = evaluate(prepare(make("plateau", seq_len_q=256, peak_block=-1), "bf16", "fa2"), kw,
-                    "max_ulp")
-    assert first > 0.75 > last  # measured 1.24 and 0.69 ulps of bf16 (seed 0, N = 256)
+    def ulps(seed, **params):
+        inp = prepare(make("plateau", seq_len_q=256, seed=seed, **params), "bf16", "fa2")
+        return evaluate(inp, kw, "max_ulp")
+
+    # measured at seed 0: 1.24 and 0.69 ulps of bf16 (N = 256); over three seeds each,
+    # every peak-first case beats every peak-last one
+    first = [ulps(s) for s in range(3)]
+    last = [ulps(s, peak_block=-1) for s in range(3)]
+    assert min(first) > max(last)
