@@ -156,6 +156,10 @@ def test_the_command_line_exits_0_1_2(tmp_path, monkeypatch, capsys):
         cli(["target=nope", store])
     assert e.value.code == 2
     assert "valid: torch_sdpa" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli(["experiment=nope", store])
+    assert e.value.code == 2
+    assert "valid: kernel_audit" in capsys.readouterr().err
     assert cli(["target=my_kernels:shifted", "budget=quick", store]) == 1
     assert (tmp_path / "store" / "audit" / "my_kernels_shifted-bf16-quick" / "report.md").exists()
     assert cli(["target=torch_sdpa", "budget=quick", "model=none", store]) == 0

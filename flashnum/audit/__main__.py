@@ -4,10 +4,14 @@
     python -m flashnum.audit target=flashnum_triton precision=fp16 budget=quick
     python -m flashnum.audit target=my_pkg.attn:forward alignment=bottom_right model=fa2
     python -m flashnum.audit target=torch_sdpa budget=full store.root=/tmp/audits
+    python -m flashnum.audit experiment=kernel_audit    # the runs of conf/audit/kernel_audit.yaml
 
 Exit status: 0 every case kept every rule, 1 some case broke one (the summary says
 which), 2 bad arguments (one line on stderr). The report (table, report.md, plots) goes
-to <store.root>/audit/<target>-<precision>-<budget>/ (flashnum.audit.report).
+to <store.root>/audit/<target>-<precision>-<budget>/ (flashnum.audit.report). An
+experiment (conf/audit/<name>.yaml: a list of runs, each a target, precision and budget)
+writes <store.root>/<name>/: each report, results.parquet (every row, with its target
+and precision) and summary.md; it exits 1 if any run fails.
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from flashnum.audit import BUDGETS, audit
 from flashnum.audit.rules import ALIGNMENTS, DTYPES, REFERENCES
 from flashnum.audit.targets import resolve
 from flashnum.harness.cli import main_of
 from flashnum.harness.config import StoreConf
+from flashnum.harness.paths import CONF
 
 
 @dataclass
@@ -31,10 +38,23 @@ class Args:
     model: str = ""          # "" keeps the target's own (torch_sdpa: torch_cpu), "none" for none
     alignment: str = ""      # "" keeps the target's own
     reference: str = "auto"
+    experiment: str = ""     # a run list in conf/audit/<name>.yaml (target etc. then unused)
     store: StoreConf = field(default_factory=StoreConf)
 
 
+def _runs(name: str) -> list[dict]:
+    path = CONF / "audit" / f"{name}.yaml"
+    if not path.is_file():
+        valid = sorted(p.stem for p in (CONF / "audit").glob("*.yaml"))
+        raise ValueError(f"unknown experiment {name!r}; valid: {', '.join(valid)}")
+    return list(OmegaConf.to_container(OmegaConf.load(path))["runs"])
+
+
 def _check(cfg) -> None:
+    if cfg.experiment:
+        for r in _runs(cfg.experiment):
+            _check(OmegaConf.merge(cfg, {**r, "experiment": ""}))
+        return
     resolve(cfg.target)  # a ValueError names the valid targets
     if cfg.precision not in DTYPES:
         raise ValueError(f"unknown precision {cfg.precision!r}; valid: {', '.join(DTYPES)}")
@@ -46,7 +66,31 @@ def _check(cfg) -> None:
         raise ValueError(f"unknown reference {cfg.reference!r}; valid: {', '.join(REFERENCES)}")
 
 
+def _experiment(cfg) -> int:
+    import pandas as pd
+
+    root = Path(cfg.store.root) / cfg.experiment
+    tables, lines, status = [], [], 0
+    for r in _runs(cfg.experiment):
+        run = OmegaConf.merge(cfg, {**r, "experiment": ""})
+        model = None if run.model == "none" else (run.model or resolve(run.target)[2])
+        report = audit(run.target, precision=run.precision, model=model,
+                       alignment=run.alignment or None, budget=run.budget,
+                       reference=run.reference, progress=True)
+        report.save(root / f"{run.target}-{run.precision}")
+        tables.append(report.table.assign(target=run.target))
+        lines.append(report.summary())
+        status = status or (0 if report.passed else 1)
+    pd.concat(tables, ignore_index=True).to_parquet(root / "results.parquet")
+    text = "\n\n".join(lines)
+    (root / "summary.md").write_text(f"# {cfg.experiment}\n\n```\n{text}\n```\n")
+    print(text)
+    return status
+
+
 def _run(cfg) -> int:
+    if cfg.experiment:
+        return _experiment(cfg)
     model = None if cfg.model == "none" else (cfg.model or resolve(cfg.target)[2])
     report = audit(cfg.target, precision=cfg.precision, model=model,
                    alignment=cfg.alignment or None, budget=cfg.budget,

@@ -225,10 +225,11 @@ class _one_thread:
     sequentially)."""
 
     def __enter__(self):
-        self.old = _mkl()["threads"](1)
+        self.old = _mkl()["threads"](1) if _mkl() is not None else None
 
     def __exit__(self, *exc):
-        _mkl()["threads"](self.old)
+        if self.old is not None:
+            _mkl()["threads"](self.old)
 
 
 def _qk(prec, q, k, s) -> None:
@@ -240,8 +241,7 @@ def _qk(prec, q, k, s) -> None:
     if _mkl() is None:
         s.copy_(torch.matmul(q.float(), k.float().T))
         return
-    with _one_thread():
-        _gemm(prec, b"T", b"N", kvb, qb, d, k, d, q, d, 0.0, s, kvb)
+    _gemm(prec, b"T", b"N", kvb, qb, d, k, d, q, d, 0.0, s, kvb)
 
 
 def _pv(prec, p, v, o, first: bool) -> None:
@@ -253,8 +253,7 @@ def _pv(prec, p, v, o, first: bool) -> None:
         pv = torch.matmul(p.float(), v.float())
         o.copy_(pv if first else pv + o)
         return
-    with _one_thread():
-        _gemm(prec, b"N", b"N", d, qb, kvb, v, d, p, kvb, 0.0 if first else 1.0, o, d)
+    _gemm(prec, b"N", b"N", d, qb, kvb, v, d, p, kvb, 0.0 if first else 1.0, o, d)
 
 
 # ---------------------------------------------------------------------------
@@ -394,17 +393,18 @@ def attention_torch_cpu(q, k, v, *, precision="bf16", causal=False, scale=None,
     m_all = torch.zeros(bh, nq, dtype=torch.float32)
     l_all = torch.zeros(bh, nq, dtype=torch.float32)
     bufs = _ThreadBuffers(dtype, qs, ks, d, bh * -(-nq // qs))
-    for h in range(bh):
-        for r0 in range(0, nq, qs):
-            qb = min(qs, nq - r0)
-            buf = bufs.for_task(h * -(-nq // qs) + r0 // qs)
-            m, l, o = _query_block(precision, q3[h, r0 : r0 + qb], k3[h], v3[h], r0, ks, causal,
-                                   scale32, buf, use_c)
-            l_safe = torch.where(l == 0, torch.ones_like(l), l)
-            recip = 1.0 / l_safe  # the kernel multiplies by the fp32 reciprocal
-            out[h, r0 : r0 + qb] = (o * recip[:, None]).to(dtype).float()
-            m_all[h, r0 : r0 + qb] = torch.where(m == -math.inf, torch.zeros_like(m), m)
-            l_all[h, r0 : r0 + qb] = l_safe
+    with _one_thread():  # the GEMMs run on one thread, as in the kernel's parallel loop
+        for h in range(bh):
+            for r0 in range(0, nq, qs):
+                qb = min(qs, nq - r0)
+                buf = bufs.for_task(h * -(-nq // qs) + r0 // qs)
+                m, l, o = _query_block(precision, q3[h, r0 : r0 + qb], k3[h], v3[h], r0, ks,
+                                       causal, scale32, buf, use_c)
+                l_safe = torch.where(l == 0, torch.ones_like(l), l)
+                recip = 1.0 / l_safe  # the kernel multiplies by the fp32 reciprocal
+                out[h, r0 : r0 + qb] = (o * recip[:, None]).to(dtype).float()
+                m_all[h, r0 : r0 + qb] = torch.where(m == -math.inf, torch.zeros_like(m), m)
+                l_all[h, r0 : r0 + qb] = l_safe
     masked = torch.zeros(bh, nq, dtype=torch.bool)
     m64, l64 = m_all.double(), l_all.double()
     lse = (m_all + expf(l_all, _logf())).double()  # fp32 m + std::log(l), as the kernel stores it
