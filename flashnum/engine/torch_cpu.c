@@ -35,8 +35,6 @@ static float exp_u20(float x) {
 static float fexp_u20(float x) {
     const float ln_min = bits_f(0xc2aeac50u), ln_max = bits_f(0x42b17218u);
     const float log2e = bits_f(0x3fb8aa3bu);
-    if (x < ln_min) return 0.0f;
-    if (x > ln_max) return bits_f(0x7f800000u);
     float src = x * log2e;
     float frac = src - floorf(src);
     float res = fmaf(frac, (float)-0.079204240219773236, (float)-0.22433836478672356);
@@ -44,7 +42,10 @@ static float fexp_u20(float x) {
     res = fmaf(frac, res, (float)0.00010703434948458272);
     src = src - res;
     float tmp = fmaf(8388608.0f, src, 1065353216.0f);
+    /* cvttps: truncation; out of range (and NaN) gives INT32_MIN */
     int32_t i = (tmp >= -2147483648.0f && tmp < 2147483648.0f) ? (int32_t)tmp : INT32_MIN;
+    i = x < ln_min ? 0 : i;
+    i = x > ln_max ? 0x7f800000 : i;
     return bits_f((uint32_t)i);
 }
 
@@ -72,14 +73,21 @@ void tc_softmax_block(const float *s, int64_t rows, int64_t n, float *m, float *
         int64_t step = fast_exp ? 2 * LANES : LANES;
         int64_t end_n = step * (n / step);
         float acc[2][LANES] = {{0}}, tail[LANES] = {0};
-        for (int64_t j = 0; j < main_n; j++) {
-            float x = sr[j] - m_new;
-            float e = fast_exp ? fexp_u20(x) : exp_u20(x);
-            pr[j] = e;
-            if (j < end_n)
-                acc[(j % step) / LANES][j % LANES] += e;
-            else
-                tail[j % LANES] += e;
+        for (int64_t c0 = 0; c0 < main_n; c0 += LANES) {
+            float *a = c0 >= end_n ? tail : acc[(c0 % step) / LANES];
+            if (fast_exp) {
+                for (int i = 0; i < LANES; i++) {
+                    float e = fexp_u20(sr[c0 + i] - m_new);
+                    pr[c0 + i] = e;
+                    a[i] += e;
+                }
+            } else {
+                for (int i = 0; i < LANES; i++) {
+                    float e = exp_u20(sr[c0 + i] - m_new);
+                    pr[c0 + i] = e;
+                    a[i] += e;
+                }
+            }
         }
         for (int i = 0; i < LANES; i++) {
             acc[0][i] = acc[0][i] + tail[i];

@@ -397,11 +397,12 @@ def qiu_yao(quick: bool = False, seed: int = 0, beta: float = 2.0) -> pd.DataFra
 
     Their attention.py is pure-PyTorch FA2 with 512 x 512 blocks and every tensor in
     bf16: policy lowp (S, m, P, l, o and o / l rounded to bf16; dots accumulate in fp32
-    and P @ V is rounded to bf16, where the tie rounding happens). One key block
-    (N = 512) is their "one block also fails" case, and the one where lowp is their code
-    exactly (with several blocks the engine adds the fp32 P @ V tile into the bf16 o
-    without first rounding it to bf16, and likewise l's block sum). fa2 (fp32 state,
-    P cast to bf16) is the kernel practice, for contrast.
+    and P @ V is rounded to bf16, where the tie rounding happens; with several blocks the
+    P @ V tile and the block row sum are rounded to bf16 before they are added into o
+    and l, as their code does). One key block (N = 512) is their "one block also fails"
+    case. lowp still rounds the scale to bf16 where their code multiplies the bf16 logits
+    by the float scale (docs/reproductions.md, section 3). fa2 (fp32 state, P cast to
+    bf16) is the kernel practice, for contrast.
 
     Inputs: `ties` (every logit, the max included, attained twice exactly; V ~ N(-1,
     0.5^2), 98% negative) at several logit spreads (`logit_std`: the tie mechanism needs
