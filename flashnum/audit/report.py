@@ -55,8 +55,8 @@ class Report:
                          f"attention in {self.precision} + fp32 noise)")
         if self.model and "model_bitwise" in t and t["model_bitwise"].notna().any():
             lines.append(f"  model {self.model}: equal to the kernel bit for bit on "
-                         f"{100 * t['model_bitwise'].mean():.3f}% of the elements "
-                         f"(worst case {100 * t['model_bitwise'].min():.3f}%)")
+                         f"{100 * t['model_bitwise'].mean():.3f}% of the elements, mean over "
+                         f"cases (worst case {100 * t['model_bitwise'].min():.3f}%)")
         for rule, ids in self.broken().items():
             lines.append(f"  rule {rule} broken by {len(ids)} case(s):")
             for i in ids[:MAX_LINES]:
