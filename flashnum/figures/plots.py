@@ -24,6 +24,9 @@ from flashnum.figures.context import (
     trusted,
 )
 from flashnum.figures.tex import tex_name, tex_word
+from flashnum.harness.grid import CASE_FIELDS
+from flashnum.numerics.formats import get_format
+from flashnum.numerics.policy import SITES
 
 COLORS = {
     "bf16": "C0", "fp16": "C1", "fp32": "C2", "tf32": "C3", "fp8_e4m3": "C4",
@@ -38,7 +41,7 @@ def _style():
     import matplotlib  # heavy optional dependency: only when drawing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): no display needed
 
     plt.rcParams.update({
         "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "legend.fontsize": 7,
@@ -140,7 +143,7 @@ def error_by_order(F: Figures) -> None:
     if df is None:
         return F.placeholder("error_by_order", "block_order")
     plt = _style()
-    from matplotlib.ticker import FormatStrFormatter
+    from matplotlib.ticker import FormatStrFormatter  # heavy optional dependency
     sel = []
     df = prefer(trusted(df, sel), sel, precision="bf16", policy="fa2", variant="fa2",
                  backend="emulate", policy_sites="{}")
@@ -181,7 +184,8 @@ def heatmap(F: Figures) -> None:
     if df is None:
         return F.placeholder("heatmap", "bf16_sweep")
     plt = _style()
-    import matplotlib
+    import matplotlib  # heavy optional dependency (colormaps)
+
     F.num("SweepCases", len(df))
     sel = []
     df = prefer(trusted(df, sel), sel, precision="bf16", variant="fa2", backend="emulate",
@@ -219,8 +223,6 @@ def attribution(F: Figures) -> None:
     df = F.table("attribution")
     if df is None:
         return F.placeholder("attribution", "attribution")
-    from flashnum.numerics.policy import SITES
-
     plt = _style()
     sel = []
     if "metric" in df:  # the tidy table holds max_abs, rmse and mean_signed rows
@@ -263,8 +265,6 @@ def kernel_vs_emulator(F: Figures) -> None:
     df = F.table("kernel_vs_emulator")
     if df is None:
         return F.placeholder("kernel_vs_emulator", "kernel_vs_emulator")
-    from flashnum.harness.grid import CASE_FIELDS
-
     plt = _style()
     keys = [c for c in CASE_FIELDS if c in df.columns and c not in ("backend", "mp_bits")]
     wide = df.pivot_table(index=keys, columns="backend", values=["max_ulp_err", ERR],
@@ -298,8 +298,6 @@ def precision_bits(F: Figures) -> None:
     df = F.table("precision_bits")
     if df is None:
         return F.placeholder("precision_bits", "precision_bits")
-    from flashnum.numerics.formats import get_format
-
     plt = _style()
     sel = []
     df = prefer(trusted(df, sel), sel, distribution="gaussian", variant="fa2",

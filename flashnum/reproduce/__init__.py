@@ -36,6 +36,8 @@ flashnum.reference's certified values).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import sys
 import time
@@ -50,7 +52,7 @@ from flashnum.engine import attention
 from flashnum.harness import manifest, store
 from flashnum.harness.cli import main_of
 from flashnum.harness.config import StoreConf
-from flashnum.inputs.distributions import make
+from flashnum.inputs.distributions import COMMON, make
 from flashnum.numerics.blockscaled import quantize_tiles, random_hadamard, scaled
 from flashnum.numerics.formats import FORMATS
 from flashnum.numerics.policy import SITES, Policy, make_policy
@@ -416,8 +418,6 @@ def qiu_yao(quick: bool = False, seed: int = 0, beta: float = 2.0) -> pd.DataFra
     `z_fix` is the paired z-score over heads of (bias without fix - bias with fix)
     in the direction that shrinks |bias|.
     """
-    from flashnum.inputs.distributions import COMMON
-
     sz = QY_SIZES["quick" if quick else "full"]
     n, d, heads, nrows = sz["n"], sz["d"], sz["heads"], sz["rows"]
     scale = 1.0 / math.sqrt(d)
@@ -572,9 +572,6 @@ MEASURES = {
 
 def case_ids(name: str, df: pd.DataFrame) -> list[str]:
     """A stable id per row: a hash of the reproduction name and the protocol columns."""
-    import hashlib
-    import json
-
     proto = [c for c in df.columns if c not in MEASURES and c != "case_id"]
     ids = []
     for rec in df[proto].to_dict("records"):
