@@ -170,6 +170,22 @@ def synthetic_tree(root: Path, skip=()) -> Path:
             ((1.0, "forward", 1.0, 0.9, False), (1.0, "reverse", 2.0, 0.1, False),
              (256.0, "forward", 3.0, 0.05, False), (256.0, "reverse", 6.0, 0.01, True)))
     ]
+    # the backward experiments, in the columns flashnum.harness.backward stores
+    bwd = dict(precision="bf16", forward_variant="fa2", ref_dq=1.0, ref_dk=1.0, ref_dv=1.0,
+               **{f"{c}_{g}": v for g in ("dq", "dk", "dv") for c, v in
+                  (("torch_err", 6e-3), ("bound", 0.1), ("held", True), ("rule", True))})
+    t["bwd_bf16_sweep"] = [
+        dict(bwd, experiment="bwd_bf16_sweep", case_id=f"b{i}", slice=sl, policy=pol, seed=s,
+             err_dq=e, err_dk=e, err_dv=e, dq_spread=np.nan)
+        for i, (sl, pol, e, s) in enumerate(
+            (sl, pol, e, s) for sl, pol, e in (("flash", "fa2", 4e-3), ("flash", "lowp", 2e-2),
+                                               ("naive", "naive", 6e-3)) for s in range(2))
+    ]
+    t["bwd_order"] = [
+        dict(bwd, experiment="bwd_order", case_id=f"o{i}", slice="spread", policy="fa2",
+             seed=i, err_dq=4e-3, err_dk=4e-3, err_dv=4e-3, dq_spread=sp)
+        for i, sp in enumerate((0.0, 0.0, 1e-3, 2e-3))
+    ]
     assert set(t) == set(EXPERIMENTS)
     for name, rows in t.items():
         if name not in skip:

@@ -37,6 +37,9 @@ What each figure shows (the selection is also written into its \\Sel macro):
     kernel_vs_emulator  kernel_vs_emulator: max ulp error of the Triton kernel and
                         of the emulator on the same cases
     precision_bits      precision_bits: median error vs significand bits p, per policy
+    bwd_error           bwd_bf16_sweep: median relative error of dQ, dK, dV per backward
+                        policy, beside torch's bf16 autograd
+    bwd_order           bwd_order: dQ's spread over accumulation orders vs dQ's error
     tab_tightness       the sweeps: bound / measured error per precision and policy
     tab_presets         the presets' format per site (from flashnum.numerics.policy: no experiment)
     tab_worst_case      worst_case: the worst distributions against gaussian
@@ -64,6 +67,8 @@ from flashnum.figures.context import Figures, Unplottable
 from flashnum.figures.numbers import EXPERIMENTS, NUMBERS, exp_site, write_numbers
 from flashnum.figures.plots import (
     attribution,
+    bwd_error,
+    bwd_order,
     error_by_order,
     error_vs_block_n,
     error_vs_n,
@@ -87,14 +92,16 @@ OUT = REPO / "paper" / "figures"
 # F -> None named after the file stem it writes. A new one: its function in plots.py
 # (tables.py for a table, named tab_<name>), a line here and its experiment in SOURCES.
 FIGURES = (error_vs_n, error_vs_block_n, error_by_order, heatmap, attribution,
-           kernel_vs_emulator, precision_bits, tab_tightness, tab_worst_case, tab_presets)
+           kernel_vs_emulator, precision_bits, bwd_error, bwd_order, tab_tightness,
+           tab_worst_case, tab_presets)
 PLOTS = tuple(f.__name__ for f in FIGURES if not f.__name__.startswith("tab_"))
 # the experiment each figure reads (for messages; tab_tightness reads all three sweeps)
 SOURCES = {"error_vs_n": "seqlen_growth", "error_vs_block_n": "block_size",
            "error_by_order": "block_order", "heatmap": "bf16_sweep",
            "attribution": "attribution", "kernel_vs_emulator": "kernel_vs_emulator",
            "precision_bits": "precision_bits", "tab_tightness": "bf16_sweep",
-           "tab_worst_case": "worst_case", "tab_presets": "policy"}
+           "tab_worst_case": "worst_case", "tab_presets": "policy",
+           "bwd_error": "bwd_bf16_sweep", "bwd_order": "bwd_order"}
 
 REPROS = tuple(REPRO)  # the reproductions' tables, after the figures (prose.py)
 

@@ -323,3 +323,64 @@ def precision_bits(F: Figures) -> None:
     ax.legend()
     F.select("precision_bits", sel + [f"median over {df.seed.nunique()} seeds"])
     F.save(fig, "precision_bits", width=0.75)
+
+
+def bwd_error(F: Figures) -> None:
+    """bwd_bf16_sweep: median relative error of dQ, dK, dV per backward policy, beside
+    torch's bf16 autograd of standard attention on the same inputs."""
+    df = F.table("bwd_bf16_sweep")
+    if df is None:
+        return F.placeholder("bwd_error", "bwd_bf16_sweep")
+    df = nonempty(df[df["slice"].isin(["flash", "naive"])], "flash/naive slices")
+    plt = _style()
+    grads = ("dq", "dk", "dv")
+    groups = [p for p in ("fa2", "lowp", "naive") if p in set(df.policy)]
+    fig, ax = plt.subplots(figsize=(4.2, 2.6))
+    width = 0.8 / (len(groups) + 1)
+    for i, pol in enumerate([*groups, "torch bf16"]):
+        sub = df if pol == "torch bf16" else df[df.policy == pol]
+        col = "torch_err_{}" if pol == "torch bf16" else "err_{}"
+        med = [float((sub[col.format(g)] / sub[f"ref_{g}"]).median()) for g in grads]
+        ax.bar(np.arange(3) + i * width, med, width, label=pol,
+               color=_color(pol) if pol != "torch bf16" else "0.5")
+    ax.set_xticks(np.arange(3) + width * len(groups) / 2, [r"$dQ$", r"$dK$", r"$dV$"])
+    ax.set_yscale("log")
+    ax.set(ylabel=r"median max$|\hat g - g|$ / max$|g|$")
+    ax.legend(loc="upper right", ncol=2)
+    held = df[[f"held_{g}" for g in grads]].astype(bool).all(axis=1)
+    fa = df[df.policy == "fa2"]
+    rule = fa[[f"rule_{g}" for g in grads]].astype(bool).all(axis=1)
+    F.num("BwdCases", len(df))
+    F.num("BwdBoundHeld", int(held.sum()))
+    F.num("BwdRuleFaFrac", float(rule.mean()) if len(fa) else math.nan)
+    F.num("BwdFaOverTorchDq", float((fa.err_dq / fa.torch_err_dq).median()))
+    fails = sorted(set(fa.distribution[~rule])) if len(fa) else []
+    F.num("BwdRuleFailDists", ", ".join(tex_word(x) for x in fails) or "none")
+    F.select("bwd_error", [f"{len(df)} cases", "bf16", "slices flash and naive"])
+    F.save(fig, "bwd_error", width=0.7)
+
+
+def bwd_order(F: Figures) -> None:
+    """bwd_order: how far the dQ accumulation order moves dQ, against dQ's error."""
+    df = F.table("bwd_order")
+    if df is None:
+        return F.placeholder("bwd_order", "bwd_order")
+    df = nonempty(df.dropna(subset=["dq_spread"]), "rows with a dQ order spread")
+    plt = _style()
+    fig, ax = plt.subplots(figsize=(3.2, 2.6))
+    zero = df.dq_spread == 0
+    floor = float(df.err_dq.min()) / 100
+    for prec in sorted(set(df.precision)):
+        sub = df[df.precision == prec]
+        ax.loglog(sub.err_dq, sub.dq_spread.clip(lower=floor), ".", color=_color(prec),
+                  label=prec)
+    lo, hi = floor, float(max(df.err_dq.max(), df.dq_spread.max()))
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.6)
+    ax.set(xlabel=r"max$|\hat{dQ} - dQ|$", ylabel="spread over dQ orders")
+    ax.legend(loc="upper left")
+    ratio = df.dq_spread / df.err_dq
+    F.num("BwdOrderCases", len(df))
+    F.num("BwdOrderZeroFrac", float(zero.mean()))
+    F.num("BwdOrderMaxRatio", float(ratio.max()))
+    F.select("bwd_order", [f"{len(df)} cases", "a spread of 0 drawn at the bottom"])
+    F.save(fig, "bwd_order", width=0.5)
