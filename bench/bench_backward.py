@@ -2,6 +2,7 @@
 
     python bench/bench_backward.py            # all three parts
     python bench/bench_backward.py --quick    # smaller memory sizes, no certified run
+    python bench/bench_backward.py --only memory   # one part, the others kept from the file
 
 1. Speed: emulated bf16 `fa2` backward (flashnum.attention_backward, the forward's O and
    LSE given), batch x heads = 8, N = 4096, d = 64, 64 x 64 blocks, against torch's fp32
@@ -9,8 +10,9 @@
    (interleaved, best of 3 each): torch's backward alone (the forward done outside the
    timing) and forward + backward. Goal: emulated backward <= 3x torch's backward.
 2. Memory: one head, d = 64, bf16 fa2 backward at several N, each in a fresh
-   subprocess; peak RSS (ru_maxrss) minus the interpreter's own. O(N * block) means
-   linear growth; an N x N fp32 matrix alone is 4 N^2 bytes.
+   subprocess: the peak RSS of the backward call over the RSS before it (the peak reset
+   through /proc/self/clear_refs, Linux). O(N * block) means linear growth; an N x N
+   fp32 matrix alone is 4 N^2 bytes.
 3. The certified reference backward (flashnum.reference_backward) for one head,
    N = 1024, d = 64: wall time and the precision it needed. Goal: under a minute.
 Writes bench/results/backward.json.
@@ -69,15 +71,20 @@ def speed(runs=3):
 
 
 _CHILD = """
-import resource, sys, torch, flashnum
+import sys, torch, flashnum
 torch.set_num_threads(1)
 n = int(sys.argv[1])
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
 g = torch.Generator().manual_seed(0)
 q, k, v, do = (torch.randn(n, 64, generator=g).bfloat16() for _ in range(4))
 fwd = flashnum.attention(q, k, v)
+base = status("VmRSS:")
+open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
 flashnum.attention_backward(q, k, v, do, out=fwd.out, lse=fwd.lse)
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
+print(status("VmHWM:") - base)
 """
 
 
@@ -98,22 +105,29 @@ def memory(sizes):
 def certified(n=1024):
     g = torch.Generator().manual_seed(0)
     q, k, v, do = (torch.randn(1, n, 64, generator=g).bfloat16().double() for _ in range(4))
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     ref = flashnum.reference_backward(q, k, v, do, cache=False)
-    return {"n": n, "d": 64, "wall_s": time.perf_counter() - t, "goal_s": 60.0, **ref.info}
+    return {"n": n, "d": 64, "wall_s": time.perf_counter() - t,
+            "cpu_s": time.process_time() - c, "goal_s": 60.0, **ref.info}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", choices=("speed", "memory", "certified"), default=None)
     args = ap.parse_args(argv)
-    res = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
-           "speed": speed(), "memory": memory([1024, 2048, 4096] if args.quick else
-                                              [2048, 4096, 8192, 16384])}
-    if not args.quick:
+    path = OUT / "backward.json"
+    res = json.loads(path.read_text()) if (args.only and path.exists()) else {}
+    res.update(machine=platform.processor() or platform.machine(), torch=torch.__version__,
+               load_average=os.getloadavg()[0])
+    if args.only in (None, "speed"):
+        res["speed"] = speed()
+    if args.only in (None, "memory"):
+        res["memory"] = memory([1024, 2048, 4096] if args.quick else [2048, 4096, 8192, 16384])
+    if args.only in (None, "certified") and not args.quick:
         res["certified"] = certified()
     OUT.mkdir(exist_ok=True)
-    (OUT / "backward.json").write_text(json.dumps(res, indent=2) + "\n")
+    path.write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res, indent=2))
 
 
