@@ -140,5 +140,8 @@ def test_a_manifest_of_the_earlier_layout_reads_as_runs_with_rerunnable_commands
     assert [r["start_time"] for r in runs] == ["t0", "t1"]
     assert runs[1]["command"] == {"module": "flashnum.run", "overrides": ["experiment=bf16_sweep"]}
     assert "argv" not in runs[1] and runs[1]["git"]["commit"] == "4bcce39"
+    assert runs[0]["command"]["module"] == "flashnum.run"  # the history's entry point
+    for r in runs:  # a dirty run of the old layout says its diff is unknown
+        assert r["git"]["diff_sha256"] is None and "not recorded" in r["git"]["note"]
     manifest.append(path, "bf16_sweep", manifest.record("flashnum.run", []))
     assert len(json.loads(path.read_text())["runs"]) == 3

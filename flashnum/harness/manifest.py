@@ -147,10 +147,20 @@ def _legacy(old: dict) -> dict:
             module = ".".join(parts[parts.index("flashnum"):]) if "flashnum" in parts else None
         return dict(module=module, overrides=list(r.get("overrides") or argv[1:]))
 
-    runs = [dict(h, command=command(h)) for h in old.get("history", [])]
+    def code(g: dict | None) -> dict | None:
+        if g and g.get("dirty") and "diff_sha256" not in g:  # not knowable any more
+            return dict(g, diff_sha256=None,
+                        note="dirty: the uncommitted diff was not recorded when this ran")
+        return g
+
     last = {k: v for k, v in old.items() if k not in ("history", "experiment", "argv")}
-    runs.append(dict(last, command=command(old)))
-    return dict(experiment=old.get("experiment"), runs=runs)
+    last.update(command=command(old), git=code(old.get("git")))
+    runs = []
+    for h in old.get("history", []):  # earlier runs of the same entry point
+        cmd = command(h)
+        runs.append(dict(h, git=code(h.get("git")),
+                         command=dict(cmd, module=cmd["module"] or last["command"]["module"])))
+    return dict(experiment=old.get("experiment"), runs=runs + [last])
 
 
 def load(path) -> dict:
