@@ -71,3 +71,17 @@ def test_the_unpacked_wheel_runs_an_experiment_from_another_directory(wheel, tmp
                        cwd=cwd, capture_output=True, text=True, timeout=120,
                        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)})
     assert Path(q.stdout.strip()) == site / "flashnum" / "conf"
+
+
+def test_ci_runs_the_readme_test_command_and_it_installs_the_triton_kernel():
+    readme = (REPO / "README.md").read_text()
+    quick = readme[readme.index("## Quick start"):readme.index("## From Python")]
+    (test_cmd,) = [ln.split("#")[0].strip() for ln in quick.splitlines()
+                   if ln.startswith("make test")]
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert test_cmd in [ln.strip() for ln in ci]
+    make = (REPO / "Makefile").read_text()
+    target = make[make.index("\ntest:"):].split("\n\n")[0]
+    assert "setup" in target.splitlines()[1] and "pytest" in target
+    install = [ln for ln in make.splitlines() if "pip install" in ln and "-e" in ln]
+    assert len(install) == 1 and "triton" in install[0].split("[")[1].split("]")[0].split(",")
