@@ -18,9 +18,10 @@ from flashnum.harness.grid import expand
 from flashnum.harness.paths import CONF
 
 REPO = Path(__file__).resolve().parents[1]
-# 2 inputs x 2 N x 2 policies x 2 precisions = 16 cases, a few seconds of work: most of
-# the time goes into starting the launchers' processes
-GRID = ["experiment=smoke", "grid.0.seed=[0]", "progress=false"]
+# 2 inputs x 2 N x 2 policies x 2 precisions = 16 cases, a few seconds of work: most of the
+# time goes into starting the launchers' processes; n_jobs=1: each job computes in its own
+# process, with no worker pool of its own
+GRID = ["experiment=smoke", "grid.0.seed=[0]", "progress=false", "n_jobs=1"]
 
 
 def grid_ids() -> set[str]:
@@ -34,7 +35,7 @@ def multirun(root: Path, *args, background=False):
     if background:
         return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
 def stored_rows(exp: Path) -> pd.DataFrame:
