@@ -115,7 +115,7 @@ def test_delta_equals_rowsum_p_dp_in_exact_policy():
 
 def test_ds_row_sums_vanish_in_exact_policy():
     q, k, v, do = inputs(64, 64, lead=(1,))
-    g = attention_backward(q, k, v, do, policy="exact", block_m=16, block_n=16)
+    g = attention_backward(q, k, v, do, policy="exact", block_m=16, block_n=16, measure_ds=True)
     # each dS_ij = P_ij (dP_ij - D_i) carries float64 errors of ~n u |P_ij| (|dP_ij| + |D_i|)
     p = torch.softmax((q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1]), -1)
     dp = do @ v.transpose(-1, -2)

@@ -8,7 +8,8 @@
     g.dq, g.dk, g.dv     float64, each value representable in the output format
     g.lse, g.delta       (..., Nq) the stored log-sum-exp and D, as the backward read them
     g.ds_rowsum          (..., Nq) rowsum of dS as it enters the GEMMs, summed on the
-                         carrier (float32 when every site is fp32 or narrower)
+                         carrier (float32 when every site is fp32 or narrower); with
+                         measure_ds=True only, else None
                          (zero in exact arithmetic: sum_j P_ij (dP_ij - D_i) = 0)
     g.out                the forward output O the backward used (flashnum's own forward
                          with the same policy, or `out=` and `lse=` given by the caller)
@@ -83,7 +84,7 @@ class Gradients:
     delta: torch.Tensor
     out: torch.Tensor
     masked: torch.Tensor
-    ds_rowsum: torch.Tensor
+    ds_rowsum: torch.Tensor | None
     info: dict = field(default_factory=dict)
 
 
@@ -137,6 +138,7 @@ def attention_backward(
     dq_order="forward",
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    measure_ds: bool = False,
 ) -> Gradients:
     """Gradients of sum(dO * attention(q, k, v)) with respect to q, k, v, emulated.
 
@@ -145,6 +147,7 @@ def attention_backward(
     dq_order: forward reverse random (seeded by `seed`), or a permutation of the key
               blocks: the order in which key blocks add into dQ
     out, lse: the forward's O and natural-log LSE, if not to be recomputed
+    measure_ds: also return g.ds_rowsum (one more pass over every dS tile)
     """
     _check(q, k, v, do, precision, block_m, block_n, dq_order, rounding, out, lse)
     pol = make_backward_policy(policy, precision)
@@ -174,7 +177,7 @@ def attention_backward(
     else:
         perm = key_block_order(dq_order, 1, n_kb, seed)[0].tolist()
         dq, dk, dvv, delta, lse_used, ds_rowsum = _flash(
-            ar, q3, k3, v3, do3, o3, lse3, block_m, block_n, causal, scale, perm)
+            ar, q3, k3, v3, do3, o3, lse3, block_m, block_n, causal, scale, perm, measure_ds)
     masked = causal_visible(nq, nk).sum(-1) == 0 if causal else torch.zeros(nq, dtype=bool)
 
     def shaped(x, n):
@@ -186,7 +189,7 @@ def attention_backward(
         delta=delta.to(torch.float64).reshape(*lead, nq),
         out=o3.to(torch.float64).reshape(*lead, nq, dv),
         masked=masked.expand(*lead, nq).clone(),
-        ds_rowsum=ds_rowsum.reshape(*lead, nq),
+        ds_rowsum=None if ds_rowsum is None else ds_rowsum.reshape(*lead, nq),
         info=dict(precision=precision, policy=pol.name, structure=pol.structure,
                   block_m=block_m, block_n=block_n,
                   order=order if isinstance(order, str) else "permutation",
@@ -237,7 +240,7 @@ def _tile_sums(ar: Arith, x: torch.Tensor, y: torch.Tensor, bm: int, acc_site: s
     return acc
 
 
-def _flash(ar, q3, k3, v3, do3, o3, lse, bm, bn, causal, scale, perm):
+def _flash(ar, q3, k3, v3, do3, o3, lse, bm, bn, causal, scale, perm, measure_ds):
     """Algorithm 2 on (B, N, .) carrier tensors; returns dq, dk, dv, delta, lse as read."""
     B, nq, _ = q3.shape
     nk = k3.shape[1]
@@ -257,17 +260,17 @@ def _flash(ar, q3, k3, v3, do3, o3, lse, bm, bn, causal, scale, perm):
     dq = torch.zeros(B, nqp, q3.shape[-1], dtype=ar.dtype)
     dk = torch.zeros(B, nkp, k3.shape[-1], dtype=ar.dtype)
     dv = torch.zeros(B, nkp, v3.shape[-1], dtype=ar.dtype)
-    ds_rowsum = torch.zeros(B, nqp, dtype=ar.dtype)  # summed on the carrier
+    ds_rowsum = torch.zeros(B, nqp, dtype=ar.dtype) if measure_ds else None  # on the carrier
     fused = _fused_ok(ar, scale_s)
     for j in perm:
         cols = slice(j * bn, (j + 1) * bn)
         kj, vj = kp[:, cols], vp[:, cols]
         s = ar.dot(qp, kj.transpose(-1, -2), ar.fmt("qk_acc"))
-        kpos = torch.arange(j * bn, (j + 1) * bn)[None, :]
-        vis = (qpos < nq) & (kpos < nk)
-        if causal:
-            vis = vis & (kpos <= qpos + (nk - nq))
-        if not bool(vis.all()):
+        if causal or nqp != nq or (j + 1) * bn > nk:  # else every entry of the tile is seen
+            kpos = torch.arange(j * bn, (j + 1) * bn)[None, :]
+            vis = (qpos < nq) & (kpos < nk)
+            if causal:
+                vis = vis & (kpos <= qpos + (nk - nq))
             s.masked_fill_(~vis, -math.inf)  # -inf * scale is -inf (scale > 0 or not fused)
         if fused:  # the same values as the branch below, in one native pass
             p, pc = s, torch.empty_like(s)
@@ -283,14 +286,15 @@ def _flash(ar, q3, k3, v3, do3, o3, lse, bm, bn, causal, scale, perm):
         else:
             ds = ar.site(p * ar.site(dp - deltap[..., None], "ds"), "ds")
         dsc = ar.site(ds, "ds_cast")
-        ds_rowsum += dsc.sum(-1)
+        if ds_rowsum is not None:
+            ds_rowsum += dsc.sum(-1)
         dk[:, cols] = _tile_sums(ar, dsc, qp, bm, "dk_acc", "dk")
         dq = ar.site(dq + ar.site(ar.dot(dsc, kj, ar.fmt("dq_acc")), "dq"), "dq")
     # the softmax scale multiplies the accumulators once, at the end (in their formats)
     dq = ar.site(ar.site(dq[:, :nq] * _scaled(ar, scale, ar.fmt("dq")), "dq"), "out")
     dk = ar.site(ar.site(dk[:, :nk] * _scaled(ar, scale, ar.fmt("dk")), "dk"), "out")
     dv = ar.site(dv[:, :nk], "out")
-    return dq, dk, dv, delta, lse_s, ds_rowsum[:, :nq]
+    return dq, dk, dv, delta, lse_s, None if ds_rowsum is None else ds_rowsum[:, :nq]
 
 
 def _fused_ok(ar: Arith, scale_s: float) -> bool:

@@ -126,7 +126,8 @@ def run_case(case: dict) -> dict:
                                  block_m=case["block"], block_n=case["block"], causal=causal,
                                  scale=inp.scale, variant=case["forward_variant"])
     given = {} if fwd is None else dict(out=fwd.out, lse=fwd.lse)
-    g = attention_backward(q, k, v, do, dq_order=case["dq_order"], **kw, **given)
+    g = attention_backward(q, k, v, do, dq_order=case["dq_order"], measure_ds=True, **kw,
+                           **given)
     b = bound_backward(q, k, v, do, terms=case["terms"], **kw)
     row = {**{a: case[a] for a in AXES}, "slice": case["slice"], "case_id": case["case_id"],
            "causal_effective": causal, "ref_uncertain": ref.info.get("uncertain", 0)}
