@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from flashnum.numerics.constants import gamma
 from flashnum.numerics.tiling import causal_visible
 
 METHODS = ("certified", "fp64", "mpmath")
@@ -547,7 +548,7 @@ def _certified(q, k, v, vis, scale, bits, workers):
 
 
 def _gamma(n: float) -> float:
-    return n * U / (1 - n * U)
+    return gamma(n, U)
 
 
 def _pairwise(x: torch.Tensor) -> torch.Tensor:
@@ -690,4 +691,4 @@ def _mpmath(q, k, v, vis, scale, bits):
 
 
 def _g(n: float, u: float) -> float:
-    return n * u / (1 - n * u)
+    return gamma(n, u)

@@ -68,6 +68,7 @@ from flashnum.engine.arith import carrier, wider
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import EXACT, FORMATS, Exact, Format
 from flashnum.numerics.policy import SITES, Policy, make_policy
+from flashnum.numerics.tiling import visible_count
 
 U64 = 2.0**-53  # unit roundoff of the float64 carrier
 ETA64 = 2.0**-1075  # half of float64's smallest subnormal
@@ -255,10 +256,7 @@ def _scale_error(pol: Policy, d: int, scale, base2: bool, rounding: str) -> tupl
 
 
 def _visible_counts(nq: int, nk: int, causal: bool) -> torch.Tensor:
-    i = torch.arange(nq)
-    if not causal:
-        return torch.full((nq,), nk, dtype=torch.int64)
-    return torch.clamp(i + (nk - nq) + 1, 0, nk)
+    return visible_count(nq, nk, causal)
 
 
 def _row_data(q, k, v, *, causal, scale, block_n, prob, shift0):

@@ -38,6 +38,7 @@ import math
 
 import torch
 
+from flashnum.numerics.constants import gamma
 from flashnum.numerics.formats import EXACT, FORMATS
 from flashnum.numerics.policy import BWD_SITES, make_backward_policy
 from flashnum.numerics.tiling import causal_visible, n_blocks
@@ -60,11 +61,10 @@ def _acc(f, n: int, sr: bool) -> float:
     """gamma_{n+1} of an accumulation of n products in format f (tf32: operands to tf32)."""
     if f is not EXACT and f.name == "tf32":
         u_op, u = FORMATS["tf32"].u * (2 if sr else 1), FORMATS["fp32"].u * (2 if sr else 1)
-        g = (n + 1) * u / (1 - (n + 1) * u)
+        g = gamma(n + 1, u)
         return (1 + u_op) ** 2 * (1 + g) - 1
     u = _u(f, sr)[0]
-    nu = (n + 1) * u
-    return nu / (1 - nu) if nu < 1 else math.inf
+    return gamma(n + 1, u)
 
 
 def _units(pol, sr: bool, only: str | None, on_grid=(False, False)) -> dict:

@@ -25,16 +25,11 @@ import math
 
 import torch
 
-from flashnum.numerics.constants import LOG2E
+from flashnum.numerics.constants import LOG2E, gamma
 from flashnum.numerics.formats import Format
-from flashnum.numerics.tiling import causal_visible
+from flashnum.numerics.tiling import causal_visible, visible_count
 
 U64 = 2.0**-53  # unit roundoff of the float64 reference
-
-
-def _gamma(n: int, u: float) -> float:
-    """Higham's gamma_n = n u / (1 - n u): the relative error of n roundings at u."""
-    return n * u / (1 - n * u) if n * u < 1 else math.inf
 
 
 def logit_slack(case, pol, absdot, row_max, scale, on_grid=False):
@@ -60,8 +55,8 @@ def logit_slack(case, pol, absdot, row_max, scale, on_grid=False):
         acc = pol.fmt("qk_acc")
         u_op = acc.u if acc.name == "tf32" else 0.0
         u_acc = 2.0**-24 if acc.name == "tf32" else acc.u
-    e = (1 + u_s) ** 3 * (1 + u_in) ** 2 * (1 + u_op) ** 2 * (1 + _gamma(d, u_acc)) - 1
-    e_ref = _gamma(d + 4, U64)
+    e = (1 + u_s) ** 3 * (1 + u_in) ** 2 * (1 + u_op) ** 2 * (1 + gamma(d, u_acc)) - 1
+    e_ref = gamma(d + 4, U64)
     t = scale * absdot * (e + e_ref) + (d + 4) * 2.0**-150
     t = t + u_m * (row_max.abs() + t) + 4 * U64 * row_max.abs()
     if case.variant == "exp2":
@@ -90,8 +85,7 @@ def _row_max_window(case, pol, q, k, ref, causal, scale):
 def invariants(case, pol, eng_prec, q, k, res, ref, causal, scale) -> tuple[bool, bool]:
     """(m_ok, l_ok); see the module docstring."""
     nq, nk = q.shape[-2], k.shape[-2]
-    vis = (torch.arange(nq) + (nk - nq) >= 0) if causal else torch.ones(nq, dtype=torch.bool)
-    vis = vis.expand(res.m.shape)  # rows that see at least one key
+    vis = (visible_count(nq, nk, causal) > 0).expand(res.m.shape)  # rows that see a key
     l_ok = bool(
         (res.l[vis] > 0).all() and torch.isfinite(res.l[vis]).all()
         and (res.l[~vis] == 0).all() and torch.equal(res.masked, ~vis)

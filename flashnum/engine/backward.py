@@ -66,7 +66,13 @@ from flashnum.engine import native
 from flashnum.engine.arith import Arith, carrier, wider
 from flashnum.numerics.formats import EXACT, FORMATS, PRECISIONS, ROUNDINGS
 from flashnum.numerics.policy import BackwardPolicy, make_backward_policy
-from flashnum.numerics.tiling import causal_visible, check_block, key_block_order, n_blocks
+from flashnum.numerics.tiling import (
+    causal_visible,
+    check_block,
+    key_block_order,
+    n_blocks,
+    visible,
+)
 
 DQ_ORDERS = ("forward", "reverse", "random")
 FP32 = FORMATS["fp32"]
@@ -270,7 +276,7 @@ def _flash(ar, q3, k3, v3, do3, o3, lse, bm, bn, causal, scale, perm, measure_ds
             kpos = torch.arange(j * bn, (j + 1) * bn)[None, :]
             vis = (qpos < nq) & (kpos < nk)
             if causal:
-                vis = vis & (kpos <= qpos + (nk - nq))
+                vis = vis & visible(qpos, kpos, nq, nk)
             s.masked_fill_(~vis, -math.inf)  # -inf * scale is -inf (scale > 0 or not fused)
         if fused:  # the same values as the branch below, in one native pass
             p, pc = s, torch.empty_like(s)

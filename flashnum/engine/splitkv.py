@@ -45,7 +45,7 @@ import torch
 from flashnum.engine.result import Result, Trace
 from flashnum.numerics.formats import get_format
 from flashnum.numerics.policy import make_policy
-from flashnum.numerics.tiling import n_blocks
+from flashnum.numerics.tiling import n_blocks, visible_count
 
 
 def split_bounds(nk: int, block_n: int, num_splits: int) -> list[tuple[int, int]]:
@@ -56,10 +56,7 @@ def split_bounds(nk: int, block_n: int, num_splits: int) -> list[tuple[int, int]
 
 def _rows_visible(nq: int, nk: int, a: int, b: int, causal: bool) -> torch.Tensor:
     """How many of the split's keys [a, b) each query row sees."""
-    if not causal:
-        return torch.full((nq,), b - a, dtype=torch.int64)
-    seen = torch.arange(nq) + (nk - nq) + 1 - a  # keys j <= i + nk - nq, from a on
-    return seen.clamp(0, b - a)
+    return visible_count(nq, nk, causal, a, b)
 
 
 def _partial(q, k, v, a, b, causal, kw, split_fmt):

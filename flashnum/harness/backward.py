@@ -41,6 +41,7 @@ from flashnum.harness import store
 from flashnum.harness.config import StoreConf
 from flashnum.harness.paths import CONF as CONF_ROOT
 from flashnum.inputs.distributions import make
+from flashnum.numerics.tiling import causal_visible
 from flashnum.reference_backward import reference_backward
 
 CONF = CONF_ROOT / "experiment"
@@ -171,9 +172,7 @@ def _torch_autograd(q, k, v, do, causal, scale, precision):
     sc = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = (q @ k.transpose(-1, -2)) * sc
     if causal:
-        nq, nk = s.shape[-2:]
-        seen = torch.arange(nk)[None, :] <= torch.arange(nq)[:, None] + (nk - nq)
-        s = s.masked_fill(~seen, -math.inf)
+        s = s.masked_fill(~causal_visible(*s.shape[-2:]), -math.inf)
     (torch.softmax(s, -1).nan_to_num() @ v).backward(do.to(dtype))
     return {n: x.grad.double() for n, x in zip(GRADS, (q, k, v), strict=True)}
 

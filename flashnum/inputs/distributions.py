@@ -54,6 +54,7 @@ from scipy.special import stdtrit
 
 from flashnum.inputs.io import load_inputs
 from flashnum.numerics.formats import FORMATS, Format
+from flashnum.numerics.tiling import causal_visible
 
 # every number of this format is a bf16 number and an fp16 number
 COMMON = Format("common", 8, -14, 15)
@@ -163,10 +164,7 @@ def logits(inp: Inputs) -> torch.Tensor:
     """The scaled logits of an Inputs, fp64 (fixed-order), -inf where causally masked."""
     s = dot_logits(inp.q, inp.k, inp.softmax_scale)
     if inp.causal:
-        nq, nk = s.shape[-2:]
-        i = torch.arange(nq)[:, None]
-        j = torch.arange(nk)[None, :]
-        s = s.masked_fill(j > i + (nk - nq), -math.inf)
+        s = s.masked_fill(~causal_visible(*s.shape[-2:]), -math.inf)
     return s
 
 

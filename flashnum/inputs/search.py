@@ -58,6 +58,7 @@ from flashnum.engine import attention
 from flashnum.inputs.distributions import DISTRIBUTIONS, Inputs, dot_logits, make
 from flashnum.inputs.io import load_inputs, save_inputs
 from flashnum.numerics.policy import make_policy
+from flashnum.numerics.tiling import causal_visible
 from flashnum.reference import reference
 
 # max_abs: max |out - exact|; rmse: its root mean square (FlashAttention-3's Table 3);
@@ -124,9 +125,7 @@ def reference_out(inp: Inputs, method: str = "torch64") -> torch.Tensor:
                          method=method, cache=False).out
     s = inp.softmax_scale * inp.q @ inp.k.transpose(-1, -2)
     if inp.causal:
-        nq, nk = s.shape[-2:]
-        j, i = torch.arange(nk)[None, :], torch.arange(nq)[:, None]
-        s = s.masked_fill(j > i + (nk - nq), -math.inf)
+        s = s.masked_fill(~causal_visible(*s.shape[-2:]), -math.inf)
     p = torch.softmax(s, -1).nan_to_num(0.0)  # fully masked rows: 0, as the engine
     return p @ inp.v
 

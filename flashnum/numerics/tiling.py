@@ -47,6 +47,15 @@ def causal_visible(nq: int, nk: int, device=None) -> torch.Tensor:
     return visible(i, j, nq, nk)
 
 
+def visible_count(nq: int, nk: int, causal: bool, start: int = 0, stop: int | None = None):
+    """(Nq,) int64: how many of the keys start..stop-1 (default all) each query row sees.
+    Under `visible` query i sees keys 0..i + Nk - Nq, a prefix."""
+    stop = nk if stop is None else stop
+    if not causal:
+        return torch.full((nq,), stop - start, dtype=torch.int64)
+    return torch.clamp(torch.arange(nq) + (nk - nq) + 1 - start, 0, stop - start)
+
+
 def needs_block_max(order) -> bool:
     return isinstance(order, str) and order.startswith("max_")
 
