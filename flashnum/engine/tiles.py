@@ -19,11 +19,13 @@ from dataclasses import dataclass
 
 import torch
 
-from flashnum.engine.arith import Arith, carrier
+from flashnum.engine.arith import Arith, carrier, wider
 from flashnum.numerics.constants import LOG2E
-from flashnum.numerics.formats import EXACT
+from flashnum.numerics.formats import EXACT, FORMATS
 from flashnum.numerics.policy import make_policy
 from flashnum.numerics.tiling import n_blocks, needs_block_max, visible
+
+FP32 = FORMATS["fp32"]
 
 
 @dataclass
@@ -89,10 +91,13 @@ def _round_input(ar: Arith, x: torch.Tensor, fin) -> torch.Tensor:
 
 
 def scale_in_logits_format(ar: Arith, scale: float, base2: bool) -> float:
-    """The scale held in the logits' format, as a kernel holds sm_scale in fp32 (exp2
-    variants fold log2(e) into it first)."""
+    """The scale as the code holds it: in the logits' format, but never narrower than fp32
+    (exp2 variants fold log2(e) into it first). A kernel holds sm_scale in fp32; a
+    pure-PyTorch port multiplies its bf16/fp16 logits by a Python float, which torch
+    applies as an fp32 product rounded to the dtype (Qiu & Yao's attention.py, torch's
+    own math attention): so a narrow logits format does not round the scale itself."""
     c = scale * (LOG2E if base2 else 1.0)
-    return float(ar.rnd(torch.tensor(c, dtype=ar.dtype), ar.policy.fmt("s")))
+    return float(ar.rnd(torch.tensor(c, dtype=ar.dtype), wider(ar.policy.fmt("s"), FP32)))
 
 
 def tile_visible(tiles: Tiles, kb: torch.Tensor, causal: bool) -> torch.Tensor | None:

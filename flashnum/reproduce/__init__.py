@@ -402,9 +402,9 @@ def qiu_yao(quick: bool = False, seed: int = 0, beta: float = 2.0) -> pd.DataFra
     and P @ V is rounded to bf16, where the tie rounding happens; with several blocks the
     P @ V tile and the block row sum are rounded to bf16 before they are added into o
     and l, as their code does). One key block (N = 512) is their "one block also fails"
-    case. lowp still rounds the scale to bf16 where their code multiplies the bf16 logits
-    by the float scale (docs/reproductions.md, section 3). fa2 (fp32 state, P cast to
-    bf16) is the kernel practice, for contrast.
+    case; the scale is applied as their code does (bf16 logits times the float scale, one
+    fp32 product rounded to bf16). fa2 (fp32 state, P cast to bf16) is the kernel
+    practice, for contrast.
 
     Inputs: `ties` (every logit, the max included, attained twice exactly; V ~ N(-1,
     0.5^2), 98% negative) at several logit spreads (`logit_std`: the tie mechanism needs
