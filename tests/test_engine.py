@@ -372,6 +372,8 @@ def _same_bits(a, b):
                                                 ("max_ascending", False, 70, 90)])
 @pytest.mark.parametrize("sigma", [1.0, 1e19])  # 1e19: fp32 logits overflow, m = inf/NaN
 @pytest.mark.parametrize("kernel", [True, False])  # flashnum.engine.native's exp kernel, or torch's
+# sigma 1e19 overflows fp16/fp8 inputs on purpose: attention's warning about it is expected
+@pytest.mark.filterwarnings("ignore:.*overflow the inputs format:RuntimeWarning")
 def test_fast_path_is_bit_identical_to_the_readable_steps(monkeypatch, precision, variant, order,
                                                           causal, nq, nk, sigma, kernel):
     # fp32 inputs (the stored-input shortcut) in ragged tiles, three heads run one at a time
