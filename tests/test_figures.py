@@ -186,6 +186,35 @@ def synthetic_tree(root: Path, skip=()) -> Path:
              seed=i, err_dq=4e-3, err_dk=4e-3, err_dv=4e-3, dq_spread=sp)
         for i, sp in enumerate((0.0, 0.0, 1e-3, 2e-3))
     ]
+    # the low-precision measurements (flashnum.reproduce.lowprec; values made up)
+    t["repro_pcast_threshold"] = [
+        dict(experiment="repro_pcast_threshold", case_id=f"t{i}", spread=0.0, delta=dl,
+             p_scale=sc, order=o, rel_err=1.0 if dl > 6.93 + math.log(sc) else 0.01,
+             flushed_fraction=0.0, delta_c=6.93 + math.log(sc), delta_all=6.93 + math.log(sc))
+        for i, (dl, sc, o) in enumerate((dl, sc, o) for dl in (4.0, 8.0, 14.0)
+                                        for sc in (1.0, 256.0) for o in ("forward", "reverse"))
+    ]
+    t["repro_fp8_offset"] = [
+        dict(experiment="repro_fp8_offset", case_id=f"o{i}", format=f, offset=off,
+             threshold=4.0, growth=g, err_over_u_vmax=3.0 if off + 4 > 8.8 else 0.1,
+             budget_ok=off + 4 <= 8.8, max_abs_err=1e-2)
+        for i, (f, off, g) in enumerate((f, off, g) for f in ("fp8_e4m3", "fp8_e5m2")
+                                        for off in (4, 8) for g in (1.0, 2.0))
+    ]
+    t["repro_block_scaled"] = [
+        dict(experiment="repro_block_scaled", case_id=f"b{i}", distribution=d, format=f,
+             site=st, transform=tr, max_abs_err=0.01 * (1 + j), rmse=1e-3)
+        for i, (d, f, st, tr, j) in enumerate(
+            (d, f, st, tr, j) for d in ("gaussian", "ties") for j, f in enumerate(("mxfp4",))
+            for st, tr in (("qkv", "none"), ("p", "none"), ("qkv+p", "none"),
+                           ("qkv", "smooth_k"), ("qkv", "hadamard"),
+                           ("qkv", "smooth_k+hadamard")))
+    ]
+    t["repro_splitkv_decode"] = [
+        dict(experiment="repro_splitkv_decode", case_id=f"k{i}", nk=4096, nq=1, num_splits=sp,
+             split_precision=pr, max_abs_err=1e-4 * (1 + (pr == "bf16") * sp), rmse=1e-5)
+        for i, (sp, pr) in enumerate((sp, pr) for sp in (1, 8) for pr in ("fp32", "bf16"))
+    ]
     assert set(t) == set(EXPERIMENTS)
     for name, rows in t.items():
         if name not in skip:

@@ -44,6 +44,8 @@ What each figure shows (the selection is also written into its \\Sel macro):
     tab_presets         the presets' format per site (from flashnum.numerics.policy: no experiment)
     tab_worst_case      worst_case: the worst distributions against gaussian
     tab_repro_*         the reproductions: published numbers beside ours
+    pcast_threshold, fp8_offset, tab_block_scaled, tab_splitkv_decode
+                        the low-precision measurements (flashnum.figures.lowprec)
 
 Where things are (a new figure or table goes into the module that holds its kind, and
 into the FIGURES registry below):
@@ -55,6 +57,7 @@ into the FIGURES registry below):
     plots.py    one function per plot
     tables.py   one function per table from the sweeps and presets
     prose.py    the reproductions' tables and the sentences the paper quotes about them
+    lowprec.py  block-scaled formats, FA4's fp8 offset, the P-cast threshold, split-KV
 """
 
 from __future__ import annotations
@@ -64,6 +67,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flashnum.figures.context import Figures, Unplottable
+from flashnum.figures.lowprec import (
+    fp8_offset,
+    pcast_threshold,
+    tab_block_scaled,
+    tab_splitkv_decode,
+)
 from flashnum.figures.numbers import EXPERIMENTS, NUMBERS, exp_site, write_numbers
 from flashnum.figures.plots import (
     attribution,
@@ -93,7 +102,8 @@ OUT = REPO / "paper" / "figures"
 # (tables.py for a table, named tab_<name>), a line here and its experiment in SOURCES.
 FIGURES = (error_vs_n, error_vs_block_n, error_by_order, heatmap, attribution,
            kernel_vs_emulator, precision_bits, bwd_error, bwd_order, tab_tightness,
-           tab_worst_case, tab_presets)
+           tab_worst_case, tab_presets, pcast_threshold, fp8_offset, tab_block_scaled,
+           tab_splitkv_decode)
 PLOTS = tuple(f.__name__ for f in FIGURES if not f.__name__.startswith("tab_"))
 # the experiment each figure reads (for messages; tab_tightness reads all three sweeps)
 SOURCES = {"error_vs_n": "seqlen_growth", "error_vs_block_n": "block_size",
@@ -101,7 +111,10 @@ SOURCES = {"error_vs_n": "seqlen_growth", "error_vs_block_n": "block_size",
            "attribution": "attribution", "kernel_vs_emulator": "kernel_vs_emulator",
            "precision_bits": "precision_bits", "tab_tightness": "bf16_sweep",
            "tab_worst_case": "worst_case", "tab_presets": "policy",
-           "bwd_error": "bwd_bf16_sweep", "bwd_order": "bwd_order"}
+           "bwd_error": "bwd_bf16_sweep", "bwd_order": "bwd_order",
+           "pcast_threshold": "repro_pcast_threshold", "fp8_offset": "repro_fp8_offset",
+           "tab_block_scaled": "repro_block_scaled",
+           "tab_splitkv_decode": "repro_splitkv_decode"}
 
 REPROS = tuple(REPRO)  # the reproductions' tables, after the figures (prose.py)
 

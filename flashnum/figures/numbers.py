@@ -36,10 +36,31 @@ EXPERIMENTS = {
     "repro_is_flash_stable": _REPRO.format("is_flash_stable"),
     "repro_qiu_yao": _REPRO.format("qiu_yao"),
     "repro_fp8_pcast": _REPRO.format("fp8_pcast"),
+    "repro_fp8_offset": _REPRO.format("fp8_offset"),
+    "repro_pcast_threshold": _REPRO.format("pcast_threshold"),
+    "repro_block_scaled": _REPRO.format("block_scaled"),
+    "repro_splitkv_decode": _REPRO.format("splitkv_decode"),
 }
 
 # every number the text may quote: macro name -> what it is
 NUMBERS = {
+    **{f"Thresh{k}{m}": f"repro_pcast_threshold: {w} collapse lead, S = {s}, forward, spread 0"
+       for k, s in (("One", 1), ("Scaled", 256))
+       for m, w in (("Pred", "predicted"), ("Meas", "first measured (rel. error > 0.5)"))},
+    "OffsetBudgetMax": "repro_fp8_offset: largest error / (u max|V|) where offset + "
+                       "threshold <= log2(max)",
+    "OffsetWorst": "repro_fp8_offset: largest e4m3 error / (u max|V|) where the budget breaks",
+    **{f"BlockGain{k}": f"repro_block_scaled: median error ratio without / with {w} (Q, K, V "
+                        "in the 4- and 6-bit formats)"
+       for k, w in (("Smooth", "K smoothing"), ("Hadamard", "the Hadamard rotation"),
+                    ("SmoothHadamard", "both"))},
+    "BlockDists": "repro_block_scaled: distributions of the catalogue measured",
+    "SplitFpRatioMax": "repro_splitkv_decode: largest error ratio, most splits / one, fp32 "
+                       "partials",
+    "SplitLowRatio": "repro_splitkv_decode: median error ratio, most splits / one, narrower "
+                     "partials",
+    "SplitTop": "repro_splitkv_decode: the most splits measured",
+    "SplitNkMax": "repro_splitkv_decode: the largest Nk",
     "ExpInputs": "float32 arguments of exp and exp2 checked (bench/exp_exhaustive.py)",
     "ExpHard": "arguments within 4 float64 ulps of an fp32 rounding boundary (same)",
     "ExpFloatMisses": "arguments a float64 evaluation alone rounds wrongly (same)",
