@@ -172,6 +172,7 @@ def synthetic_tree(root: Path, skip=()) -> Path:
     ]
     # the backward experiments, in the columns flashnum.harness.backward stores
     bwd = dict(precision="bf16", forward_variant="fa2", ref_dq=1.0, ref_dk=1.0, ref_dv=1.0,
+               distribution="gaussian",
                **{f"{c}_{g}": v for g in ("dq", "dk", "dv") for c, v in
                   (("torch_err", 6e-3), ("bound", 0.1), ("held", True), ("rule", True))})
     t["bwd_bf16_sweep"] = [
