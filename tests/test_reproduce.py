@@ -244,4 +244,4 @@ def test_cli_quick_run_stores_under_root(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err == ("flashnum.reproduce: error: unknown reproduction 'table9'; valid: "
-                   "fa3_table3, is_flash_stable, qiu_yao, fp8_pcast, all\n")
+                   f"{', '.join(R.REPRODUCTIONS)}, all\n")

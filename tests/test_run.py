@@ -29,7 +29,9 @@ from flashnum.inputs.distributions import make
 from flashnum.numerics.policy import SITES, Policy, make_policy
 
 REPO = Path(__file__).resolve().parents[1]
-EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+# the forward runner's experiments; bwd_* are the backward runner's (flashnum.harness.backward)
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")
+                     if not p.stem.startswith("bwd_"))
 TIMINGS = ["wall_s", "attention_s"]
 # a small grid for the runs below: 2 inputs x 2 N x 2 seeds x 2 policies x 2 precisions
 TINY = ["experiment=smoke", "grid.0.seed=[0,1]", "progress=false"]

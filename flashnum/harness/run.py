@@ -14,7 +14,7 @@ Every case (flashnum.harness.grid) goes through one data flow, each arrow a plai
     truth  = reference(inputs rounded to the policy's input format)
              "certified" while batch*heads*Nq*Nk <= reference.certified_max_logits,
              else "fp64" with its a-priori err_bound, checked per row (ref_ok)
-    result = attention(inputs, case)          trace=True on the emulator
+    result = flashnum.attention(inputs, case)          trace=True on the emulator
     row    = metrics.summary + bounds.bound + invariants (m_ok, l_ok) + timings
 
 The reference sees the inputs as the kernel stores them (rounded to the policy's
