@@ -32,10 +32,11 @@ def grid_ids() -> set[str]:
 def multirun(root: Path, *args, background=False):
     cmd = [sys.executable, "-m", "flashnum.run", "-m", *GRID, *args, f"store.root={root}",
            f"hydra.sweep.dir={root}/multirun"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as a cluster job runs: one thread a job
     if background:
         return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+                                text=True, start_new_session=True, env=env)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
 
 
 def stored_rows(exp: Path) -> pd.DataFrame:
