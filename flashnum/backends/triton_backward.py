@@ -23,6 +23,10 @@ format, the dQ accumulation order, causal (bottom-right aligned). The natural-ex
 only (the tutorial's exp2 form folds log2 e into K). The forward is flashnum's Triton
 forward kernel unless `out` and `lse` are given.
 
+The wrapper takes and allocates host (CPU) tensors: it runs on Triton's CPU interpreter;
+moving the tensors to a GPU is not done yet (the kernels themselves use only what the
+forward kernel uses on a GPU).
+
 On the CPU interpreter the forward kernel's fixes apply (the same helpers): bf16 tensors
 travel as fp32 (exact) so that tl.dot multiplies values, not bit patterns, and bf16 casts
 round to nearest even on the fp32 bits (`_round_rne`). What still differs from the
