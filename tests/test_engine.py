@@ -327,6 +327,7 @@ def test_the_triton_backend_without_triton_says_how_to_install_it(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "triton", None)  # what `import triton` meets without it
+    monkeypatch.delitem(sys.modules, "flashnum.backends.triton", raising=False)
     q, k, v = qkv(nq=8, nk=8, d=4)
     with pytest.raises(ValueError, match=r"pip install triton \(or pip install -e \.\[triton\]\)"):
         flashnum.attention(q, k, v, backend="triton")

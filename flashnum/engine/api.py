@@ -150,9 +150,11 @@ def _check_options(precision, block_m, block_n, order, variant, causal, scale, r
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if backend == "triton":
-        try:
-            import triton  # noqa: F401  (heavy optional dependency: only for this backend)
-        except ImportError:
+        try:  # the backend module sets TRITON_INTERPRET before it imports triton (heavy, optional)
+            import flashnum.backends.triton  # noqa: F401
+        except ModuleNotFoundError as e:
+            if not (e.name or "").startswith("triton"):
+                raise
             raise ValueError(
                 "backend='triton' needs the triton package, which is not installed: "
                 "pip install triton (or pip install -e .[triton])") from None
