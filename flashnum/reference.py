@@ -22,6 +22,8 @@ Options (defaults first):
                    max and lse of this method are the float64 values (no bound).
      mpmath        a plain row loop in mpmath at `bits` bits (an explicit context,
                    never the global mp): the independent cross-check of certified.
+  plain64(q, k, v, scale=, causal=) is plain max-shifted float64 attention without a bound
+  (the reproductions' "attention in FP64" and the search's quick objective).
   bits=256         the working precision (certified: the starting precision).
   cache=True       an in-memory LRU keyed by input_hash(...); with
                    reference_cache_dir(path) or the environment variable
@@ -270,6 +272,23 @@ def reference(
         _store(key, ref)
         return _copy(ref)
     return ref
+
+
+def plain64(q, k, v, *, scale: float, causal: bool = False) -> torch.Tensor:
+    """softmax(scale Q K^T) V in plain float64, max-shifted (FA3's "attention in FP64").
+
+    No bound and no cache: the quick reference of the reproductions and of the worst-case
+    search's objective, whose error (~(Nk + d) 2^-53 max|V|) is far below any low-precision
+    error they measure; final numbers come from `reference` (certified or fp64). Fully
+    masked causal rows give 0, as every backend does.
+    """
+    q, k, v = (x.to(torch.float64) for x in (q, k, v))
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(~causal_visible(*s.shape[-2:]), -math.inf)
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
+    return (torch.matmul(p, v) / p.sum(-1, keepdim=True)).nan_to_num(0.0)
 
 
 def _remember(key: str, ref: Reference) -> None:

@@ -56,6 +56,7 @@ from flashnum.inputs.distributions import COMMON, make
 from flashnum.numerics.blockscaled import quantize_tiles, random_hadamard, scaled
 from flashnum.numerics.formats import FORMATS
 from flashnum.numerics.policy import SITES, Policy, make_policy
+from flashnum.reference import plain64
 from flashnum.reproduce import lowprec
 
 REPRODUCTIONS = ("fa3_table3", "is_flash_stable", "qiu_yao", "fp8_pcast", "fp8_offset",
@@ -70,10 +71,7 @@ E4M3 = FORMATS["fp8_e4m3"]
 
 def reference64(q, k, v, scale: float) -> torch.Tensor:
     """softmax(scale Q K^T) V in float64, max-shifted (FA3's "attention in FP64")."""
-    q, k, v = (x.to(torch.float64) for x in (q, k, v))
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    p = torch.exp(s - s.amax(-1, keepdim=True))
-    return torch.matmul(p, v) / p.sum(-1, keepdim=True)
+    return plain64(q, k, v, scale=scale)
 
 
 def _uniform(precision: str) -> Policy:
