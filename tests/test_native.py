@@ -1,6 +1,6 @@
 """The native exp kernel: an accelerator that must change no bit of any result.
 
-Its claims (flashnum/native.py): P = fp32(exp(s - m)) and its bf16 cast equal the torch
+Its claims (flashnum/engine/native.py): P = fp32(exp(s - m)) and its bf16 cast equal the torch
 path's on every float32 input, and are correctly rounded. bench/exp_exhaustive.py checks
 every input; these tests check a spread sample, the hard inputs that exhaustive run
 found, the special values, whole engine runs with the kernel on and off, and the

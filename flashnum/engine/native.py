@@ -1,4 +1,4 @@
-"""Fused C kernels for the emulator's hottest sites (flashnum/native.c).
+"""Fused C kernels for the emulator's hottest sites (flashnum/engine/native.c).
 
 The emulator's model of the exp site is "evaluate in float64, round once to fp32"
 (flashnum.engine.arith.Arith.exp). In torch that takes five passes over every logit tile
