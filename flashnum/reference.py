@@ -137,14 +137,21 @@ def _check(q, k, v, causal, scale, method, bits):
         raise ValueError(f"k has Nk={k.shape[-2]} but v has Nk={v.shape[-2]}; they must agree")
     if q.shape[-1] == 0:
         raise ValueError("q and k have d=0; valid: a head dim d >= 1")
-    if scale is not None:
-        try:
-            scale = float(scale)
-        except (TypeError, ValueError):
-            raise ValueError(f"scale must be None or a finite real, got {scale!r}") from None
-        if not math.isfinite(scale):
-            raise ValueError(f"scale must be None or a finite real, got {scale!r}")
+    scale = check_scale(scale)
     return q, k, v, scale, (qd, kd, vd)
+
+
+def check_scale(scale) -> float | None:
+    """The softmax scale as a float (None stays None: exactly 1/sqrt(d)); one-line error else."""
+    if scale is None:
+        return None
+    try:
+        scale = float(scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"scale must be None or a finite real, got {scale!r}") from None
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be None or a finite real, got {scale!r}")
+    return scale
 
 
 def _visible_len(nq: int, nk: int, causal: bool) -> np.ndarray:

@@ -41,7 +41,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from flashnum.reference import REL_BITS, _as_f64, _cache_dir, _flint_prec, _visible_len
+from flashnum.reference import (
+    REL_BITS,
+    _as_f64,
+    _cache_dir,
+    _flint_prec,
+    _visible_len,
+    check_scale,
+)
 
 METHODS = ("certified", "fp64")
 _LRU: OrderedDict = OrderedDict()
@@ -78,13 +85,7 @@ def _check(q, k, v, do, causal, scale, method, bits):
     want = (*q.shape[:-1], v.shape[-1])
     if tuple(do.shape) != want:
         raise ValueError(f"do has shape {tuple(do.shape)}; valid: {want} (the output's shape)")
-    if scale is not None:
-        try:
-            scale = float(scale)
-        except (TypeError, ValueError):
-            raise ValueError(f"scale must be None or a finite real, got {scale!r}") from None
-        if not math.isfinite(scale):
-            raise ValueError(f"scale must be None or a finite real, got {scale!r}")
+    scale = check_scale(scale)
     return q, k, v, do, scale, (qd, kd, vd, dd)
 
 
