@@ -7,10 +7,14 @@
     g = flashnum.attention_backward(q, k, v, do, precision="bf16", policy="fa2")
     gref = flashnum.reference_backward(q, k, v, do)   # certified dQ, dK, dV
 
-Modules: formats (rounding), policy (sites and presets), tiling (blocks, orders,
-causal mask), engine (the emulated recurrence), reference (exact attention),
-distributions (adversarial inputs), metrics, bounds, attribution, search,
-kernels (Triton), store / run (experiments), figures (the paper's figures).
+Layers (docs/architecture.md), each importing only from those above it in this list:
+numerics (formats, block-scaled formats, policies and sites, tiling and the causal rule),
+engine (the emulated recurrence, its fast path, standard attention, the backward pass,
+split-KV decoding, the model of torch's CPU kernel), backends (Triton kernels, mpmath),
+reference / reference_backward (exact attention and gradients), analysis (metrics,
+bounds, attribution, invariants), inputs (the adversarial catalogue, worst-case search),
+harness (config, grid, runner, store, CLI), audit, reproduce (published results),
+figures (the paper's figures and numbers from the stored tables).
 """
 
 from flashnum.engine import attention
