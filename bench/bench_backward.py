@@ -3,16 +3,18 @@
     python bench/bench_backward.py            # all three parts
     python bench/bench_backward.py --quick    # smaller memory sizes, no certified run
     python bench/bench_backward.py --only memory   # one part, the others kept from the file
+    python bench/bench_backward.py --only memory --sizes 65536   # these N; other N kept
 
 1. Speed: emulated bf16 `fa2` backward (flashnum.attention_backward, the forward's O and
    LSE given), batch x heads = 8, N = 4096, d = 64, 64 x 64 blocks, against torch's fp32
    autograd of scaled_dot_product_attention on the same shapes in the same run
    (interleaved, best of 3 each): torch's backward alone (the forward done outside the
    timing) and forward + backward. Goal: emulated backward <= 3x torch's backward.
-2. Memory: one head, d = 64, bf16 fa2 backward at several N, each in a fresh
-   subprocess: the peak RSS of the backward call over the RSS before it (the peak reset
-   through /proc/self/clear_refs, Linux). O(N * block) means linear growth; an N x N
-   fp32 matrix alone is 4 N^2 bytes.
+2. Memory: one head, d = 64, bf16 fa2 backward at several N (--sizes; 2048 to 16384 by
+   default), each in a fresh subprocess: the peak RSS of the backward call over the RSS
+   before it (the peak reset through /proc/self/clear_refs, Linux), and the call's CPU
+   time. O(N * block) means linear growth; an N x N fp32 matrix alone is 4 N^2 bytes.
+   Entries for N not measured in this run are kept from the file.
 3. The certified reference backward (flashnum.reference_backward) for one head,
    N = 1024, d = 64: wall time and the precision it needed. Goal: under a minute.
 Writes bench/results/backward.json.
@@ -83,8 +85,10 @@ q, k, v, do = (torch.randn(n, 64, generator=g).bfloat16() for _ in range(4))
 fwd = flashnum.attention(q, k, v)
 base = status("VmRSS:")
 open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
+import time
+c = time.process_time()
 flashnum.attention_backward(q, k, v, do, out=fwd.out, lse=fwd.lse)
-print(status("VmHWM:") - base)
+print(status("VmHWM:") - base, time.process_time() - c)
 """
 
 
@@ -95,10 +99,10 @@ def memory(sizes):
         t = time.perf_counter()
         r = subprocess.run([sys.executable, "-c", _CHILD, str(n)], capture_output=True,
                            text=True, env=env, check=True)
-        peak = int(r.stdout.strip().splitlines()[-1])
-        out.append({"n": n, "peak_rss_over_base_gib": peak / 2**30,
-                    "n_by_n_fp32_gib": 4 * n * n / 2**30,
-                    "wall_s": time.perf_counter() - t})
+        peak, cpu = r.stdout.strip().splitlines()[-1].split()
+        out.append({"n": n, "peak_rss_over_base_gib": int(peak) / 2**30,
+                    "n_by_n_fp32_gib": 4 * n * n / 2**30, "backward_cpu_s": float(cpu),
+                    "wall_s": time.perf_counter() - t, "load_average": os.getloadavg()[0]})
     return out
 
 
@@ -115,7 +119,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", choices=("speed", "memory", "certified"), default=None)
+    ap.add_argument("--sizes", type=int, nargs="+", default=None,
+                    help="N for the memory part (default 2048 4096 8192 16384)")
     args = ap.parse_args(argv)
+    if args.sizes is not None and min(args.sizes) < 1:
+        raise ValueError(f"--sizes must be positive integers, got {args.sizes}")
     path = OUT / "backward.json"
     res = json.loads(path.read_text()) if (args.only and path.exists()) else {}
     res.update(machine=platform.processor() or platform.machine(), torch=torch.__version__,
@@ -123,7 +131,10 @@ def main(argv=None):
     if args.only in (None, "speed"):
         res["speed"] = speed()
     if args.only in (None, "memory"):
-        res["memory"] = memory([1024, 2048, 4096] if args.quick else [2048, 4096, 8192, 16384])
+        sizes = args.sizes or ([1024, 2048, 4096] if args.quick else [2048, 4096, 8192, 16384])
+        new = memory(sizes)
+        kept = [m for m in res.get("memory", []) if m["n"] not in sizes]
+        res["memory"] = sorted(kept + new, key=lambda m: m["n"])
     if args.only in (None, "certified") and not args.quick:
         res["certified"] = certified()
     OUT.mkdir(exist_ok=True)
