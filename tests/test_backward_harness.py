@@ -1,12 +1,15 @@
 """The backward experiment runner (flashnum.harness.backward): grids, stored rows, resume."""
 
+import json
+import math
+
 import pytest
 
 from flashnum.harness import backward, store
 
 
 def test_every_backward_experiment_expands_with_unique_case_ids():
-    for name in ("bwd_bf16_sweep", "bwd_order"):
+    for name in ("bwd_bf16_sweep", "bwd_order", "bwd_seqlen_growth"):
         cases = backward.expand(backward.load_conf(name))
         ids = [c["case_id"] for c in cases]
         assert len(ids) == len(set(ids)) > 0
@@ -36,3 +39,50 @@ def test_a_run_stores_one_row_per_case_and_resumes(tmp_path, monkeypatch):
     assert len(store.load(tmp_path / "bwd_tiny")) == 2
     summ = backward.summary(tmp_path / "bwd_tiny")
     assert list(summ.policy) == ["fa2", "naive"] and summ.held_dq.all()
+
+
+def test_the_stored_backward_tables_keep_their_case_ids():
+    # reference and bound joined the axes later: at their defaults they stay out of the key
+    for name in ("bwd_bf16_sweep", "bwd_order"):
+        ids = {c["case_id"] for c in backward.expand(backward.load_conf(name))}
+        assert set(store.load(name).case_id) == ids
+
+
+def test_a_run_records_its_command_and_code_in_the_manifest(tmp_path, monkeypatch):
+    conf = {"experiment": "bwd_tiny", "base": {"seq_len": 32, "head_dim": 16},
+            "grid": [{"name": "t", "policy": ["fa2"], "seed": [0]}]}
+    monkeypatch.setattr(backward, "load_conf", lambda name: conf)
+    backward.main(["bwd_tiny", f"store.root={tmp_path}"])
+    path = tmp_path / "bwd_tiny" / store.MANIFEST
+    runs = json.loads(path.read_text())["runs"]
+    assert len(runs) == 1 and runs[0]["end_time"] is not None
+    assert runs[0]["command"] == {"module": "flashnum.harness.backward",
+                                  "overrides": ["experiment=bwd_tiny"]}
+    assert runs[0]["counts"]["run"] == 1 and "commit" in runs[0]["git"]
+    before = path.read_bytes()
+    backward.main(["bwd_tiny", f"store.root={tmp_path}"])  # nothing to run: file untouched
+    assert path.read_bytes() == before
+
+
+def test_growth_fits_the_exponent_per_seed_with_the_fp64_reference_past_the_certified(
+        tmp_path, monkeypatch):
+    conf = {"experiment": "bwd_tiny", "base": {"head_dim": 16, "block": 16},
+            "grid": [{"name": "c", "seq_len": [32], "seed": [0, 1]},
+                     {"name": "f", "seq_len": [64], "seed": [0, 1], "reference": ["fp64"],
+                      "bound": [False]}]}
+    monkeypatch.setattr(backward, "load_conf", lambda name: conf)
+    backward.main(["bwd_tiny", f"store.root={tmp_path}"])
+    df = store.load(tmp_path / "bwd_tiny")
+    cert, f64 = df[df.seq_len == 32], df[df.seq_len == 64]
+    assert set(cert.ref_method) == {"certified"} and set(f64.ref_method) == {"fp64"}
+    assert f64.bound_dq.isna().all() and f64.held_dq.isna().all()
+    assert f64.ref64_err_dq.isna().all()
+    # the fp64 reference errs far below the bf16 backward's error it stands in for
+    for g in backward.GRADS:
+        assert (cert[f"ref64_err_{g}"] < 1e-6 * cert[f"err_{g}"]).all()
+    fit = backward.growth(tmp_path / "bwd_tiny")
+    dq = fit[fit.grad == "dq"].iloc[0]
+    alphas = [math.log2(df[(df.seed == s) & (df.seq_len == 64)].err_dq.item()
+                        / df[(df.seed == s) & (df.seq_len == 32)].err_dq.item()) for s in (0, 1)]
+    assert dq.seeds == 2 and dq.refs == "certified+fp64"
+    assert dq.alpha_min == pytest.approx(min(alphas)) and dq.alpha_max == pytest.approx(max(alphas))

@@ -12,7 +12,9 @@ slices, each mapping axes to lists of values (the product of the lists; other ax
 block_n), dq_order, distribution (flashnum.inputs.distributions, drawn on the
 precision's grid), causal, seed, forward_variant (the forward that makes O and LSE:
 fa2, or qiu_yao for Qiu & Yao's max adjustment), orders (bwd_order: how many random dQ
-orders besides forward and reverse; 0 = none), terms (per-site bound terms).
+orders besides forward and reverse; 0 = none), terms (per-site bound terms), reference
+(certified, or fp64 where the certified one is too slow: large N), bound (false skips
+the a-priori bound, whose evaluation costs minutes at N = 2048).
 
 Each case stores, per gradient g in dq, dk, dv: err_g = max|g - ref| against the
 certified reference (flashnum.reference_backward), ref_g = max|ref|, torch_err_g (torch
@@ -21,7 +23,13 @@ autograd of standard attention on tensors of the precision, for bf16 and fp16), 
 largest entry, flashnum.analysis.bounds_backward), held_g (every entry within its
 bound), dominant_g; ds_rowsum = max_i |sum_j dS_ij| and ds_abs = max_i sum_j |dS_ij| of
 the computed dS; for orders > 0, dq_spread = max |dQ(order) - dQ(forward)| over the
-orders. Cases are keyed by a hash of their axes; a rerun computes only missing cases.
+orders; ref_method (the reference used) and, with a certified reference, ref64_err_g =
+max|fp64 reference - certified| (what the fp64 reference errs by, where both ran). Cases
+are keyed by a hash of their axes (reference and bound only when not at their defaults,
+so that the earlier tables keep their keys); a rerun computes only missing cases. Each
+run that writes rows appends a record to the experiment's manifest.json
+(flashnum.harness.manifest). With several seq_len, summary=true also prints the growth
+fits (`growth`): err ~ N^alpha per policy, precision, distribution, gradient and seed.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ import torch
 
 from flashnum.analysis.bounds_backward import bound_backward
 from flashnum.engine.backward import attention_backward
-from flashnum.harness import store
+from flashnum.harness import manifest, store
 from flashnum.harness.config import StoreConf
 from flashnum.harness.paths import CONF as CONF_ROOT
 from flashnum.inputs.distributions import make
@@ -46,10 +54,11 @@ from flashnum.reference_backward import reference_backward
 
 CONF = CONF_ROOT / "experiment"
 AXES = ("policy", "precision", "seq_len", "head_dim", "block", "dq_order", "distribution",
-        "causal", "seed", "forward_variant", "orders", "terms")
+        "causal", "seed", "forward_variant", "orders", "terms", "reference", "bound")
 DEFAULT = dict(policy="fa2", precision="bf16", seq_len=64, head_dim=32, block=16,
                dq_order="forward", distribution="gaussian", causal=False, seed=0,
-               forward_variant="fa2", orders=0, terms=False)
+               forward_variant="fa2", orders=0, terms=False, reference="certified", bound=True)
+LATER_AXES = ("reference", "bound")  # in a case's key only when not at their default
 GRADS = ("dq", "dk", "dv")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -77,7 +86,7 @@ def expand(conf: dict) -> list[dict]:
         for values in itertools.product(*axes.values()):
             case = {**base, **dict(zip(axes, values, strict=True)), "slice": sl.get("name", "")}
             if case["policy"] == "naive":  # autograd of standard attention: no blocks, order
-                case.update(block=DEFAULT["block"], dq_order="forward")
+                case.update(block=base["block"], dq_order="forward")
             cid = case_id(case)
             if cid not in seen:
                 seen.add(cid)
@@ -86,7 +95,7 @@ def expand(conf: dict) -> list[dict]:
 
 
 def case_id(case: dict) -> str:
-    key = {a: case[a] for a in AXES}
+    key = {a: case[a] for a in AXES if a not in LATER_AXES or case[a] != DEFAULT[a]}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -118,7 +127,10 @@ def run_case(case: dict) -> dict:
     causal = case["causal"] or inp.causal
     kw = dict(policy=case["policy"], precision=case["precision"], block_m=case["block"],
               block_n=case["block"], causal=causal, scale=inp.scale)
-    ref = reference_backward(q, k, v, do, causal=causal, scale=inp.scale)
+    ref = reference_backward(q, k, v, do, causal=causal, scale=inp.scale,
+                             method=case["reference"])
+    ref64 = reference_backward(q, k, v, do, causal=causal, scale=inp.scale, method="fp64",
+                               cache=False) if case["reference"] == "certified" else None
     fwd = None
     if case["forward_variant"] != "fa2":
         import flashnum
@@ -129,18 +141,21 @@ def run_case(case: dict) -> dict:
     given = {} if fwd is None else dict(out=fwd.out, lse=fwd.lse)
     g = attention_backward(q, k, v, do, dq_order=case["dq_order"], measure_ds=True, **kw,
                            **given)
-    b = bound_backward(q, k, v, do, terms=case["terms"], **kw)
+    b = bound_backward(q, k, v, do, terms=case["terms"], **kw) if case["bound"] else None
     row = {**{a: case[a] for a in AXES}, "slice": case["slice"], "case_id": case["case_id"],
-           "causal_effective": causal, "ref_uncertain": ref.info.get("uncertain", 0)}
-    base = _torch_autograd(q, k, v, do, causal, inp.scale, case["precision"])
+           "causal_effective": causal, "ref_uncertain": ref.info.get("uncertain", 0),
+           "ref_method": ref.method}
+    base = _torch_autograd(q, k, v, do, causal, inp.scale, case["precision"], _input_key(case))
     for name in GRADS:
         x, r = getattr(g, name), getattr(ref, name)
         err = (x - r).abs()
         row[f"err_{name}"] = float(err.max())
         row[f"ref_{name}"] = float(r.abs().max())
-        row[f"bound_{name}"] = b["max"][name]
-        row[f"held_{name}"] = bool((err <= b[name]).all())
-        row[f"dominant_{name}"] = b["dominant_site"].get(name, "")
+        row[f"ref64_err_{name}"] = (math.nan if ref64 is None else
+                                    float((getattr(ref64, name) - r).abs().max()))
+        row[f"bound_{name}"] = math.nan if b is None else b["max"][name]
+        row[f"held_{name}"] = None if b is None else bool((err <= b[name]).all())
+        row[f"dominant_{name}"] = "" if b is None else b["dominant_site"].get(name, "")
         t = math.nan if base is None else float((base[name] - r).abs().max())
         row[f"torch_err_{name}"] = t
         row[f"rule_{name}"] = bool(row[f"err_{name}"] <= 2 * t) if base is not None else None
@@ -163,11 +178,30 @@ def _spread(q, k, v, do, g, kw, given, case) -> float:
     return spread
 
 
-def _torch_autograd(q, k, v, do, causal, scale, precision):
+def _input_key(case: dict) -> tuple:
+    """The axes the inputs (and torch's autograd of them) depend on."""
+    return tuple(case[a] for a in ("precision", "seq_len", "head_dim", "block", "distribution",
+                                   "causal", "seed"))
+
+
+_TORCH_LAST: dict = {}  # the last input's torch gradients: the policies of one input share them
+
+
+def _torch_autograd(q, k, v, do, causal, scale, precision, key=None):
     """Standard attention's gradients by torch autograd on tensors of the precision."""
     dtype = TORCH_DTYPES.get(precision)
     if dtype is None:
         return None
+    if key is not None and key in _TORCH_LAST:
+        return _TORCH_LAST[key]
+    _TORCH_LAST.clear()
+    if key is not None:
+        _TORCH_LAST[key] = _torch_grads(q, k, v, do, causal, scale, dtype)
+        return _TORCH_LAST[key]
+    return _torch_grads(q, k, v, do, causal, scale, dtype)
+
+
+def _torch_grads(q, k, v, do, causal, scale, dtype):
     q, k, v = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
     sc = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = (q @ k.transpose(-1, -2)) * sc
@@ -203,6 +237,42 @@ def summary(name_or_path, root=None):
     return pd.DataFrame(out)
 
 
+def growth(name_or_path, root=None):
+    """Growth fits: alpha of err_g ~ N^alpha (least squares in log-log over seq_len), per
+    (policy, precision, distribution, gradient) and seed; one row per group with the
+    median, min and max alpha over seeds, the median relative error err_g / max|g| at the
+    smallest and largest N, and the references used (with the largest relative error of
+    the fp64 reference against the certified one, where both ran)."""
+    import numpy as np
+    import pandas as pd
+
+    df = store.load(name_or_path, root)
+    out = []
+    for (pol, prec, dist), grp in df.groupby(["policy", "precision", "distribution"],
+                                             sort=True):
+        for g in GRADS:
+            alphas = []
+            for _, s in grp.groupby("seed"):
+                n, e = s["seq_len"].to_numpy(float), s[f"err_{g}"].to_numpy(float)
+                ok = (e > 0) & np.isfinite(e)
+                if len(np.unique(n[ok])) >= 2:
+                    alphas.append(float(np.polyfit(np.log(n[ok]), np.log(e[ok]), 1)[0]))
+            rel = grp[f"err_{g}"] / grp[f"ref_{g}"]
+            lo, hi = grp["seq_len"].min(), grp["seq_len"].max()
+            ref64 = (grp[f"ref64_err_{g}"] / grp[f"ref_{g}"]).dropna() if (
+                f"ref64_err_{g}" in grp) else pd.Series(dtype=float)
+            out.append(dict(policy=pol, precision=prec, distribution=dist, grad=g,
+                            seeds=len(alphas), alpha=float(np.median(alphas)) if alphas
+                            else math.nan, alpha_min=min(alphas, default=math.nan),
+                            alpha_max=max(alphas, default=math.nan), n_min=int(lo),
+                            n_max=int(hi), rel_err_n_min=float(rel[grp.seq_len == lo].median()),
+                            rel_err_n_max=float(rel[grp.seq_len == hi].median()),
+                            refs="+".join(sorted(grp["ref_method"].dropna().unique()))
+                            if "ref_method" in grp else "certified",
+                            ref64_rel_err_max=float(ref64.max()) if len(ref64) else math.nan))
+    return pd.DataFrame(out)
+
+
 @dataclass
 class Args:
     experiment: str = "bwd_order"
@@ -228,6 +298,8 @@ def _run(cfg) -> int:
 
         with pd.option_context("display.width", 250, "display.max_columns", 40):
             print(summary(conf["experiment"], root).T.to_string())
+            if store.load(conf["experiment"], root)["seq_len"].nunique() > 2:
+                print(growth(conf["experiment"], root).to_string(index=False))
         return 0
     torch.set_num_threads(1)  # small cases: one thread is fastest on a shared machine
     cases = expand(conf)
@@ -239,13 +311,24 @@ def _run(cfg) -> int:
     todo = sorted((c for c in cases if c["case_id"] not in done), key=lambda c: c["seed"])
     todo = todo[: cfg.limit]
     print(f"{conf['experiment']}: {len(cases)} cases, {len(todo)} to run", flush=True)
-    rows = []
-    for i, case in enumerate(todo, 1):
-        rows.append(run_case(case))
-        if len(rows) >= cfg.batch or i == len(todo):
-            store.write_part(exp_dir, rows)
-            rows = []
-            print(f"  {i}/{len(todo)}", flush=True)
+    if not todo:  # a run that writes no rows leaves the manifest as it was
+        return 0
+    mpath = exp_dir / store.MANIFEST
+    overrides = [f"experiment={cfg.experiment}"] + ([f"limit={cfg.limit}"] if cfg.limit else [])
+    rec = manifest.record("flashnum.harness.backward", overrides, config=dict(conf),
+                          counts=dict(grid=len(cases), done_before=len(done), run=0))
+    prior = manifest.begin(mpath, conf["experiment"], rec)
+    t0, rows, written = time.perf_counter(), [], 0
+    try:
+        for i, case in enumerate(todo, 1):
+            rows.append(run_case(case))
+            if len(rows) >= cfg.batch or i == len(todo):
+                store.write_part(exp_dir, rows)
+                written, rows = written + len(rows), []
+                print(f"  {i}/{len(todo)}", flush=True)
+    finally:
+        rec.update(wall_s=time.perf_counter() - t0, counts={**rec["counts"], "run": written})
+        manifest.finish(mpath, conf["experiment"], rec, prior, wrote_rows=written > 0)
     store.compact(exp_dir)
     return 0
 
