@@ -355,6 +355,49 @@ def tightness_median():
     fa = t[(t.policy == "fa2") & t.precision.isin(["bf16", "fp16"]) & np.isfinite(t.bound)]
     return [f"its median overestimate is {fa.tightness.median():.0f}x for bf16/fp16 `fa2`"]
 
+
+# -- docs/engine.md ------------------------------------------------------------------------
+
+def engine_docs():
+    e = json.loads((RESULTS / "exp_exhaustive.json").read_text())
+    rows = [f"| {f} | {thousands(e[f]['inputs'])} | {e[f]['p_differences']} differences | "
+            f"{len(e[f]['hard_inputs'])} | {len(e[f]['torch_float64_misses'])}"
+            for f in ("exp", "exp2")]
+    x2 = e["exp2"]
+    dist = dict(zip(x2["hard_inputs"], x2["hard_boundary_distance_ulps"], strict=True))
+    nonzero = {x: d for x, d in dist.items() if d > 0}
+    closest = min(nonzero, key=nonzero.get)
+    lo, hi = sorted(x2["torch_float64_misses"])
+    s = json.loads((RESULTS / "engine.json").read_text())["speed"]
+    return rows + [
+        f"exp2({closest!r}), {nonzero[closest]:.3f} float64 ulp away",
+        f"torch's float64 exp2 misses exp2({lo!r}) ({dist[lo]:.3f} ulp away:",
+        f"exp2({hi!r}) ({dist[hi]:.2f} ulp away)",
+        f"{s['emulate_bf16_fa2_s']:.3f} s against {s['sdpa_fp32_s']:.3f} s, a ratio of "
+        f"{s['ratio']:.2f} ({s['ratio_one_thread']:.2f} on one thread; "
+        f"{s['ratio_torch_path']:.2f} through the torch path)",
+        f"key block alone take {s['gemms_s']:.3f} s",
+        f"of {s['step_overhead_us']:.0f} us"]
+
+
+def unchanged_docs():
+    u = json.loads((RESULTS / "unchanged.json").read_text())
+    x = u["experiments"]
+    naive = ("naive_ratio", "naive_rmse_ratio")
+    rel = max(v for n in ("bf16_sweep", "fp16_sweep", "block_order")
+              for c, v in x[n]["max_rel_difference"].items() if v is not None and c not in naive)
+    nr = max(x[n]["max_rel_difference"]["naive_rmse_ratio"]
+             for n in ("bf16_sweep", "fp16_sweep", "block_order"))
+    kv = x["kernel_vs_emulator"]["max_rel_difference"]
+    return [f"shard {u['shard']} of {u['num_shards']} of bf16_sweep "
+            f"({x['bf16_sweep']['cases']} cases), fp16_sweep ({x['fp16_sweep']['cases']}), "
+            f"block_order ({x['block_order']['cases']}) and kernel_vs_emulator "
+            f"({x['kernel_vs_emulator']['cases']})",
+            f"(relative differences up to {sci(rel)}; naive_rmse_ratio",
+            f"up to {sci(nr)})",
+            f"differ from the stored ones by {100 * kv['naive_ratio']:.0f}% and "
+            f"{100 * kv['naive_rmse_ratio']:.0f}%"]
+
 CLAIMS = {
     "README.md": [sweep_counts, bound_accounting, growth_claims, fa3_readme, engine_bench,
                   exp_exhaustive, tightness_readme, lambda: stress_claims()[0],
@@ -362,6 +405,7 @@ CLAIMS = {
                   golden_readme, qiu_yao_readme, pcast_readme, fa3_fp8_match, audit_readme,
                   reference_readme, triton_readme, tightness_median],
     "docs/experiments.md": [bf16_sweep_summary_line],
+    "docs/engine.md": [engine_docs, unchanged_docs],
     "docs/reproductions.md": [fa3_docs, lambda: fa3_protocol()[1]],
     "docs/bounds.md": [tightness_docs, lambda: stress_claims()[1]],
 }
