@@ -398,6 +398,102 @@ def unchanged_docs():
             f"differ from the stored ones by {100 * kv['naive_ratio']:.0f}% and "
             f"{100 * kv['naive_rmse_ratio']:.0f}%"]
 
+
+# -- docs/bounds.md: where the bound is tight, the ties bias ----------------------------
+
+def tex_sci(x, digits=2):
+    """-2.6\\times10^{-4} style, as the doc's LaTeX writes it."""
+    mant, exp = sci(x, digits).split("e")
+    return f"{mant}\\times10^{{{exp}}}"
+
+
+def tightness_prose():
+    t = pd.read_csv(RESULTS / "bound_tightness.csv")
+    f = t[np.isfinite(t.bound)]
+    fa = f[(f.policy == "fa2") & f.precision.isin(["bf16", "fp16"])]
+    pl = fa[fa.distribution == "plateau"].tightness
+    nv = f[(f.policy == "naive") & (f.distribution == "plateau")
+           & f.precision.isin(["bf16", "fp16"])].tightness
+    fb = f[(f.policy == "fa2") & (f.precision == "bf16")].groupby("distribution").tightness
+    grid = fb.median()[["early_max", "late_max", "ramp", "sink", "ties", "underflow"]]
+    offgrid = fb.median()[["gaussian", "fa3_outliers", "heavy_tail", "scaled", "low_rank",
+                           "cancellation"]]
+    f32 = f[(f.policy == "fa2") & (f.precision == "fp32")]
+    lowp = f[f.policy == "lowp"].groupby("precision").tightness.median()[["bf16", "fp16"]]
+    vac = t[~np.isfinite(t.bound) & (t.distribution == "heavy_tail")].measured.max()
+    r10 = lambda x: f"{round(x, -1):.0f}"  # noqa: E731
+    return [f"(fa2 bf16/fp16: {pl.min():.2f}-{pl.max():.2f}, naive: {nv.min():.2f}-"
+            f"{nv.max():.2f})",
+            f"sit at medians {grid.min():.1f}-{grid.max():.1f} in fa2 bf16",
+            f"**Loosest: fp32** (median {f32.tightness.median():.0f})",
+            f"probabilistic bound is {f32.tightness.median() / f32.tightness_prob.median():.0f}x "
+            f"sharper (median {f32.tightness_prob.median():.0f})",
+            f"`flat` gives the extreme ({sci(f.tightness.max())})",
+            f"median {r10(offgrid.min())}-{r10(offgrid.max())} in fa2 bf16",
+            f"**lowp** (median {lowp.min():.0f}-{lowp.max():.0f})",
+            f"the measured error there is {vac:.1f}"]
+
+
+def ties_bias():
+    """{(section, run): (mean signed error, z)} from bench/results/ties_bias.txt."""
+    out, section = {}, None
+    for line in (RESULTS / "ties_bias.txt").read_text().splitlines():
+        if line.endswith("mean signed error (z)"):
+            section = line.split(":")[0]
+        m = re.match(r"  (\S.*?)\s+([+-]\d\.\d+e[+-]\d+) \(z\s+([+-][\d.]+)\)", line)
+        if m and section:
+            out[section, m.group(1)] = (float(m.group(2)), float(m.group(3)))
+    return out
+
+
+def ties_claims():
+    b = ties_bias()
+    t = "ties, V ~ N(-1.0, 0.5^2)"
+
+    def ez(section, run, paren=False):
+        e, z = b[section, run]
+        zs = f"{z:.0f}" if abs(z) >= 10 else f"{z:.1f}"
+        return f"${tex_sci(e)}$ ($z = {zs}$)" if paren else f"${tex_sci(e)}$, $z = {zs}$"
+
+    lowp = b[t, "lowp"]
+    text = (RESULTS / "ties_bias.txt").read_text()
+    pos = re.search(r"exact ([\d.]+), lower half ([\d.]+), tie ([\d.]+), upper half ([\d.]+); "
+                    r"mean of \|rnd_bf16\(o/l\)\| - \|o/l\|: \+([\d.e-]+)", text)
+    ex, lo, _, up, shift = (float(x) for x in pos.groups())
+    return [f"mean signed error ${tex_sci(lowp[0])}$, $z = {lowp[1]:.0f}$",
+            f"division in bf16 together give {ez(t, 'only l, o, div in bf16', paren=True)}",
+            f"leaves {ez(t, 'lowp, div and out in fp32', paren=True)}",
+            f"(one key block: {ez(t, 'lowp, one key block')})",
+            f"(gaussian logits with the same $V$: "
+            f"{ez('gaussian, V ~ N(-1.0, 0.5^2)', 'lowp')})",
+            f"adjustment does not remove it ({ez(t, 'lowp, qiu_yao variant')})",
+            f"N(+1, 0.5^2)$: $+{tex_sci(b['ties, V ~ N(1.0, 0.5^2)', 'lowp'][0])}$)",
+            f"0.5^2)$: {ez('ties, V ~ N(-0.75, 0.5^2)', 'lowp')})",
+            f"*opposite* sign ($+{tex_sci(b[t, 'lowp, P @ V summed in bf16'][0])}$, "
+            f"$z = {b[t, 'lowp, P @ V summed in bf16'][1]:+.0f}$)",
+            f"{100 * up:.1f}% lie in the upper half of their bf16 ulp, {100 * lo:.1f}% in the "
+            f"lower half, {100 * ex:.1f}% exactly on the grid",
+            f"increases their magnitude by ${tex_sci(float(shift))}$"]
+
+
+def ties_table():
+    text = (RESULTS / "ties_bias.txt").read_text().split("attribution of the mean signed")[1]
+    rows = {m.group(1): (float(m.group(2)), float(m.group(3)))
+            for m in re.finditer(r"^\s*(\w+)\s+\w+ ([+-][\d.e+-]+)\s+([+-][\d.e+-]+)", text,
+                                 re.M)}
+
+    def cell(x):
+        d = 2 if abs(x) >= 1e-5 else 1
+        return f"${'+' if x > 0 and d == 2 else ''}{tex_sci(x, d)}$"
+
+    out = [f"| {s} | {cell(rows[s][0])} | {cell(rows[s][1])} |" for s in ("s", "p")]
+    out += [f"| {s} ({why}) | {cell(rows[s][0])} | {cell(rows[s][1])} |"
+            for s, why in (("l", "state and block row sums"), ("o", "state and $PV$ tiles"))]
+    out.append(f"| div | {cell(rows['div'][0])} | {cell(rows['div'][1])} |")
+    assert max(abs(rows[s][0]) for s in ("pv_acc", "l_acc")) < 1e-9
+    out.append(f"| pv_acc, l_acc (fp32) | $< 10^{{-9}}$ | {cell(rows['pv_acc'][1])} |")
+    return out
+
 CLAIMS = {
     "README.md": [sweep_counts, bound_accounting, growth_claims, fa3_readme, engine_bench,
                   exp_exhaustive, tightness_readme, lambda: stress_claims()[0],
@@ -407,7 +503,8 @@ CLAIMS = {
     "docs/experiments.md": [bf16_sweep_summary_line],
     "docs/engine.md": [engine_docs, unchanged_docs],
     "docs/reproductions.md": [fa3_docs, lambda: fa3_protocol()[1]],
-    "docs/bounds.md": [tightness_docs, lambda: stress_claims()[1]],
+    "docs/bounds.md": [tightness_docs, lambda: stress_claims()[1], tightness_prose, ties_claims,
+                       ties_table],
 }
 
 
