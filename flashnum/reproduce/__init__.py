@@ -564,7 +564,7 @@ MEASURES = {
     "v_negative_fraction", "underflow_fraction", "ratio_vs_forward",
     "ratio_vs_forward_same_scale", "realised_height",
     "err_over_u_vmax", "rescaled", "predicted_saturation", "budget_ok", "rel_err",
-    "flushed_fraction", "delta_c", "delta_all",
+    "flushed_fraction", "delta_c", "delta_all", "cpu_s",
 }
 
 
@@ -626,7 +626,8 @@ DISPLAY = {
     "pcast_threshold": ["spread", "delta", "p_scale", "order", "rel_err", "flushed_fraction",
                         "delta_c", "delta_all"],
     "block_scaled": ["distribution", "format", "site", "transform", "max_abs_err", "rmse"],
-    "splitkv_decode": ["nk", "nq", "num_splits", "split_precision", "max_abs_err", "rmse"],
+    "splitkv_decode": ["nk", "nq", "num_splits", "split_precision", "max_abs_err", "rmse",
+                       "cpu_s"],
 }
 
 

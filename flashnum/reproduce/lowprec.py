@@ -27,6 +27,7 @@ Every reference is fp64 softmax attention of the inputs as the kernel stores the
 from __future__ import annotations
 
 import math
+import time
 
 import pandas as pd
 import torch
@@ -244,8 +245,23 @@ def splitkv_decode(quick: bool = False, seed: int = 0) -> pd.DataFrame:
     """Max error of bf16 fa2 decoding with S splits against fp64 attention of the bf16
     inputs: 8 query heads sharing 2 K/V heads (GQA), d 64, gaussian logits of std ~2.5;
     partials stored in `split_precision`, merged in fp32, output kept in fp32 (a bf16
-    output cast would hide the partials' rounding under its own)."""
-    sz = SKV_SIZES["quick" if quick else "full"]
+    output cast would hide the partials' rounding under its own). `cpu_s`: the CPU time
+    of the emulated attention call (time.process_time).
+
+    Runs on one torch thread: a decoding tile is 16 rows x 256 keys, and on such GEMMs
+    torch's intra-op threads cost ~50x the CPU time of one thread on a busy machine
+    (measured: 512 tile GEMMs 2.8 s on 2 threads, 0.05 s on 1); a GEMM this small has no
+    split reduction, so the values do not depend on it (the stored table is reproduced
+    bit for bit either way)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _splitkv_rows(SKV_SIZES["quick" if quick else "full"], seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _splitkv_rows(sz: dict, seed: int) -> pd.DataFrame:
     rows = []
     bf16 = FORMATS["bf16"]
     pol = make_policy("fa2", "bf16").with_sites(out="fp32", name="fa2_bf16_out_fp32")
@@ -258,12 +274,14 @@ def splitkv_decode(quick: bool = False, seed: int = 0) -> pd.DataFrame:
                         1 / 8.0)
         for splits in sz["splits"]:
             for prec in sz["precisions"]:
+                t0 = time.process_time()
                 res = attention(q, k, v, precision="bf16", policy=pol,
                                 num_splits=splits, split_precision=prec, block_m=16,
                                 block_n=256)
+                cpu = time.process_time() - t0
                 err = res.out - ref
                 rows.append(dict(nk=nk, nq=nq, q_heads=8, kv_heads=2, num_splits=splits,
                                  split_precision=prec, block_n=256,
                                  max_abs_err=float(err.abs().max()),
-                                 rmse=float(err.pow(2).mean().sqrt())))
+                                 rmse=float(err.pow(2).mean().sqrt()), cpu_s=cpu))
     return pd.DataFrame(rows)
