@@ -86,3 +86,20 @@ def test_growth_fits_the_exponent_per_seed_with_the_fp64_reference_past_the_cert
                         / df[(df.seed == s) & (df.seq_len == 32)].err_dq.item()) for s in (0, 1)]
     assert dq.seeds == 2 and dq.refs == "certified+fp64"
     assert dq.alpha_min == pytest.approx(min(alphas)) and dq.alpha_max == pytest.approx(max(alphas))
+
+
+def test_an_attribution_case_stores_its_table_in_one_row_and_gives_it_back_tidy(
+        tmp_path, monkeypatch):
+    conf = {"experiment": "bwd_tiny", "base": {"seq_len": 32, "head_dim": 16,
+                                               "attribution": True},
+            "grid": [{"name": "a", "policy": ["fa2"], "seed": [0]}]}
+    monkeypatch.setattr(backward, "load_conf", lambda name: conf)
+    backward.main(["bwd_tiny", f"store.root={tmp_path}"])
+    df = store.load(tmp_path / "bwd_tiny")
+    assert len(df) == 1
+    tidy = backward.attribution_rows(df)
+    assert set(tidy.metric) == {"max_abs", "rmse"} and set(tidy.grad) == set(backward.GRADS)
+    assert "forward" in set(tidy.site) and (tidy.case_id == df.case_id[0]).all()
+    summ = backward.attribution_summary(tmp_path / "bwd_tiny")
+    dv = summ[(summ.grad == "dv")]
+    assert "p_cast" in set(dv.site) and "ds_cast" not in set(dv.site)

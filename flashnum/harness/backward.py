@@ -14,7 +14,10 @@ precision's grid), causal, seed, forward_variant (the forward that makes O and L
 fa2, or qiu_yao for Qiu & Yao's max adjustment), orders (bwd_order: how many random dQ
 orders besides forward and reverse; 0 = none), terms (per-site bound terms), reference
 (certified, or fp64 where the certified one is too slow: large N), bound (false skips
-the a-priori bound, whose evaluation costs minutes at N = 2048).
+the a-priori bound, whose evaluation costs minutes at N = 2048), attribution (true: the
+case's row holds the per-site attribution table instead, flashnum.analysis.
+attribution_backward, in columns `<value>.<gradient>.<metric>.<site>`; `attribution_rows`
+gives it back tidy).
 
 Each case stores, per gradient g in dq, dk, dv: err_g = max|g - ref| against the
 certified reference (flashnum.reference_backward), ref_g = max|ref|, torch_err_g (torch
@@ -54,11 +57,13 @@ from flashnum.reference_backward import reference_backward
 
 CONF = CONF_ROOT / "experiment"
 AXES = ("policy", "precision", "seq_len", "head_dim", "block", "dq_order", "distribution",
-        "causal", "seed", "forward_variant", "orders", "terms", "reference", "bound")
+        "causal", "seed", "forward_variant", "orders", "terms", "reference", "bound",
+        "attribution")
 DEFAULT = dict(policy="fa2", precision="bf16", seq_len=64, head_dim=32, block=16,
                dq_order="forward", distribution="gaussian", causal=False, seed=0,
-               forward_variant="fa2", orders=0, terms=False, reference="certified", bound=True)
-LATER_AXES = ("reference", "bound")  # in a case's key only when not at their default
+               forward_variant="fa2", orders=0, terms=False, reference="certified", bound=True,
+               attribution=False)
+LATER_AXES = ("reference", "bound", "attribution")  # in a case's key only when not at their default
 GRADS = ("dq", "dk", "dv")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -121,6 +126,8 @@ def _grid_kw(name: str, grid: str) -> dict:
 
 
 def run_case(case: dict) -> dict:
+    if case["attribution"]:
+        return run_attribution(case)
     t0 = time.perf_counter()
     inp, do = inputs(case)
     q, k, v = inp.q, inp.k, inp.v
@@ -163,6 +170,50 @@ def run_case(case: dict) -> dict:
     row["dq_spread"] = _spread(q, k, v, do, g, kw, given, case) if case["orders"] else math.nan
     row["wall_s"] = time.perf_counter() - t0
     return row
+
+
+ATTRIBUTION_VALUES = ("format", "err_only", "err_without", "total", "share", "saved",
+                      "bound_term", "bound_share")
+
+
+def run_attribution(case: dict) -> dict:
+    """The case's per-site attribution (flashnum.analysis.attribution_backward), one row."""
+    from flashnum.analysis.attribution_backward import attribute_backward
+
+    t0 = time.perf_counter()
+    inp, do = inputs(case)
+    causal = case["causal"] or inp.causal
+    ref = reference_backward(inp.q, inp.k, inp.v, do, causal=causal, scale=inp.scale,
+                             method=case["reference"])
+    t = attribute_backward(inp.q, inp.k, inp.v, do, precision=case["precision"],
+                           policy=case["policy"], ref=ref, bound_terms=case["bound"],
+                           block_m=case["block"], block_n=case["block"], causal=causal,
+                           scale=inp.scale, dq_order=case["dq_order"])
+    row = {**{a: case[a] for a in AXES}, "slice": case["slice"], "case_id": case["case_id"],
+           "ref_method": ref.method, "ref_uncertain": ref.info.get("uncertain", 0)}
+    for r in t.to_dict("records"):
+        for val in ATTRIBUTION_VALUES:
+            row[f"{val}.{r['grad']}.{r['metric']}.{r['site']}"] = r[val]
+    row["wall_s"] = time.perf_counter() - t0
+    return row
+
+
+def attribution_rows(df):
+    """The stored attribution cases as a tidy table: one row per (case, gradient, metric,
+    site) with the case's axes and flashnum.analysis.attribution_backward's columns."""
+    import pandas as pd
+
+    cols = [c for c in df.columns if c.count(".") == 3 and c.split(".")[0] in ATTRIBUTION_VALUES]
+    keys = sorted({tuple(c.split(".")[1:]) for c in cols})
+    head = [c for c in df.columns if c not in cols]
+    parts = []
+    for g, m, site in keys:
+        part = df[head].copy()
+        part["grad"], part["metric"], part["site"] = g, m, site
+        for val in ATTRIBUTION_VALUES:
+            part[val] = df.get(f"{val}.{g}.{m}.{site}")
+        parts.append(part[part["err_only"].notna()])
+    return pd.concat(parts, ignore_index=True)
 
 
 def _spread(q, k, v, do, g, kw, given, case) -> float:
@@ -237,6 +288,31 @@ def summary(name_or_path, root=None):
     return pd.DataFrame(out)
 
 
+def attribution_summary(name_or_path, root=None):
+    """Per (policy, gradient, site): the median over cases of the site's share of the
+    error (max_abs and rmse, from the reruns) and of the bound's terms, the median fraction
+    of the error that making the site exact saves, and in how many cases it was the site
+    with the largest share; sites with a median share under 1% left out."""
+    import pandas as pd
+
+    df = attribution_rows(store.load(name_or_path, root))
+    wide = df.pivot_table(index=["case_id", "policy", "grad", "site"], columns="metric",
+                          values=["share", "saved"], aggfunc="first")
+    wide.columns = [f"{v}_{m}" for v, m in wide.columns]
+    wide = wide.reset_index().merge(
+        df[df.metric == "max_abs"][["case_id", "grad", "site", "bound_share"]],
+        on=["case_id", "grad", "site"])
+    top = df[df.metric == "max_abs"].sort_values("share").groupby(["case_id", "grad"]).tail(1)
+    tops = top.groupby(["policy", "grad", "site"]).size().rename("top_in")
+    out = wide.groupby(["policy", "grad", "site"]).agg(
+        cases=("case_id", "nunique"), share_max_abs=("share_max_abs", "median"),
+        share_rmse=("share_rmse", "median"), saved_max_abs=("saved_max_abs", "median"),
+        bound_share=("bound_share", "median")).join(tops).fillna({"top_in": 0})
+    out = out[out.share_max_abs.ge(0.01) | out.share_rmse.ge(0.01)]
+    return pd.DataFrame(out.reset_index()).sort_values(
+        ["policy", "grad", "share_rmse"], ascending=[True, True, False])
+
+
 def growth(name_or_path, root=None):
     """Growth fits: alpha of err_g ~ N^alpha (least squares in log-log over seq_len), per
     (policy, precision, distribution, gradient) and seed; one row per group with the
@@ -297,8 +373,12 @@ def _run(cfg) -> int:
         import pandas as pd
 
         with pd.option_context("display.width", 250, "display.max_columns", 40):
+            df = store.load(conf["experiment"], root)
+            if df["attribution"].any() if "attribution" in df else False:
+                print(attribution_summary(conf["experiment"], root).to_string(index=False))
+                return 0
             print(summary(conf["experiment"], root).T.to_string())
-            if store.load(conf["experiment"], root)["seq_len"].nunique() > 2:
+            if df["seq_len"].nunique() > 2:
                 print(growth(conf["experiment"], root).to_string(index=False))
         return 0
     torch.set_num_threads(1)  # small cases: one thread is fastest on a shared machine
