@@ -91,7 +91,9 @@ def test_bf16_sweep_is_the_grid_the_issue_asks_for():
 
 def test_case_id_is_sha256_of_the_canonical_json_of_the_case():
     case = expand(cfg_of("experiment=smoke"))[0]
-    text = json.dumps(asdict(case), sort_keys=True, separators=(",", ":"))
+    # fields added later (num_splits, split_precision) enter only away from their defaults
+    d = {k: v for k, v in asdict(case).items() if k not in ("num_splits", "split_precision")}
+    text = json.dumps(d, sort_keys=True, separators=(",", ":"))
     assert case.case_id == hashlib.sha256(text.encode()).hexdigest()[:16]
     shuffled = type(case)(**dict(reversed(list(asdict(case).items()))))
     assert shuffled.case_id == case.case_id

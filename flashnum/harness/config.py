@@ -18,6 +18,8 @@ the valid choices.
     distribution  name and params, one of flashnum.inputs.distributions.DISTRIBUTIONS
     shape       batch heads seq_len_q seq_len_k (null: seq_len_q) head_dim
     variant     fa2 fa1 exp2 lazy (tau) qiu_yao (beta); rounding nearest stochastic
+    num_splits, split_precision   split-KV decoding: the keys in num_splits chunks, each
+                chunk's partial (o, lse) stored in split_precision, merged in fp32
     grid        a list of slices; each slice maps axes to lists of values (see
                 flashnum.harness.grid.AXES); the grid is the union of the slices' products
     shard / num_shards   run only the cases whose hash is shard mod num_shards
@@ -115,6 +117,8 @@ class Config:
     rounding: str = "nearest"
     causal: bool = False
     seed: int = 0
+    num_splits: int = 1  # split-KV decoding (flashnum.engine.splitkv): key chunks merged by lse
+    split_precision: str = "fp32"  # the format the partial (o, lse) of each split are stored in
     grid: list[dict[str, Any]] = field(default_factory=list)
     search: dict[str, Any] = field(default_factory=dict)
     reference: ReferenceConf = field(default_factory=ReferenceConf)
@@ -205,6 +209,7 @@ def base_case(cfg) -> dict:
         block_n=cfg.tiling.block_n, order=cfg.tiling.order, variant=cfg.variant, tau=cfg.tau,
         beta=cfg.beta, rounding=cfg.rounding, backend=cfg.backend.name,
         mp_bits=cfg.backend.mp_bits, causal=cfg.causal, seed=cfg.seed,
+        num_splits=cfg.num_splits, split_precision=cfg.split_precision,
     )
 
 
@@ -239,6 +244,8 @@ def check_case(d: dict, where: str = "grid", search: bool = False) -> None:
             check_positive(key, d[key])
         if d["seq_len_k"] is not None:
             check_positive("seq_len_k", d["seq_len_k"])
+        check_positive("num_splits", d.get("num_splits", 1))
+        check_format("split_precision", d.get("split_precision", "fp32"), site=True)
         check_choice("order", d["order"], ORDERS)
         check_choice("variant", d["variant"], VARIANTS)
         check_choice("rounding", d["rounding"], ROUNDINGS)

@@ -1,10 +1,12 @@
 """An experiment's grid: from the composed config to a list of cases.
 
 A *case* is one point of a sweep: distribution + params + shape +
-precision + policy + tiling + variant + backend + causal + seed. Its `case_id`
-is the first 16 hex digits of sha256 of the case as canonical JSON (sorted keys,
-no spaces), so it is the same on every machine and in every process, and names
-the case in the results table, in resume and in sharding.
+precision + policy + tiling + variant + backend + causal + seed (+ num_splits and
+split_precision for split-KV decoding). Its `case_id` is the first 16 hex digits of
+sha256 of the case as canonical JSON (sorted keys, no spaces), so it is the same on
+every machine and in every process, and names the case in the results table, in
+resume and in sharding. The fields in OPTIONAL enter the JSON only when not at their
+defaults, so the cases of tables stored before those fields existed keep their ids.
 
 The grid is a list of *slices*. A slice maps axes to lists of values; its cases
 are the product of those lists, every other axis taken from the config's single
@@ -24,7 +26,7 @@ the union of its slices, in order, each case once. `zip` ties axes together:
 
 Canonical form (so that one computation has one case_id): axes that cannot
 change the result are set to fixed values: tau unless variant is lazy, beta
-unless qiu_yao, mp_bits unless the backend is mp, the tiling of standard
+unless qiu_yao, mp_bits unless the backend is mp, split_precision unless num_splits > 1, the tiling of standard
 attention on the emulator (policy naive: no blocks, so block_m, block_n and
 order take the config's defaults), the policy of precision mp (the mp recurrence
 has none: "exact"). seq_len_k null means seq_len_q; `seq_len` sets both.
@@ -69,6 +71,10 @@ class Case:
     mp_bits: int
     causal: bool
     seed: int
+    # split-KV decoding (flashnum.engine.splitkv); OPTIONAL: hashed and stored only when
+    # not at their defaults, so that every case without them keeps its case_id
+    num_splits: int = 1
+    split_precision: str = "fp32"
 
     @property
     def case_id(self) -> str:
@@ -93,13 +99,17 @@ class Case:
                 self.seq_len_k, self.head_dim, self.seed)
 
 
-CASE_FIELDS = tuple(f.name for f in fields(Case))
+# fields added after tables were stored: (name, default). A case at every default hashes
+# and stores as it did before they existed (tests/test_grid_fields.py checks the shipped
+# tables); an experiment that sets one stores its column in every row (columns()).
+OPTIONAL = {"num_splits": 1, "split_precision": "fp32"}
+CASE_FIELDS = tuple(f.name for f in fields(Case) if f.name not in OPTIONAL)
 # axes a slice may sweep: every case field but the two JSON ones, and these helpers
 AXES = tuple(f for f in CASE_FIELDS if f not in ("dist_params", "policy_sites")) + (
-    "seq_len", "policy_sites", "zip",
+    *OPTIONAL, "seq_len", "policy_sites", "zip",
 )
 _INT = ("batch", "heads", "seq_len_q", "seq_len_k", "head_dim", "block_m", "block_n",
-        "mp_bits", "seed")
+        "mp_bits", "seed", "num_splits")
 _FLOAT = ("tau", "beta")
 
 
@@ -108,7 +118,15 @@ def canonical_json(obj) -> str:
 
 
 def case_id(case: Case) -> str:
-    return hashlib.sha256(canonical_json(asdict(case)).encode()).hexdigest()[:16]
+    d = {k: v for k, v in asdict(case).items() if k not in OPTIONAL or v != OPTIONAL[k]}
+    return hashlib.sha256(canonical_json(d).encode()).hexdigest()[:16]
+
+
+def columns(cases) -> tuple[str, ...]:
+    """The case fields a results table of these cases carries: CASE_FIELDS, and each
+    optional field that some case sets away from its default."""
+    extra = tuple(k for k, v in OPTIONAL.items() if any(getattr(c, k) != v for c in cases))
+    return CASE_FIELDS + extra
 
 
 def in_shard(cid: str, shard: int, num_shards: int) -> bool:
@@ -155,10 +173,14 @@ def canonical(d: dict, base: dict, conf_dir: Path = CONF, search: dict | None = 
         d["backend"], d["policy"], d["policy_sites"] = "mp", "uniform", {}
     if d["backend"] != "mp":
         d["mp_bits"] = 256
+    d = {**OPTIONAL, **d}
+    if d["num_splits"] == 1:  # one split stores no partials: their precision is inert
+        d["split_precision"] = OPTIONAL["split_precision"]
     if d["backend"] == "emulate" and d["policy"] == "naive":
         # standard attention forms S whole: the tiling does not exist for it
         d["block_m"], d["block_n"], d["order"] = base["block_m"], base["block_n"], "forward"
-    kw = {k: d[k] for k in CASE_FIELDS if k not in ("distribution", "dist_params", "policy_sites")}
+    kw = {k: d[k] for k in (*CASE_FIELDS, *OPTIONAL)
+          if k not in ("distribution", "dist_params", "policy_sites")}
     for k in _INT:
         kw[k] = int(kw[k])
     for k in _FLOAT:

@@ -55,7 +55,7 @@ from flashnum.engine import attention
 from flashnum.harness import cli, compare, manifest, scheduler, store, summary
 from flashnum.harness.cli import ConfigError
 from flashnum.harness.config import check, register
-from flashnum.harness.grid import CASE_FIELDS, CONF, Case, expand, select
+from flashnum.harness.grid import CASE_FIELDS, CONF, Case, columns, expand, select
 from flashnum.inputs.distributions import make
 from flashnum.inputs.search import worst_case
 from flashnum.numerics.policy import make_policy
@@ -112,10 +112,12 @@ def run_case(case: Case, inp, ref_of, experiment: str, opts: dict) -> dict:
               variant=case.variant, causal=causal, scale=inp.scale, rounding=case.rounding,
               seed=case.seed, backend=case.backend, mp_bits=case.mp_bits, tau=case.tau,
               beta=case.beta)
+    split = dict(num_splits=case.num_splits, split_precision=case.split_precision)
     flash = pol is None or pol.structure == "flash"
-    trace = opts["trace"] and case.backend == "emulate" and flash
+    # a split run's trace steps are the splits, each with its own max: not monotone
+    trace = opts["trace"] and case.backend == "emulate" and flash and case.num_splits == 1
     res = attention(q, k, v, precision=eng_prec, policy=pol if pol else "exact",
-                             trace=trace, **kw)
+                    trace=trace, **kw, **split)
     attention_s = time.perf_counter() - t1
     naive_out = None
     if opts["naive_ratio"] and pol is not None and pol.structure == "flash":
@@ -124,12 +126,13 @@ def run_case(case: Case, inp, ref_of, experiment: str, opts: dict) -> dict:
                                        **{**kw, "backend": "emulate"}).out
     out_fmt = pol.out if pol is not None else "fp64"
     row = {"experiment": experiment, "case_id": case.case_id}
-    row.update({f: getattr(case, f) for f in CASE_FIELDS})
+    row.update({f: getattr(case, f) for f in opts.get("columns", CASE_FIELDS)})
     row["causal"] = causal
     summ = metrics.summary(res.out, ref.out, out_fmt, naive_out=naive_out)
     row.update({key: _num(val) for key, val in summ.items()})
     row.update(bound=math.nan, bound_prob=math.nan, dominant_site=None, bound_terms=None)
-    if opts["bound"] and pol is not None:
+    # the a-priori bound models one split (no stored partials, no merge): none for more
+    if opts["bound"] and pol is not None and case.num_splits == 1:
         try:
             # q, k, v are already in the inputs format and the reference saw them:
             # the input rounding contributes nothing here, so the bound must not charge it
@@ -300,7 +303,7 @@ def run(cfg, cases: list[Case] | None = None, overrides: list[str] | None = None
     opts = dict(trace=cfg.checks.trace, naive_ratio=cfg.checks.naive_ratio, bound=cfg.checks.bound,
                 bound_prob=cfg.checks.bound_prob,
                 certified_max_logits=cfg.reference.certified_max_logits, bits=cfg.reference.bits,
-                ok_ratio=cfg.reference.ok_ratio)
+                ok_ratio=cfg.reference.ok_ratio, columns=columns(cases_all))
     tasks = [(run_search_group if t[0].is_search else run_group, t)
              for t in scheduler.tasks_of(todo, n_workers)]
     failures = scheduler.execute(tasks, (cfg.experiment, str(exp_dir), opts), n_workers,
