@@ -26,10 +26,11 @@ the union of its slices, in order, each case once. `zip` ties axes together:
 
 Canonical form (so that one computation has one case_id): axes that cannot
 change the result are set to fixed values: tau unless variant is lazy, beta
-unless qiu_yao, mp_bits unless the backend is mp, split_precision unless num_splits > 1, the tiling of standard
-attention on the emulator (policy naive: no blocks, so block_m, block_n and
-order take the config's defaults), the policy of precision mp (the mp recurrence
-has none: "exact"). seq_len_k null means seq_len_q; `seq_len` sets both.
+unless qiu_yao, mp_bits unless the backend is mp, split_precision unless
+num_splits > 1, the tiling of standard attention on the emulator (policy naive:
+no blocks, so block_m, block_n and order take the config's defaults), the policy
+of precision mp (the mp recurrence has none: "exact"). seq_len_k null means
+seq_len_q; `seq_len` sets both.
 """
 
 from __future__ import annotations
