@@ -366,7 +366,7 @@ def _same_bits(a, b):
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32", "tf32", "fp8_e4m3"])
-@pytest.mark.parametrize("variant", ["fa2", "exp2", "lazy", "qiu_yao"])
+@pytest.mark.parametrize("variant", ["fa2", "exp2", "lazy", "qiu_yao", "qiu_yao_released"])
 @pytest.mark.parametrize("order,causal,nq,nk", [("forward", False, 70, 90),
                                                 ("reverse", True, 70, 90),
                                                 ("forward", True, 90, 40),  # 50 masked rows

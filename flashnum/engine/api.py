@@ -54,7 +54,11 @@ Variants:
              units of the logits; FlashAttention-4 uses 8 in log2 units)
     qiu_yao  fa2 with Qiu & Yao's max adjustment: where >= 2 logits of a block lie
              within 1e-3 of its max, use beta * max (max > 0) or 0 (max < 0) as the
-             block max, so that no P is exactly 1
+             block max, so that no P is exactly 1 (the paper's idealised fix)
+    qiu_yao_released  their attention.py (02f0ab6, STABLE=1) as released: the window
+             max - 1e-3 rounded into the logits' format, the block row sum clamped at
+             1e-10 (the output collapses once the tied P, exp(-max) with beta = 2, sum
+             below it: max > 23.7 for two ties), fully masked rows taken as ties
 Fully masked rows (causal with Nq > Nk) give out = 0 and are flagged in
 `res.masked`; l stays 0 and m stays -inf for them, never NaN.
 """
@@ -76,7 +80,7 @@ from flashnum.numerics.formats import ROUNDINGS
 from flashnum.numerics.policy import Policy, check_precision, make_policy
 from flashnum.numerics.tiling import ORDERS, check_block
 
-VARIANTS = ("fa2", "fa1", "exp2", "lazy", "qiu_yao")
+VARIANTS = ("fa2", "fa1", "exp2", "lazy", "qiu_yao", "qiu_yao_released")
 BACKENDS = ("emulate", "triton", "mp")
 assert set(VARIANTS) == set(STEPS), "every variant has its step in flashnum.engine.recurrence"
 
@@ -149,6 +153,9 @@ def _check_options(precision, block_m, block_n, order, variant, causal, scale, r
         raise TypeError(f"seed must be an integer, got {seed!r}")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    if backend == "mp" and variant == "qiu_yao_released":
+        raise ValueError("variant 'qiu_yao_released' models bf16 code; backend 'mp' takes "
+                         f"{', '.join(v for v in VARIANTS if v != 'qiu_yao_released')}")
     if backend == "triton":
         try:  # the backend module sets TRITON_INTERPRET before it imports triton (heavy, optional)
             import flashnum.backends.triton  # noqa: F401
@@ -216,7 +223,7 @@ def attention(
                or torch_cpu (flashnum.engine.torch_cpu: torch's CPU SDPA kernel, its own
                splits)
     order:     forward reverse random max_ascending max_descending, or a permutation
-    variant:   fa2 fa1 exp2 lazy (tau) qiu_yao (beta)
+    variant:   fa2 fa1 exp2 lazy (tau) qiu_yao qiu_yao_released (beta)
     rounding:  nearest stochastic (seeded by `seed`; inputs are always rounded to nearest)
     backend:   emulate (this module), triton (flashnum.backends), mp (mpmath at mp_bits)
     num_splits, split_precision: split-KV decoding (flashnum.engine.splitkv): the keys in

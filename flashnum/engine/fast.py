@@ -5,12 +5,12 @@
         states, traces = run_in_place(run, tiles, perm, scale_s, causal, variant, trace)
 
 When s, m, p, l and o are all fp32 on the fp32 carrier and rounding is to nearest, the
-steps of flashnum.engine.recurrence (fa2, exp2, lazy, qiu_yao) run here instead: the same
-operations in the same order, on buffers each step reuses, a few heads at a time. It
-changes no rounding: an in-place op rounds exactly as the op that returns a new tensor,
-and fp32 sites on the fp32 carrier need no rounding step. It exists for speed: torch's
-CPU allocator does not cache large blocks, so every large temporary costs page faults,
-and tiles that fit in cache are much faster.
+steps of flashnum.engine.recurrence (fa2, exp2, lazy, qiu_yao, qiu_yao_released) run here
+instead: the same operations in the same order, on buffers each step reuses, a few heads
+at a time. It changes no rounding: an in-place op rounds exactly as the op that returns a
+new tensor, and fp32 sites on the fp32 carrier need no rounding step. It exists for
+speed: torch's CPU allocator does not cache large blocks, so every large temporary costs
+page faults, and tiles that fit in cache are much faster.
 
 Where flashnum.engine.native's C kernel is built, P = fp32(exp(fl(s - m))) and its bf16
 cast run in one pass (the scale folded in: max fl(c s) = fl(c max s) for c > 0, rounding
@@ -33,6 +33,8 @@ from flashnum.engine.recurrence import (
     grew,
     lazy_max,
     qiu_yao_block_max,
+    qiu_yao_floor,
+    qiu_yao_released_block_max,
     row_max,
     scan,
 )
@@ -82,6 +84,8 @@ class InPlace:
         self.fold = variant in ("fa2", "exp2", "lazy") and scale_s > 0 and native.available()
         self.native_state = self.fold and variant != "lazy"  # fa2's state update in C
         self.qiu_yao = variant == "qiu_yao"
+        self.released = variant == "qiu_yao_released"
+        self.l_floor = qiu_yao_floor(run) if self.released else None
         self.lazy = variant == "lazy"
 
     def load(self, t: int):
@@ -100,6 +104,8 @@ class InPlace:
         m_blk = s.amax(dim=-1).mul_(self.scale_s) if self.fold else row_max(run, s)
         if self.qiu_yao:
             m_blk = qiu_yao_block_max(run, s, m_blk)
+        elif self.released:
+            m_blk = qiu_yao_released_block_max(run, s, m_blk, st.m)
         if self.native_state and native.fa2_state(st.m, m_blk, st.n_rescales, bufs.m_safe,
                                                   bufs.alpha, run.base2) is not None:
             m_new, m_safe, alpha = st.m, bufs.m_safe, bufs.alpha  # m, n_rescales in place
@@ -109,7 +115,7 @@ class InPlace:
             m_safe = finite_or_zero(m_new)
             alpha = ar.exp(ar.rnd(st.m - m_safe, ar.fmt("m")), ar.fmt("p"), run.base2)
         l, o = _update_in_place(run, s, v_j, m_safe, alpha, st.l, st.o, bufs,
-                                self.scale_s if self.fold else 1.0)
+                                self.scale_s if self.fold else 1.0, self.l_floor)
         return State(m_new, l, o, st.n_rescales)
 
 
@@ -194,9 +200,11 @@ def _cast_p(ar, p, bufs: Buffers, cast_done: bool):
     return ar.site(p, "p_cast")
 
 
-def _update_in_place(run: Run, s, v_j, m_safe, alpha, l, o, bufs: Buffers, scale=1.0):
+def _update_in_place(run: Run, s, v_j, m_safe, alpha, l, o, bufs: Buffers, scale=1.0,
+                     l_floor=None):
     """l and o of an fa2-like step; s (times `scale` if not yet scaled) is overwritten
-    with P. The operations of recurrence.fa2_step after alpha, in its order."""
+    with P. The operations of recurrence.fa2_step after alpha, in its order (l_floor:
+    the block row sum clamped below, qiu_yao_released)."""
     ar = run.ar
     f_pc = ar.fmt("p_cast")
     bf16 = f_pc is not EXACT and f_pc.name == "bf16" and s.shape == bufs.pc.shape
@@ -204,6 +212,8 @@ def _update_in_place(run: Run, s, v_j, m_safe, alpha, l, o, bufs: Buffers, scale
     cast_done = _exp_in_place(s, m_safe, bufs, run.base2, scale, bf16)
     pc = _cast_p(ar, p, bufs, cast_done)
     l_blk = ar.rowsum(pc if ar.policy.l_from == "p_cast" else p, ar.fmt("l_acc"))
+    if l_floor is not None:
+        l_blk.clamp_(min=l_floor)
     if not native.rescale_add(l.unsqueeze(-1), alpha, l_blk.unsqueeze(-1)):  # l in place
         l = ar.site(ar.site(l * alpha, "l") + l_blk, "l")
     f_pv = ar.fmt("pv_acc")

@@ -16,6 +16,9 @@ Dao (2023), Algorithm 1, lines 8-10; the other variants differ only in the runni
     lazy     fa2 that keeps m when it grows by at most tau (FlashAttention-4: 8, log2 units)
     qiu_yao  fa2 whose block max is beta * max (max > 0) or 0 (max < 0) where >= 2 logits lie
              within 1e-3 of it, so that no P is exactly 1 (Qiu & Yao 2025)
+    qiu_yao_released  their attention.py as released: qiu_yao whose window max - 1e-3 is
+             rounded into the logits' format, whose block row sum is clamped at 1e-10, and
+             whose fully masked (causal) rows count as ties (block max 0)
     fa1      o kept normalised at every step (Dao et al. 2022, Algorithm 1, lines 9-12)
 
 This is the readable path: every step builds new tensors. flashnum.engine.fast runs the
@@ -29,10 +32,11 @@ from dataclasses import dataclass
 
 import torch
 
-from flashnum.engine.arith import Arith
-from flashnum.engine.tiles import tile_dot
+from flashnum.engine.arith import Arith, wider
+from flashnum.engine.tiles import FP32, tile_dot
 
 QIU_YAO_WINDOW = 1e-3  # "scores within 1e-3 of the block max" (Qiu & Yao 2025)
+QIU_YAO_FLOOR = 1e-10  # attention.py's EPSILON: block_row_sums.clamp(min=EPSILON)
 
 
 @dataclass(frozen=True)
@@ -83,12 +87,14 @@ def grew(m_old: torch.Tensor, m_new: torch.Tensor) -> torch.Tensor:
     return (m_new > m_old) & torch.isfinite(m_old)
 
 
-def fa2_step(run: Run, st: State, s: torch.Tensor, v_j: torch.Tensor, m_new=None) -> State:
+def fa2_step(run: Run, st: State, s: torch.Tensor, v_j: torch.Tensor, m_new=None,
+             l_floor=None) -> State:
     """One key block of FlashAttention-2 (Dao 2023, Algorithm 1, lines 8-10).
 
     m_new: the new running max where a variant chooses it (lazy, qiu_yao); else
     max(m_{i-1}, rowmax(S_j)). The block's row sum and its P V tile are stored in l's
     and o's formats before they are added (a no-op when l and o are fp32, as in FA2).
+    l_floor: the block row sum is clamped below at it (qiu_yao_released), else not.
     """
     ar = run.ar
     if m_new is None:
@@ -102,6 +108,8 @@ def fa2_step(run: Run, st: State, s: torch.Tensor, v_j: torch.Tensor, m_new=None
     # l_i = alpha l_{i-1} + rowsum(P~)
     l_blk = ar.site(ar.rowsum(p_cast if ar.policy.l_from == "p_cast" else p, ar.fmt("l_acc")),
                     "l")
+    if l_floor is not None:
+        l_blk = l_blk.clamp(min=l_floor)
     l = ar.site(ar.site(st.l * alpha, "l") + l_blk, "l")
     # o_i = alpha o_{i-1} + P~ V_j
     pv = ar.site(tile_dot(ar, p_cast, v_j, ar.fmt("pv_acc"), run.tall), "o")
@@ -136,6 +144,42 @@ def qiu_yao_step(run: Run, st: State, s: torch.Tensor, v_j: torch.Tensor) -> Sta
     return fa2_step(run, st, s, v_j, m_new=torch.maximum(st.m, m_blk))
 
 
+def qiu_yao_released_block_max(run: Run, s: torch.Tensor, m_blk: torch.Tensor,
+                               m_old: torch.Tensor) -> torch.Tensor:
+    """The block max of Qiu & Yao's attention.py (02f0ab6, STABLE=1) as it computes it.
+
+    Their threshold `block_row_maxes - 1e-3` is a tensor op in the logits' dtype: fp32
+    arithmetic rounded into s's format. For a bf16 max in [0.25, 0.5) (ulp 2^-9) max - 1e-3
+    lies 0.512 ulp below the max and rounds to max - 1 ulp, so a logit one ulp below the
+    max counts as a tie (the idealised window excludes it). Rows with no visible logit in
+    the block (their masked causal tiles hold -finfo.max, all "within 1e-3" of a block max
+    of -finfo.max) count as ties with a negative max: their block max becomes 0.
+    """
+    ar = run.ar
+    f_s = ar.fmt("s")
+    thr = ar.rnd(ar.rnd(m_blk - float(torch.tensor(QIU_YAO_WINDOW, dtype=torch.float32)),
+                        wider(f_s, FP32), nearest=True), f_s, nearest=True)
+    near = (s >= thr[..., None]).sum(-1) >= 2  # m_blk = -inf: thr = -inf, every column
+    near &= torch.isfinite(m_blk) | torch.isfinite(m_old)
+    adj = torch.where(m_blk > 0, ar.rnd(run.beta * m_blk, ar.fmt("m")), torch.zeros_like(m_blk))
+    return torch.where(near & (m_blk != 0), adj, m_blk)
+
+
+def qiu_yao_floor(run: Run) -> float:
+    """attention.py's clamp of the block row sum, 1e-10 as l's format holds it."""
+    return float(run.ar.rnd(torch.tensor(QIU_YAO_FLOOR, dtype=run.ar.dtype), run.ar.fmt("l"),
+                            nearest=True))
+
+
+def qiu_yao_released_step(run: Run, st: State, s: torch.Tensor, v_j: torch.Tensor) -> State:
+    """qiu_yao as their attention.py computes it: the window rounded into s's format, fully
+    masked rows taken as ties, and the block row sum clamped at 1e-10. With beta = 2 the
+    largest P of a tied block is exp(-max): once t exp(-max) < 1e-10 (t ties; max > 23.7
+    for two) the clamp replaces the row sum and the output collapses towards 0."""
+    m_blk = qiu_yao_released_block_max(run, s, row_max(run, s), st.m)
+    return fa2_step(run, st, s, v_j, m_new=torch.maximum(st.m, m_blk), l_floor=qiu_yao_floor(run))
+
+
 def fa1_step(run: Run, st: State, s: torch.Tensor, v_j: torch.Tensor) -> State:
     """FlashAttention-1 (Dao et al. 2022, Algorithm 1, lines 9-12): P relative to the
     block max, o kept normalised."""
@@ -167,6 +211,7 @@ STEPS: dict[str, Step] = {
     "exp2": fa2_step,  # the same step: log2(e) is in the scale, run.base2 picks exp2
     "lazy": lazy_step,
     "qiu_yao": qiu_yao_step,
+    "qiu_yao_released": qiu_yao_released_step,
     "fa1": fa1_step,
 }
 

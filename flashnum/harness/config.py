@@ -17,7 +17,8 @@ the valid choices.
     backend     emulate triton mp (mp_bits for mp)
     distribution  name and params, one of flashnum.inputs.distributions.DISTRIBUTIONS
     shape       batch heads seq_len_q seq_len_k (null: seq_len_q) head_dim
-    variant     fa2 fa1 exp2 lazy (tau) qiu_yao (beta); rounding nearest stochastic
+    variant     fa2 fa1 exp2 lazy (tau) qiu_yao qiu_yao_released (beta); rounding nearest
+                stochastic
     num_splits, split_precision   split-KV decoding: the keys in num_splits chunks, each
                 chunk's partial (o, lse) stored in split_precision, merged in fp32
     grid        a list of slices; each slice maps axes to lists of values (see

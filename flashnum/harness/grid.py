@@ -168,7 +168,7 @@ def canonical(d: dict, base: dict, conf_dir: Path = CONF, search: dict | None = 
         d["seq_len_k"] = d["seq_len_q"]
     if d["variant"] != "lazy":
         d["tau"] = 8.0
-    if d["variant"] != "qiu_yao":
+    if d["variant"] not in ("qiu_yao", "qiu_yao_released"):
         d["beta"] = 2.0
     if d["precision"] == "mp":  # every operation at mp_bits: what `uniform` names
         d["backend"], d["policy"], d["policy_sites"] = "mp", "uniform", {}
