@@ -158,8 +158,16 @@ def synthetic_tree(root: Path, skip=()) -> Path:
              else "")
         for i, (dist, pol, var, z) in enumerate(
             (("ties", "lowp", "fa2", 4.0), ("ties", "lowp", "qiu_yao", 0.5),
+             ("ties", "lowp", "qiu_yao_released", -800.0),
              ("gaussian", "lowp", "fa2", 0.2), ("ties", "fa2", "fa2", 1.0),
              ("ties_broken", "lowp", "fa2", 0.5)))
+    ] + [
+        dict(experiment="repro_qiu_yao", case_id=f"qs{i}", distribution="clamp_sweep",
+             logit_std=np.nan, policy="lowp", variant="qiu_yao_released", max_logit=t,
+             ours=min(1.0, 2 * math.exp(-t) / 1e-10), predicted=min(1.0, 2 * math.exp(-t) / 1e-10),
+             onset=math.log(2e10), ours_se=np.nan, z_heads=np.nan, z_fix=np.nan,
+             published_finding="")
+        for i, t in enumerate((23.0, 23.5, 24.0, 30.0))
     ]
     t["repro_fp8_pcast"] = [
         dict(experiment="repro_fp8_pcast", case_id=f"p{i}", n=1024, realised_height=10.0,

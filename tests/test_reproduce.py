@@ -194,6 +194,28 @@ def test_qiu_yao_adjustment_shrinks_the_bias(qy):
                                       & (qy.distribution == "ties")].iloc[0].z_heads)
 
 
+def test_qiu_yao_released_fix_collapses_peaked_ties_to_a_mean_error_near_plus_one(qy):
+    """Their code as released: on ties at logit std 16 (row maxima ~48, beyond the clamp
+    onset 23.7) the output collapses towards 0 while the reference is ~-1."""
+    rel = qy[(qy.variant == "qiu_yao_released") & (qy.distribution == "ties")].iloc[0]
+    assert 0.9 < rel.ours < 1.1
+    assert rel.z_fix < -3  # |bias| grows, far from being removed
+
+
+def test_qiu_yao_clamp_sweep_collapses_exactly_past_the_derived_onset(qy):
+    sw = qy[(qy.distribution == "clamp_sweep") & (qy.variant == "qiu_yao_released")]
+    onset = float(sw.onset.iloc[0])
+    assert 23.71 < onset < 23.73  # ln(2 / 1e-10 in bf16)
+    below, above = sw[sw.max_logit < onset], sw[sw.max_logit > onset]
+    assert len(below) and len(above)
+    assert (below.ours == 1).all()  # these inputs are exact in bf16 until the clamp acts
+    assert (above.ours < 0.8).all()
+    # the measured ratio follows 2 exp(-t) / floor to bf16 accuracy (a few ulps of o, l, out)
+    assert ((above.ours - above.predicted).abs() <= 4 * 2.0**-8 * above.predicted).all()
+    ideal = qy[(qy.distribution == "clamp_sweep") & (qy.variant == "qiu_yao")]
+    assert (ideal.ours == 1).all()
+
+
 @pytest.fixture(scope="module")
 def pc():
     return R.fp8_pcast(quick=True)

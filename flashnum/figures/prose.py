@@ -182,16 +182,21 @@ def repro_golden(F: Figures, df: pd.DataFrame, key: str) -> str:
 
 
 def repro_qiu_yao(F: Figures, df: pd.DataFrame, key: str) -> str:
-    """Qiu & Yao: the bias (mean signed error, z over heads) with and without the fix."""
+    """Qiu & Yao: the bias (mean signed error, z over heads) without the fix, with the
+    paper's idealised fix and with their released code's; the released clamp's onset."""
+    sweep = df[df.distribution == "clamp_sweep"] if "max_logit" in df else df.iloc[:0]
+    df = df[df.distribution != "clamp_sweep"]
     df = _sort(df, distribution=("ties", "ties_broken", "gaussian"), logit_std=None,
-               policy=("lowp", "fa2"), variant=("fa2", "qiu_yao"))
-    # one row per input and policy: without the adjustment, then with it
+               policy=("lowp", "fa2"), variant=("fa2", "qiu_yao", "qiu_yao_released"))
+    # one row per input and policy: without the adjustment, with it, with their release
     rows = []
     keys = [c for c in ("distribution", "logit_std", "policy") if c in df]
     for _, g in df.groupby(keys, sort=False, dropna=False):
         plain, fix = g[g.variant == "fa2"], g[g.variant == "qiu_yao"]
+        rel = g[g.variant == "qiu_yao_released"]
         r = (plain if len(plain) else g).iloc[0]
         rf = fix.iloc[0] if len(fix) else None
+        rr = rel.iloc[0] if len(rel) else None
         finding = " / ".join(x for x in (r.get("published_finding", ""),
                                          "" if rf is None else rf.get("published_finding", ""))
                              if isinstance(x, str) and x)
@@ -199,22 +204,32 @@ def repro_qiu_yao(F: Figures, df: pd.DataFrame, key: str) -> str:
                      pm(r.ours, r.get("ours_se")) if len(plain) else "--",
                      cell(r.z_heads) if len(plain) else "--",
                      "--" if rf is None else cell(rf.z_heads),
-                     "--" if rf is None else cell(rf.z_fix), finding or "--"])
+                     "--" if rf is None else cell(rf.z_fix),
+                     "--" if rr is None else pm(rr.ours, rr.get("ours_se")),
+                     "--" if rr is None else cell(rr.z_heads), finding or "--"])
     cols = ["inputs", "logit std", "policy", "mean signed error", "$z$", "$z$ with fix",
-            "$z$ of the fix", "published"]
-    F.write_table("tab_repro_qiu_yao", tabular(cols, rows, "lrlrrrrl"))
+            "$z$ of the fix", "released fix: error", "$z$", "published"]
+    F.write_table("tab_repro_qiu_yao", tabular(cols, rows, "lrlrrrrrrl"))
 
-    def z(dist, pol, variant):
+    def pick(dist, pol, variant):
         d = df[(df.distribution == dist) & (df.policy == pol) & (df.variant == variant)]
         if "logit_std" in d and d.logit_std.notna().any():
             d = d[d.logit_std == d.logit_std.max()]
-        return float(d.z_heads.iloc[0]) if len(d) else math.nan
+        return d.iloc[0] if len(d) else None
+
+    def z(dist, pol, variant):
+        r = pick(dist, pol, variant)
+        return math.nan if r is None else float(r.z_heads)
 
     zt, zf = z("ties", "lowp", "fa2"), z("ties", "lowp", "qiu_yao")
     zg, z2 = z("gaussian", "lowp", "fa2"), z("ties", "fa2", "fa2")
     zb = z("ties_broken", "lowp", "fa2")
     for name, v in (("Z", zt), ("ZFixed", zf), ("ZGauss", zg), ("ZFaTwo", z2), ("ZBroken", zb)):
         F.num(f"{key}{name}", v)
+    rel = pick("ties", "lowp", "qiu_yao_released")
+    e_rel = math.nan if rel is None else float(rel.ours)
+    F.num(f"{key}ReleasedErr", e_rel)
+    onset_text = _qiu_yao_onset(F, sweep, key)
     if not np.isfinite(zt):
         return "The table has no row for tied maxima under the \\texttt{lowp} policy."
     ls = (f" at logit std {tex_num(float(df.logit_std.max()))}"
@@ -232,6 +247,13 @@ def repro_qiu_yao(F: Figures, df: pd.DataFrame, key: str) -> str:
         verdict = ("removes it." if abs(zf) < 2 else "reduces it but does not remove it."
                    if abs(zf) < abs(zt) else "does not remove it.")
         text.append(f"With the max adjustment $z={tex_num(zf)}$: the fix {verdict}")
+    if np.isfinite(e_rel):
+        text.append(f"Their code as released computes the fix differently (the window "
+                    f"$m-10^{{-3}}$ in bf16, each block's row sum clamped at $10^{{-10}}$): on "
+                    f"the same inputs its mean signed error is {tex_num(e_rel)}, the output "
+                    "collapsing towards 0 where the reference is near $-1$.")
+    if onset_text:
+        text.append(onset_text)
     if np.isfinite(zb):
         text.append(f"The control without exact ties (the same $V$, every key nudged off the "
                     f"tie) gives $z={tex_num(zb)}$: "
@@ -246,6 +268,29 @@ def repro_qiu_yao(F: Figures, df: pd.DataFrame, key: str) -> str:
                     f"$z={tex_num(z2)}$.")
     return " ".join(text)
 
+
+def _qiu_yao_onset(F: Figures, sweep: pd.DataFrame, key: str) -> str:
+    """The released fix's clamp: the derived onset beside the measured one (lowp rows)."""
+    sw = sweep[(sweep.variant == "qiu_yao_released") & (sweep.policy == "lowp")]
+    if not len(sw) or "onset" not in sw:
+        return ""
+    onset = float(sw.onset.iloc[0])
+    collapsed = sw[sw.ours < 0.99].max_logit
+    last_ok = sw[sw.ours >= 0.99].max_logit
+    first = float(collapsed.min()) if len(collapsed) else math.nan
+    F.num(f"{key}Onset", onset)
+    F.num(f"{key}OnsetMeasured", first)
+    text = (f"With two tied maxima $t$ and $\\beta=2$ the largest $P$ is $e^{{-t}}$, so the row "
+            f"sum $2e^{{-t}}$ meets the clamp at $t=\\ln(2/10^{{-10}})={tex_num(onset)}$; ")
+    if len(last_ok) and len(collapsed):
+        text += (f"on a grid of max logits the output is exact up to "
+                 f"$t={tex_num(float(last_ok.max()))}$ and shrinks from $t={tex_num(first)}$ "
+                 f"on, by the predicted factor $2e^{{-t}}/10^{{-10}}$ "
+                 f"(to {tex_num(float(sw.ours.min()))} of the reference at "
+                 f"$t={tex_num(float(sw.max_logit.max()))}$).")
+    else:
+        text += "the measured grid does not straddle it."
+    return text
 
 def repro_pcast(F: Figures, df: pd.DataFrame, key: str) -> str:
     """fp8 P cast: MSE by key order and static scale, its gain over forward order."""

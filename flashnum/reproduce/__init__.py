@@ -386,10 +386,22 @@ def is_flash_stable(quick: bool = False, seed: int = 0) -> pd.DataFrame:
 
 QY_SIZES = dict(
     full=dict(n=512, heads=32, rows=128, d=64, logit_stds=(1.0, 4.0, 16.0),
-              policies=("lowp", "fa2"), broken=True),
+              policies=("lowp", "fa2"), broken=True, sweep=(20.0, 40.0, 0.25)),
     quick=dict(n=512, heads=32, rows=32, d=64, logit_stds=(16.0,), policies=("lowp",),
-               broken=False),
+               broken=False, sweep=(22.0, 26.0, 0.5)),
 )
+QY_VARIANTS = ("fa2", "qiu_yao", "qiu_yao_released")  # no fix, the paper's, their code's
+QY_FLOOR = 1e-10  # their block_row_sums.clamp(min=1e-10)
+
+
+def qiu_yao_onset(policy: str) -> float:
+    """The max logit above which the released fix's clamp replaces the row sum of a row
+    with two tied maxima t: the largest P is exp(t - 2t) (beta = 2), the row sum
+    2 exp(-t) (the other P are smaller by exp(-(t - s_j))), and the clamp takes over
+    when 2 exp(-t) < floor, i.e. t > ln(2 / floor), floor = 1e-10 in l's format."""
+    f_l = make_policy(policy, "bf16").fmt("l")
+    floor = float(torch.tensor(QY_FLOOR).to(f_l.torch_dtype or torch.float32))
+    return math.log(2 / floor)
 
 
 def qiu_yao(quick: bool = False, seed: int = 0, beta: float = 2.0) -> pd.DataFrame:
@@ -402,7 +414,9 @@ def qiu_yao(quick: bool = False, seed: int = 0, beta: float = 2.0) -> pd.DataFra
     and l, as their code does). One key block (N = 512) is their "one block also fails"
     case; the scale is applied as their code does (bf16 logits times the float scale, one
     fp32 product rounded to bf16). fa2 (fp32 state, P cast to bf16) is the kernel
-    practice, for contrast.
+    practice, for contrast. Each runs without the fix (variant fa2), with the paper's
+    idealised fix (qiu_yao) and with the fix as their code computes it
+    (qiu_yao_released: the window in bf16, the block row sum clamped at 1e-10).
 
     Inputs: `ties` (every logit, the max included, attained twice exactly; V ~ N(-1,
     0.5^2), 98% negative) at several logit spreads (`logit_std`: the tie mechanism needs
@@ -412,9 +426,11 @@ def qiu_yao(quick: bool = False, seed: int = 0, beta: float = 2.0) -> pd.DataFra
     exact ties remain but V is unchanged). The reference is fp64 attention of the same
     (grid-exact) inputs. `z_heads` is the mean signed error over its standard error
     across independent heads; `z_entries` treats every entry as independent (as
-    flashnum.analysis.metrics does) and overstates the evidence. For the adjusted variant,
-    `z_fix` is the paired z-score over heads of (bias without fix - bias with fix)
-    in the direction that shrinks |bias|.
+    flashnum.analysis.metrics does) and overstates the evidence. For the adjusted variants,
+    `z_fix` is |mean bias without fix| - |mean bias with fix| over the standard error of
+    the paired difference over heads (the paired z towards 0 while the fix keeps the
+    sign; negative when it makes |bias| larger). The rows `clamp_sweep` (qiu_yao_clamp_sweep)
+    measure the released fix's collapse against the max logit.
     """
     sz = QY_SIZES["quick" if quick else "full"]
     n, d, heads, nrows = sz["n"], sz["d"], sz["heads"], sz["rows"]
@@ -437,20 +453,23 @@ def qiu_yao(quick: bool = False, seed: int = 0, beta: float = 2.0) -> pd.DataFra
         ref = reference64(q, k, v, scale)
         for pol in sz["policies"]:
             head_bias = {}
-            for variant in ("fa2", "qiu_yao"):
+            for variant in QY_VARIANTS:
                 res = attention(q, k, v, precision="bf16", policy=pol, block_m=512,
                                 block_n=512, variant=variant, beta=beta)
                 e = _errors(res.out, ref)
                 head_bias[variant] = (res.out - ref).mean(dim=(-1, -2)).reshape(-1)
                 z_fix = math.nan
-                if variant == "qiu_yao":
-                    diff = head_bias["fa2"] - head_bias["qiu_yao"]
-                    _, _, zd = _head_mean_z(diff)
-                    z_fix = zd * math.copysign(1.0, float(head_bias["fa2"].mean()))
+                if variant != "fa2":
+                    # the shrinkage of |mean bias| over the paired standard error (when the
+                    # fix keeps the sign: the paired z of the difference, towards 0)
+                    _, se_d, _ = _head_mean_z(head_bias["fa2"] - head_bias[variant])
+                    shrink = (abs(float(head_bias["fa2"].mean()))
+                              - abs(float(head_bias[variant].mean())))
+                    z_fix = shrink / se_d if se_d > 0 else math.nan
                 frac_neg = float((v < 0).double().mean())
                 rows.append(dict(
                     distribution=dist, logit_std=ls, precision="bf16", policy=pol,
-                    variant=variant, beta=beta if variant == "qiu_yao" else math.nan, n=n, d=d,
+                    variant=variant, beta=beta if variant != "fa2" else math.nan, n=n, d=d,
                     heads=heads, query_rows=nrows, block_m=512, block_n=512,
                     v_negative_fraction=frac_neg, metric="mean_signed_err",
                     ours=e["mean_signed_err"], ours_se=e["signed_err_se"],
@@ -458,7 +477,46 @@ def qiu_yao(quick: bool = False, seed: int = 0, beta: float = 2.0) -> pd.DataFra
                     rmse=e["rmse"], published=math.nan,
                     published_finding=("negative bias" if variant == "fa2" else "removed")
                     if dist == "ties" and pol == "lowp" else ""))
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows + qiu_yao_clamp_sweep(sz, beta))
+
+
+def qiu_yao_clamp_sweep(sz: dict, beta: float = 2.0) -> list[dict]:
+    """The released fix's clamp collapse against the max logit t of a row.
+
+    One query row per t on the grid sz["sweep"] = (start, stop, step) (every t exact in
+    bf16): logits t, t (two tied maxima, V = -1 and -1.125) and -t for the other n - 2
+    keys (V = 0.5), formed exactly (q = t e_1, k = +-e_1, scale 1), one key block of n.
+    `ours` is out / ref (1: no collapse), `predicted` min(1, 2 exp(-t) / floor) from the
+    derivation in qiu_yao_onset, `onset` ln(2 / floor).
+    """
+    n, d = sz["n"], sz["d"]
+    start, stop, step = sz["sweep"]
+    t = torch.arange(start, stop + step / 2, step, dtype=torch.float64)
+    q = torch.zeros(1, 1, len(t), d, dtype=torch.float64)
+    q[..., 0] = t
+    k = torch.zeros(1, 1, n, d, dtype=torch.float64)
+    k[..., 0] = -1.0
+    k[..., :2, 0] = 1.0
+    v = torch.full((1, 1, n, d), 0.5, dtype=torch.float64)
+    v[..., 0, :], v[..., 1, :] = -1.0, -1.125
+    ref = reference64(q, k, v, 1.0)
+    rows = []
+    for pol in sz["policies"]:
+        t_on = qiu_yao_onset(pol)
+        floor = 2 * math.exp(-t_on)
+        for variant in ("qiu_yao", "qiu_yao_released"):
+            res = attention(q, k, v, precision="bf16", policy=pol, block_m=512, block_n=n,
+                            variant=variant, beta=beta, scale=1.0)
+            ratio = (res.out / ref)[0, 0, :, 0]
+            for i, ti in enumerate(t.tolist()):
+                pred = min(1.0, 2 * math.exp(-ti) / floor) if variant != "qiu_yao" else 1.0
+                rows.append(dict(
+                    distribution="clamp_sweep", logit_std=math.nan, precision="bf16",
+                    policy=pol, variant=variant, beta=beta, n=n, d=d, heads=1, query_rows=1,
+                    block_m=512, block_n=n, max_logit=ti, metric="out_over_ref",
+                    ours=float(ratio[i]), predicted=pred, onset=t_on, published=math.nan,
+                    published_finding=""))
+    return rows
 
 
 # ---------------------------------------------------------------------------
@@ -564,7 +622,7 @@ MEASURES = {
     "v_negative_fraction", "underflow_fraction", "ratio_vs_forward",
     "ratio_vs_forward_same_scale", "realised_height",
     "err_over_u_vmax", "rescaled", "predicted_saturation", "budget_ok", "rel_err",
-    "flushed_fraction", "delta_c", "delta_all", "cpu_s",
+    "flushed_fraction", "delta_c", "delta_all", "cpu_s", "predicted", "onset",
 }
 
 
@@ -616,8 +674,8 @@ DISPLAY = {
     "is_flash_stable": ["sweep", "policy", "n", "block_m", "block_n", "sram", "swapped",
                         "ours", "ratio_to_standard", "published_ratio", "rmse",
                         "rmse_ratio_to_standard", "block_m_effect"],
-    "qiu_yao": ["distribution", "logit_std", "policy", "variant", "ours", "ours_se",
-                "z_heads", "z_entries", "z_fix", "published_finding"],
+    "qiu_yao": ["distribution", "logit_std", "max_logit", "policy", "variant", "ours",
+                "ours_se", "z_heads", "z_entries", "z_fix", "predicted", "published_finding"],
     "fp8_pcast": ["n", "realised_height", "p_scale", "order", "ours", "ours_se",
                   "underflow_fraction", "ratio_vs_forward", "ratio_vs_forward_same_scale",
                   "published_ratio_lo", "published_ratio_hi"],
