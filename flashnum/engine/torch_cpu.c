@@ -110,3 +110,130 @@ void tc_softmax_block(const float *s, int64_t rows, int64_t n, float *m, float *
         live[r] = 1;
     }
 }
+
+/* ---------------------------------------------------------------------------------------
+   The kernel's whole loop (cpu_flash_attention): every (batch * head, query block) task,
+   each key block in turn: S = Q K^T by the library GEMM into the thread's buffer, the
+   causal -inf fill of the diagonal block, S *= scale, the row softmax above, o *= alpha,
+   P stored in the dtype (round to nearest even), o += P V by the library GEMM. Tasks are
+   split over threads as at::parallel_for does (contiguous chunks), each thread with its
+   own buffers at the offsets the Python model uses (MKL may sum differently for
+   differently aligned operands). The output division is left to the caller. */
+#include <pthread.h>
+#include <stdlib.h>
+
+typedef void (*gemm_fn)(const char *, const char *, const int *, const int *, const int *,
+                        const float *, const void *, const int *, const void *, const int *,
+                        const float *, float *, const int *);
+
+typedef void (*threads_fn)(int);
+
+typedef struct {
+    gemm_fn gemm;
+    threads_fn set_threads;  /* omp_set_num_threads of the OpenMP runtime MKL uses */
+    const char *q, *k, *v;   /* (bh, n, d) in the dtype */
+    int64_t nq, nk, d, qs, ks, esize, tasks, chunk, per_thread;
+    int prec;                /* 0 fp32, 1 bf16, 2 fp16 */
+    int causal;
+    float scale;
+    float *f32;              /* threads x per_thread: qk | 2 qs | dst */
+    char *low;               /* threads x qs * ks in the dtype (bf16/fp16) */
+    float *o_all, *m_all, *l_all;
+    int thread;
+} tc_job;
+
+static uint16_t to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if (x != x) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);  /* c10::BFloat16's round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+static void gemm(const tc_job *j, const char *ta, const char *tb, int m, int n, int k,
+                 const void *a, int lda, const void *b, int ldb, float beta, float *c, int ldc) {
+    const float one = 1.0f;
+    j->gemm(ta, tb, &m, &n, &k, &one, a, &lda, b, &ldb, &beta, c, &ldc);
+}
+
+static void *tc_thread(void *arg) {
+    const tc_job *j = (const tc_job *)arg;
+    /* a new thread starts from OpenMP's default team size: MKL would split each GEMM over
+       the cores (and sum in another order); inside the kernel's parallel loop it runs on one */
+    if (j->set_threads) j->set_threads(1);
+    int64_t t = j->thread, d = j->d, qs = j->qs, ks = j->ks, es = j->esize;
+    int64_t nqb = (j->nq + qs - 1) / qs;
+    float *s = j->f32 + t * j->per_thread;
+    float *o = s + qs * ks + 2 * qs;
+    char *low = j->low ? j->low + t * qs * ks * es : NULL;
+    float *alpha = malloc(qs * sizeof(float));
+    int32_t *live = malloc(qs * sizeof(int32_t));
+    int64_t t1 = (t + 1) * j->chunk < j->tasks ? (t + 1) * j->chunk : j->tasks;
+    for (int64_t task = t * j->chunk; task < t1; task++) {
+        int64_t h = task / nqb, r0 = (task % nqb) * qs;
+        int64_t qb = qs < j->nq - r0 ? qs : j->nq - r0;
+        const char *q = j->q + (h * j->nq + r0) * d * es;
+        const char *kh = j->k + h * j->nk * d * es, *vh = j->v + h * j->nk * d * es;
+        float *m = j->m_all + h * j->nq + r0, *l = j->l_all + h * j->nq + r0;
+        for (int64_t r = 0; r < qb; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
+        int64_t num_keys = j->causal ? (r0 + qb < j->nk ? r0 + qb : j->nk) : j->nk;
+        for (int64_t n = 0; n < num_keys; n += ks) {
+            int64_t kvb = ks < j->nk - n ? ks : j->nk - n;
+            gemm(j, "T", "N", kvb, qb, d, kh + n * d * es, d, q, d, 0.0f, s, kvb);
+            if (j->causal && num_keys - n <= ks)
+                for (int64_t r = 0; r < qb; r++)
+                    for (int64_t c = 0; c < kvb; c++)
+                        if (c > r0 + r - n) s[r * kvb + c] = -INFINITY;
+            for (int64_t i = 0; i < qb * kvb; i++) s[i] = s[i] * j->scale;
+            /* P overwrites S: each row's max is taken before any of its P is written */
+            tc_softmax_block(s, qb, kvb, m, l, s, alpha, live, j->prec != 0);
+            if (n > 0)
+                for (int64_t r = 0; r < qb; r++)
+                    for (int64_t c = 0; c < d; c++) o[r * d + c] = o[r * d + c] * alpha[r];
+            const void *pc = s;
+            if (j->prec == 1) {
+                uint16_t *pl = (uint16_t *)low;
+                for (int64_t i = 0; i < qb * kvb; i++) pl[i] = to_bf16(s[i]);
+                pc = low;
+            } else if (j->prec == 2) {
+                _Float16 *pl = (_Float16 *)low;
+                for (int64_t i = 0; i < qb * kvb; i++) pl[i] = (_Float16)s[i];
+                pc = low;
+            }
+            gemm(j, "N", "N", d, qb, kvb, vh + n * d * es, d, pc, kvb, n == 0 ? 0.0f : 1.0f,
+                 o, d);
+        }
+        memcpy(j->o_all + (h * j->nq + r0) * d, o, qb * d * sizeof(float));
+    }
+    free(alpha);
+    free(live);
+    return NULL;
+}
+
+/* Runs every task on `threads` threads. */
+void tc_attention(void *gemm_ptr, void *set_threads, const void *q, const void *k, const void *v, int64_t bh,
+                  int64_t nq, int64_t nk, int64_t d, int64_t qs, int64_t ks, int prec,
+                  int causal, float scale, float *f32, void *low, int64_t threads,
+                  int64_t per_thread, float *o_all, float *m_all, float *l_all) {
+    int64_t tasks = bh * ((nq + qs - 1) / qs);
+    int64_t chunk = (tasks + threads - 1) / threads;
+    tc_job *jobs = malloc(threads * sizeof(tc_job));
+    pthread_t *ids = malloc(threads * sizeof(pthread_t));
+    for (int64_t t = 0; t < threads; t++) {
+        tc_job job = {(gemm_fn)gemm_ptr, (threads_fn)set_threads, q, k, v, nq, nk, d, qs, ks, prec == 0 ? 4 : 2,
+                      tasks, chunk, per_thread, prec, causal, scale, f32, low, o_all,
+                      m_all, l_all, (int)t};
+        jobs[t] = job;
+    }
+    /* every task on threads of our own, each set to one OpenMP thread: the caller's
+       OpenMP team size stays as it is (changing it costs torch a new team) */
+    for (int64_t t = 0; t < threads; t++) pthread_create(&ids[t], NULL, tc_thread, &jobs[t]);
+    for (int64_t t = 0; t < threads; t++) pthread_join(ids[t], NULL);
+    free(jobs);
+    free(ids);
+}
+
+/* lse = m + logf(l) (std::log of a float: the C library's logf), n rows. */
+void tc_lse(const float *m, const float *l, float *lse, int64_t n) {
+    for (int64_t i = 0; i < n; i++) lse[i] = m[i] + logf(l[i]);
+}

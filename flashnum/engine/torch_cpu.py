@@ -201,6 +201,16 @@ def _mkl():
     return fns
 
 
+@functools.cache
+def _omp_set_num_threads():
+    """The address of omp_set_num_threads in the OpenMP runtime torch (and MKL) use, or None."""
+    lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+    try:
+        return ctypes.cast(lib.omp_set_num_threads, ctypes.c_void_p).value
+    except AttributeError:
+        return None
+
+
 def mkl_available() -> bool:
     return _mkl() is not None
 
@@ -271,7 +281,7 @@ def _clib():
     src = Path(__file__).with_suffix(".c").read_text()
     # -march=native only turns the written fmaf/floorf into instructions (the same values:
     # both are exact); -ffp-contract=off keeps every other operation as written
-    flags = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared"]
+    flags = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-pthread"]
     key = hashlib.sha256("\0".join([src, cc, *flags]).encode()).hexdigest()[:16]
     root = Path(os.environ.get("FLASHNUM_CACHE") or Path.home() / ".cache" / "flashnum")
     so = root / f"torch_cpu-{key}.so"
@@ -290,6 +300,12 @@ def _clib():
     f.restype = None
     f.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [
         ctypes.c_int]
+    i64, vp = ctypes.c_int64, ctypes.c_void_p
+    lib.tc_lse.restype = None
+    lib.tc_lse.argtypes = [vp, vp, vp, i64]
+    lib.tc_attention.restype = None
+    lib.tc_attention.argtypes = ([vp] * 5 + [i64] * 6 + [ctypes.c_int, ctypes.c_int,
+                                 ctypes.c_float, vp, vp, i64, i64, vp, vp, vp])
     return lib
 
 
@@ -393,21 +409,27 @@ def attention_torch_cpu(q, k, v, *, precision="bf16", causal=False, scale=None,
     m_all = torch.zeros(bh, nq, dtype=torch.float32)
     l_all = torch.zeros(bh, nq, dtype=torch.float32)
     bufs = _ThreadBuffers(dtype, qs, ks, d, bh * -(-nq // qs))
-    with _one_thread():  # the GEMMs run on one thread, as in the kernel's parallel loop
-        for h in range(bh):
-            for r0 in range(0, nq, qs):
-                qb = min(qs, nq - r0)
-                buf = bufs.for_task(h * -(-nq // qs) + r0 // qs)
-                m, l, o = _query_block(precision, q3[h, r0 : r0 + qb], k3[h], v3[h], r0, ks,
-                                       causal, scale32, buf, use_c)
-                l_safe = torch.where(l == 0, torch.ones_like(l), l)
-                recip = 1.0 / l_safe  # the kernel multiplies by the fp32 reciprocal
-                out[h, r0 : r0 + qb] = (o * recip[:, None]).to(dtype).float()
-                m_all[h, r0 : r0 + qb] = torch.where(m == -math.inf, torch.zeros_like(m), m)
-                l_all[h, r0 : r0 + qb] = l_safe
+    lib = _clib() if use_c else None
+    if lib is not None and _mkl() is not None and _omp_set_num_threads() is not None:
+        _run_c(lib, precision, q3, k3, v3, qs, ks, causal, scale32, bufs, out, m_all,
+               l_all)  # o before the division, m, l as the state leaves them
+    else:
+        with _one_thread():  # the GEMMs run on one thread, as in the kernel's parallel loop
+            _run_python(precision, q3, k3, v3, qs, ks, causal, scale32, bufs, out, m_all,
+                        l_all, use_c)
+    l_safe = torch.where(l_all == 0, torch.ones_like(l_all), l_all)
+    recip = 1.0 / l_safe  # the kernel multiplies by the fp32 reciprocal
+    out = (out * recip[..., None]).to(dtype).float()
+    m_all = torch.where(m_all == -math.inf, torch.zeros_like(m_all), m_all)
+    l_all = l_safe
     masked = torch.zeros(bh, nq, dtype=torch.bool)
     m64, l64 = m_all.double(), l_all.double()
-    lse = (m_all + expf(l_all, _logf())).double()  # fp32 m + std::log(l), as the kernel stores it
+    if lib is not None:  # fp32 m + std::log(l), as the kernel stores it
+        lse32 = torch.empty_like(m_all)
+        lib.tc_lse(m_all.data_ptr(), l_all.data_ptr(), lse32.data_ptr(), m_all.numel())
+    else:
+        lse32 = m_all + expf(l_all, _logf())
+    lse = lse32.double()
     return Result(
         out=out.double().reshape(*lead, nq, d), m=m64.reshape(*lead, nq),
         l=l64.reshape(*lead, nq), lse=lse.reshape(*lead, nq), masked=masked.reshape(*lead, nq),
@@ -415,6 +437,35 @@ def attention_torch_cpu(q, k, v, *, precision="bf16", causal=False, scale=None,
         info=dict(precision=precision, policy="torch_cpu", block_m=qs, block_n=ks,
                   causal=causal, scale=scale, order="forward", variant="fa2"),
     )
+
+
+def _run_c(lib, prec, q3, k3, v3, qs, ks, causal, scale32, bufs, o_all, m_all, l_all) -> None:
+    """Every task in torch_cpu.c (tc_attention) on as many threads as the kernel's parallel
+    loop: o_all (before the division by l), m_all and l_all filled in place. The GEMMs are
+    MKL's, called from C through their addresses, each on one OpenMP thread as inside the
+    kernel's loop (each of the C threads sets its own team size to 1)."""
+    bh, nq, d = q3.shape
+    gemm = ctypes.cast(_mkl()[prec], ctypes.c_void_p).value
+    low = bufs.low.data_ptr() if bufs.low is not None else None
+    lib.tc_attention(gemm, _omp_set_num_threads(), q3.data_ptr(), k3.data_ptr(),
+                     v3.data_ptr(), bh, nq, k3.shape[1], d, qs, ks,
+                     ("fp32", "bf16", "fp16").index(prec), int(causal), float(scale32),
+                     bufs.f32.data_ptr(), low, bufs.threads, bufs.per_thread, o_all.data_ptr(),
+                     m_all.data_ptr(), l_all.data_ptr())
+
+
+def _run_python(prec, q3, k3, v3, qs, ks, causal, scale32, bufs, o_all, m_all, l_all,
+                use_c) -> None:
+    """The same loop task by task from Python (no C compiler, no MKL symbols, or use_c
+    False), filling o_all, m_all, l_all as _run_c does."""
+    bh, nq = q3.shape[:2]
+    for h in range(bh):
+        for r0 in range(0, nq, qs):
+            qb = min(qs, nq - r0)
+            buf = bufs.for_task(h * -(-nq // qs) + r0 // qs)
+            m, l, o = _query_block(prec, q3[h, r0 : r0 + qb], k3[h], v3[h], r0, ks, causal,
+                                   scale32, buf, use_c)
+            o_all[h, r0 : r0 + qb], m_all[h, r0 : r0 + qb], l_all[h, r0 : r0 + qb] = o, m, l
 
 
 class _ThreadBuffers:
