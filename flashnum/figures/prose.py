@@ -278,13 +278,14 @@ def _qiu_yao_onset(F: Figures, sweep: pd.DataFrame, key: str) -> str:
     collapsed = sw[sw.ours < 0.99].max_logit
     last_ok = sw[sw.ours >= 0.99].max_logit
     first = float(collapsed.min()) if len(collapsed) else math.nan
-    F.num(f"{key}Onset", onset)
-    F.num(f"{key}OnsetMeasured", first)
+    F.num(f"{key}Onset", onset, 4)
+    F.num(f"{key}OnsetMeasured", first, 4)
     text = (f"With two tied maxima $t$ and $\\beta=2$ the largest $P$ is $e^{{-t}}$, so the row "
-            f"sum $2e^{{-t}}$ meets the clamp at $t=\\ln(2/10^{{-10}})={tex_num(onset)}$; ")
+            f"sum $2e^{{-t}}$ meets the clamp at $t=\\ln(2/10^{{-10}})={tex_num(onset, 4)}$; ")
     if len(last_ok) and len(collapsed):
         text += (f"on a grid of max logits the output is exact up to "
-                 f"$t={tex_num(float(last_ok.max()))}$ and shrinks from $t={tex_num(first)}$ "
+                 f"$t={tex_num(float(last_ok.max()), 4)}$ and shrinks from "
+                 f"$t={tex_num(first, 4)}$ "
                  f"on, by the predicted factor $2e^{{-t}}/10^{{-10}}$ "
                  f"(to {tex_num(float(sw.ours.min()))} of the reference at "
                  f"$t={tex_num(float(sw.max_logit.max()))}$).")
