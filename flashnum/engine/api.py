@@ -76,6 +76,7 @@ from flashnum.engine.flash import flash
 from flashnum.engine.recurrence import STEPS
 from flashnum.engine.result import Result
 from flashnum.engine.standard import standard
+from flashnum.numerics.blockscaled import transform_inputs
 from flashnum.numerics.formats import ROUNDINGS
 from flashnum.numerics.policy import Policy, check_precision, make_policy
 from flashnum.numerics.tiling import ORDERS, check_block
@@ -215,6 +216,7 @@ def attention(
     beta: float = 2.0,
     num_splits: int = 1,
     split_precision: str = "fp32",
+    input_transform: str = "none",
 ) -> Result:
     """Attention softmax(scale Q K^T) V through the blocked online softmax.
 
@@ -229,6 +231,11 @@ def attention(
     num_splits, split_precision: split-KV decoding (flashnum.engine.splitkv): the keys in
                num_splits chunks whose partial (o, lse) are stored in split_precision and
                merged; K, V may have fewer heads than Q (GQA) on that path
+    input_transform: none smooth_k hadamard smooth_k+hadamard: applied to Q, K in float64
+               before the inputs site rounds them, as SageAttention (K minus its mean over
+               the keys) and FA3 (Q, K times one random Hadamard matrix per head, signs
+               from `seed`) do; softmax(Q K^T) is unchanged by either in exact arithmetic
+               (flashnum.numerics.blockscaled.transform_inputs)
 
     Bad arguments raise one ValueError or TypeError naming the argument and what is valid.
     Empty shapes (Nq, Nk, d, dv or a batch dim of 0) are rejected with a ValueError, not
@@ -238,6 +245,10 @@ def attention(
     """
     if precision == "mp" and backend == "emulate":
         backend = "mp"
+    if input_transform != "none":  # on all the keys, before any split or rounding
+        if not all(isinstance(x, torch.Tensor) for x in (q, k, v)):
+            _check_tensors(q, k, v)  # its one-line TypeError
+        q, k, v = transform_inputs(q, k, v, input_transform, seed)
     gqa = (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.ndim >= 3
            and k.ndim >= 3 and q.shape[-3] != k.shape[-3])
     if num_splits != 1 or gqa:  # each split comes back through this function

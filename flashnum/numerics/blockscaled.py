@@ -269,21 +269,38 @@ def smooth_k(k: torch.Tensor) -> torch.Tensor:
     return k - k.mean(dim=-2, keepdim=True)
 
 
+TRANSFORMS = ("none", "smooth_k", "hadamard", "smooth_k+hadamard")
+
+
+def transform_inputs(q, k, v, transform: str = "none", seed: int = 0):
+    """Q, K, V (float64) after an input transform of TRANSFORMS, before any rounding:
+    smooth_k subtracts K's mean over the keys (SageAttention); hadamard rotates Q and K by
+    the same random Hadamard matrix per K/V head (FA3's incoherent processing; query heads
+    sharing a K/V head under GQA share its matrix). Both leave softmax(Q K^T) unchanged in
+    exact arithmetic. flashnum.attention(..., input_transform=) applies it."""
+    if transform not in TRANSFORMS:
+        raise ValueError(f"unknown input transform {transform!r}; valid: {', '.join(TRANSFORMS)}")
+    q, k, v = (x.to(torch.float64) for x in (q, k, v))
+    if "smooth_k" in transform:
+        k = smooth_k(k)
+    if "hadamard" in transform:
+        d = q.shape[-1]
+        heads = k.shape[-3] if k.ndim >= 3 else 1
+        h = random_hadamard(d, heads, seed)
+        if k.ndim < 3:
+            h = h[0]
+        g = q.shape[-3] // heads if q.ndim >= 3 else 1
+        q, k = q @ (h.repeat_interleave(g, dim=0) if g > 1 else h), k @ h
+    return q, k, v
+
+
 def prepare_inputs(q, k, v, fmt=None, *, smooth: bool = False, hadamard: bool = False,
                    seed: int = 0):
     """Q, K, V as a low-precision kernel stores them: optionally K smoothed and Q, K rotated
-    by a random Hadamard matrix per head, then each quantized into the block format `fmt`
-    along the head dim (None: left in float64)."""
-    q, k, v = (x.to(torch.float64) for x in (q, k, v))
-    if smooth:
-        k = smooth_k(k)
-    if hadamard:
-        d = q.shape[-1]
-        heads = q.shape[-3] if q.ndim >= 3 else 1
-        h = random_hadamard(d, heads, seed)
-        if q.ndim < 3:
-            h = h[0]
-        q, k = q @ h, k @ h
+    by a random Hadamard matrix per head (transform_inputs), then each quantized into the
+    block format `fmt` along the head dim (None: left in float64)."""
+    name = "+".join(t for t, on in (("smooth_k", smooth), ("hadamard", hadamard)) if on)
+    q, k, v = transform_inputs(q, k, v, name or "none", seed)
     if fmt is not None:
         q, k, v = (quantize(x, fmt, -1) for x in (q, k, v))
     return q, k, v
