@@ -164,6 +164,8 @@ def main():
                     help="draw exactly this many cases (deterministic for a seed)")
     ap.add_argument("--climb", type=int, default=0,
                     help="then hill-climb this many steps from each of the 4 tightest cases")
+    ap.add_argument("--report-every", type=int, default=0,
+                    help="print the running accounting every this many cases")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--family", choices=("catalogue", "overflow"), default="catalogue")
     a = ap.parse_args()
@@ -175,7 +177,13 @@ def main():
     tight = []  # (ratio, label, case)
     infinite = Counter()
     more = (lambda: cases < a.cases) if a.cases else (lambda: time.time() - t0 < a.seconds)
+    reported = 0
     while more():
+        if a.report_every and cases % a.report_every == 0 and cases > reported:
+            reported = cases  # the first `cases` cases of this seed: rerun with --cases
+            print(f"after {cases} cases ({time.process_time() - cpu0:.0f} s CPU): finite and "
+                  f"held in {held} of {cases}, vacuous in {cases - finite}, exceeded in {bad}",
+                  flush=True)
         case = draw(rng, names)
         if case is None:
             continue
