@@ -103,3 +103,13 @@ def test_an_attribution_case_stores_its_table_in_one_row_and_gives_it_back_tidy(
     summ = backward.attribution_summary(tmp_path / "bwd_tiny")
     dv = summ[(summ.grad == "dv")]
     assert "p_cast" in set(dv.site) and "ds_cast" not in set(dv.site)
+
+
+def test_where_runs_only_the_cases_with_those_axis_values(tmp_path, monkeypatch):
+    conf = {"experiment": "bwd_tiny", "base": {"seq_len": 32, "head_dim": 16, "bound": False},
+            "grid": [{"name": "t", "policy": ["fa2", "naive"], "seed": [0]}]}
+    monkeypatch.setattr(backward, "load_conf", lambda name: conf)
+    backward.main(["bwd_tiny", "where=policy:naive+seed:0", f"store.root={tmp_path}"])
+    assert list(store.load(tmp_path / "bwd_tiny").policy) == ["naive"]
+    with pytest.raises(ValueError, match="colour"):
+        backward._where("colour:red")

@@ -3,7 +3,8 @@
     python -m flashnum.harness.backward bwd_bf16_sweep          # conf/experiment/<name>.yaml
     python -m flashnum.harness.backward bwd_order limit=20      # the first 20 cases only
     python -m flashnum.harness.backward bwd_order summary=true  # the stored table, summarised
-    (key=value options, flashnum.harness.cli: limit, batch, summary, store.root)
+    python -m flashnum.harness.backward bwd_seqlen_growth where=precision:fp16  # a subset
+    (key=value options, flashnum.harness.cli: limit, batch, summary, where, store.root)
     df = flashnum.harness.store.load("bwd_order")
 
 An experiment file has `experiment`, `description`, a `base` case and `grid`: a list of
@@ -355,6 +356,7 @@ class Args:
     limit: int | None = None  # run at most this many cases
     batch: int = 25  # cases per stored part
     summary: bool = False  # print the stored table's summary instead of running
+    where: str | None = None  # only the cases with these axis values: precision:fp16+seed:0
     store: StoreConf = field(default_factory=StoreConf)
 
 
@@ -364,6 +366,21 @@ def _check_args(cfg) -> None:
         raise ValueError(f"limit must be >= 0, got {cfg.limit}")
     if cfg.batch < 1:
         raise ValueError(f"batch must be >= 1, got {cfg.batch}")
+    _where(cfg.where)
+
+
+def _where(text: str | None) -> dict:
+    """where=axis:value+axis:value as {axis: value as a string}."""
+    if not text:
+        return {}
+    out = {}
+    for part in text.split("+"):
+        axis, sep, value = part.partition(":")
+        if not sep or axis not in AXES:
+            raise ValueError(f"where must be axis:value[+axis:value] with an axis of "
+                             f"{', '.join(AXES)}; got {part!r}")
+        out[axis] = value
+    return out
 
 
 def _run(cfg) -> int:
@@ -387,6 +404,9 @@ def _run(cfg) -> int:
     exp_dir.mkdir(parents=True, exist_ok=True)
     store.write_grid(exp_dir, [c["case_id"] for c in cases])
     done = store.done_ids(exp_dir)
+    where = _where(cfg.where)
+    cases = [c for c in cases if all(str(c[a]) == v for a, v in where.items())] if where \
+        else cases
     # seeds in turn across every slice: a run stopped early covers the whole grid thinly
     todo = sorted((c for c in cases if c["case_id"] not in done), key=lambda c: c["seed"])
     todo = todo[: cfg.limit]
@@ -394,7 +414,8 @@ def _run(cfg) -> int:
     if not todo:  # a run that writes no rows leaves the manifest as it was
         return 0
     mpath = exp_dir / store.MANIFEST
-    overrides = [f"experiment={cfg.experiment}"] + ([f"limit={cfg.limit}"] if cfg.limit else [])
+    overrides = [f"experiment={cfg.experiment}"] + ([f"limit={cfg.limit}"] if cfg.limit else []) \
+        + ([f"where={cfg.where}"] if cfg.where else [])
     rec = manifest.record("flashnum.harness.backward", overrides, config=dict(conf),
                           counts=dict(grid=len(cases), done_before=len(done), run=0))
     prior = manifest.begin(mpath, conf["experiment"], rec)
