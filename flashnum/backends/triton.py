@@ -94,6 +94,7 @@ import os
 import torch
 
 from flashnum.engine.result import Result, Trace
+from flashnum.engine.tiles import exp2_scale as exp2_scale_of
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import get_format
 from flashnum.numerics.policy import Policy, make_policy
@@ -496,6 +497,7 @@ def attention_triton(
     trace: bool = False,
     input_precision: str | None = None,
     rounding: str = "nearest",
+    exp2_scale: str = "once",
     fp_fusion: bool = False,
     fp8_max_imprecise_acc: int | None = None,
     num_warps: int | None = None,
@@ -510,6 +512,8 @@ def attention_triton(
     block_m/block_n: 16 32 64 128
     order:           forward reverse random max_ascending max_descending, or a permutation
     variant:         fa2 (exp), exp2 (log2 e folded into the scale)
+    exp2_scale:      once (fl32(scale log2 e), the default) or twice (the tutorial's
+                     fl32(fl32(scale) fl32(1.44269504))): flashnum.engine.tiles.exp2_scale
     input_precision: None (from the policy), ieee, tf32, tf32x3 (fp32 dots only)
     rounding:        nearest (the only one a kernel does)
     fp_fusion:       allow FMA contraction on a GPU (Triton's enable_fp_fusion)
@@ -547,8 +551,11 @@ def attention_triton(
     nq, nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     base2 = variant == "exp2"
-    # the scale is held in fp32, rounded once from its float64 value (as the engine)
-    qk_scale = float(torch.tensor(scale * (LOG2E if base2 else 1.0), dtype=torch.float64).float())
+    # the scale is held in fp32, computed on the host: scale * log2(e) rounded once from
+    # its float64 value (exp2_scale "once", the engine's default), or as the Triton
+    # tutorial forms it in its kernel (exp2_scale "twice": flashnum.engine.tiles.exp2_scale)
+    qk_scale = (exp2_scale_of(scale, exp2_scale) if base2
+                else float(torch.tensor(scale, dtype=torch.float64).float()))
     device = torch.device("cpu") if INTERPRET else torch.device("cuda")
     # inputs as stored: correctly rounded from float64; on the interpreter bf16 is
     # carried in fp32 (exact), because its bf16 dot multiplies raw bit patterns

@@ -76,6 +76,7 @@ from flashnum.engine.flash import flash
 from flashnum.engine.recurrence import STEPS
 from flashnum.engine.result import Result
 from flashnum.engine.standard import standard
+from flashnum.engine.tiles import EXP2_SCALES
 from flashnum.numerics.blockscaled import transform_inputs
 from flashnum.numerics.formats import ROUNDINGS
 from flashnum.numerics.policy import Policy, check_precision, make_policy
@@ -217,6 +218,7 @@ def attention(
     num_splits: int = 1,
     split_precision: str = "fp32",
     input_transform: str = "none",
+    exp2_scale: str = "once",
 ) -> Result:
     """Attention softmax(scale Q K^T) V through the blocked online softmax.
 
@@ -228,6 +230,9 @@ def attention(
     variant:   fa2 fa1 exp2 lazy (tau) qiu_yao qiu_yao_released (beta)
     rounding:  nearest stochastic (seeded by `seed`; inputs are always rounded to nearest)
     backend:   emulate (this module), triton (flashnum.backends), mp (mpmath at mp_bits)
+    exp2_scale: how variant exp2 forms scale * log2(e) in fp32 (flashnum.engine.tiles.
+               exp2_scale): once (fl32(scale log2 e): flashnum's Triton kernel) or twice
+               (fl32(fl32(scale) fl32(1.44269504)): the Triton tutorial's kernel)
     num_splits, split_precision: split-KV decoding (flashnum.engine.splitkv): the keys in
                num_splits chunks whose partial (o, lse) are stored in split_precision and
                merged; K, V may have fewer heads than Q (GQA) on that path
@@ -259,10 +264,13 @@ def attention(
             precision=precision, policy=policy, block_m=block_m, block_n=block_n, order=order,
             variant=variant, causal=causal, scale=scale, rounding=rounding, seed=seed,
             trace=trace, backend=backend, mp_bits=mp_bits, tau=tau, beta=beta,
+            exp2_scale=exp2_scale,
         )
     _check_tensors(q, k, v)
     _check_options(precision, block_m, block_n, order, variant, causal, scale, rounding, seed,
                    trace, backend, mp_bits, tau, beta)
+    if exp2_scale not in EXP2_SCALES:
+        raise ValueError(f"unknown exp2_scale {exp2_scale!r}; valid: {', '.join(EXP2_SCALES)}")
     if isinstance(policy, str) and policy == "torch_cpu":
         # a model of one real kernel: its own splits, exp and order (block sizes ignored)
         from flashnum.engine.torch_cpu import attention_torch_cpu
@@ -284,7 +292,7 @@ def attention(
         return attention_triton(
             q, k, v, policy=pol, precision=precision, block_m=block_m, block_n=block_n,
             order=order, variant=variant, causal=causal, scale=scale, seed=seed, trace=trace,
-            rounding=rounding,
+            rounding=rounding, exp2_scale=exp2_scale,
         )
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -293,7 +301,7 @@ def attention(
     else:
         res = flash(q, k, v, pol, block_m=block_m, block_n=block_n, order=order,
                     variant=variant, causal=causal, scale=scale, rounding=rounding, seed=seed,
-                    trace=trace, tau=tau, beta=beta)
+                    trace=trace, tau=tau, beta=beta, exp2_scale=exp2_scale)
     res.info = dict(
         precision=precision, policy=pol.name, block_m=block_m, block_n=block_n,
         order=order if isinstance(order, str) else "permutation", variant=variant,

@@ -3,7 +3,7 @@
     from flashnum.engine.flash import flash
     res = flash(q, k, v, policy, block_m=64, block_n=64, order="forward", variant="fa2",
                 causal=False, scale=0.125, rounding="nearest", seed=0, trace=False,
-                tau=8.0, beta=2.0)
+                tau=8.0, beta=2.0, exp2_scale="once")
 
 Called by flashnum.engine.attention once its arguments are checked. For every query block
 (all at once, vectorised over batch, heads and query blocks) it visits the key blocks in
@@ -36,7 +36,7 @@ from flashnum.numerics.tiling import key_block_order, needs_block_max
 
 
 def flash(q, k, v, pol: Policy, *, block_m, block_n, order, variant, causal, scale, rounding,
-          seed, trace, tau, beta) -> Result:
+          seed, trace, tau, beta, exp2_scale="once") -> Result:
     """Blocked online-softmax attention under `pol` (see the module docstring)."""
     ar = Arith(pol, rounding, seed, carrier(pol))
     q3, k3, v3 = stored_inputs(ar, q, k, v)
@@ -44,7 +44,7 @@ def flash(q, k, v, pol: Policy, *, block_m, block_n, order, variant, causal, sca
     base2 = variant == "exp2"
     run = Run(ar, base2=base2, tau=tau, beta=beta, f_diff=wider(pol.fmt("s"), pol.fmt("m")),
               tall=not needs_block_max(order))
-    scale_s = scale_in_logits_format(ar, scale, base2)
+    scale_s = scale_in_logits_format(ar, scale, base2, exp2_scale)
     perm = _key_order(run, tiles, order, seed, scale_s, causal)
     if variant != "fa1" and in_place_ok(ar):
         states, traces = run_in_place(run, tiles, perm, scale_s, causal, variant, trace)

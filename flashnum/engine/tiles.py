@@ -90,12 +90,36 @@ def _round_input(ar: Arith, x: torch.Tensor, fin) -> torch.Tensor:
     return ar.rnd(x.to(torch.float64), fin, nearest=True).to(ar.dtype)
 
 
-def scale_in_logits_format(ar: Arith, scale: float, base2: bool) -> float:
+EXP2_SCALES = ("once", "twice")  # how an exp2 kernel forms scale * log2(e) (exp2_scale)
+
+
+def exp2_scale(scale: float, form: str = "once") -> float:
+    """scale * log2(e) as an exp2 kernel holds it, in fp32:
+
+        once   fl32(scale * log2 e), the product of the float64 values rounded once (the
+               host computes it: flashnum's Triton kernel, flashnum.backends.triton)
+        twice  fl32(fl32(scale) * fl32(1.44269504)): the Triton tutorial's fused
+               attention (`qk_scale = sm_scale; qk_scale *= 1.44269504` inside the kernel,
+               on fp32 scalars). For about a quarter of scales (1.3; 1/sqrt(d) at d = 48,
+               80) the two differ by one fp32 ulp.
+    """
+    if form not in EXP2_SCALES:
+        raise ValueError(f"unknown exp2_scale {form!r}; valid: {', '.join(EXP2_SCALES)}")
+    if form == "once":
+        return float(torch.tensor(scale * LOG2E, dtype=torch.float64).float())
+    s32 = torch.tensor(scale, dtype=torch.float64).float()
+    return float(s32 * torch.tensor(1.44269504, dtype=torch.float64).float())
+
+
+def scale_in_logits_format(ar: Arith, scale: float, base2: bool, form: str = "once") -> float:
     """The scale as the code holds it: in the logits' format, but never narrower than fp32
-    (exp2 variants fold log2(e) into it first). A kernel holds sm_scale in fp32; a
-    pure-PyTorch port multiplies its bf16/fp16 logits by a Python float, which torch
-    applies as an fp32 product rounded to the dtype (Qiu & Yao's attention.py, torch's
-    own math attention): so a narrow logits format does not round the scale itself."""
+    (exp2 variants fold log2(e) into it first, as `form` says: exp2_scale). A kernel holds
+    sm_scale in fp32; a pure-PyTorch port multiplies its bf16/fp16 logits by a Python
+    float, which torch applies as an fp32 product rounded to the dtype (Qiu & Yao's
+    attention.py, torch's own math attention): so a narrow logits format does not round
+    the scale itself."""
+    if base2 and form == "twice":
+        return exp2_scale(scale, form)  # an fp32 product: what the kernel holds
     c = scale * (LOG2E if base2 else 1.0)
     return float(ar.rnd(torch.tensor(c, dtype=ar.dtype), wider(ar.policy.fmt("s"), FP32)))
 
@@ -150,7 +174,7 @@ def tile_logits(ar: Arith, tiles: Tiles, kb, scale_s: float, causal: bool, tall:
 
 
 def logits(q, k, *, precision="bf16", policy="fa2", block_m=64, block_n=64, causal=False,
-           scale=None, order="forward", variant="fa2") -> torch.Tensor:
+           scale=None, order="forward", variant="fa2", exp2_scale="once") -> torch.Tensor:
     """The computed logits (..., Nq, Nk) exactly as the emulated flash recurrence forms them
     (same tiles, same roundings), masked entries -inf. Forms the whole Nq x Nk matrix:
     for checks (the invariant "final m is the row max of the computed logits"), not sweeps.
@@ -161,7 +185,7 @@ def logits(q, k, *, precision="bf16", policy="fa2", block_m=64, block_n=64, caus
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     q3, k3 = stored_inputs(ar, q, k)
     tiles = Tiles.of(q3, k3, k3, block_m, block_n)
-    scale_s = scale_in_logits_format(ar, scale, variant == "exp2")
+    scale_s = scale_in_logits_format(ar, scale, variant == "exp2", exp2_scale)
     tall = not needs_block_max(order)
     cols = [tile_logits(ar, tiles, torch.full((1, tiles.n_qb), j), scale_s, causal, tall)
             for j in range(tiles.n_kb)]
