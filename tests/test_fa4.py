@@ -3,7 +3,8 @@ approximation error and no more; as the exp site it moves attention by at most t
 (times max|V|); P scaled by 2^offset before an fp8 cast with a lazy-rescale threshold
 saturates e4m3 exactly when offset + threshold > log2(448) (flash-attention #2716) and
 not e5m2; an accumulator of 14 truncated bits across key blocks errs more than one
-promoted to fp32 after every block (the two-level fix)."""
+promoted to fp32 after every block (the two-level fix); the k-group adder of the fp8 MMA
+(aligned to the largest addend, 14 bits kept) equals an exact-rational implementation."""
 
 import math
 from fractions import Fraction
@@ -15,7 +16,7 @@ import torch
 import flashnum
 from flashnum.numerics.blockscaled import scaled
 from flashnum.numerics.formats import FORMATS, get_format
-from flashnum.numerics.hwarith import FP22, POLY3, exp2_poly
+from flashnum.numerics.hwarith import FP22, POLY3, exp2_poly, kgroup_dot, kgroup_sum
 from flashnum.numerics.policy import Policy
 
 FP32_SITES = dict(qk_acc="fp32", s="fp32", m="fp32", p="fp32", p_cast="fp32", pv_acc="fp32",
@@ -178,3 +179,79 @@ def test_the_pcast_table_collapses_past_the_predicted_threshold_and_not_before()
     # the static scale S = 256 moves the threshold by ln 256 = 5.5: delta 8 survives with it
     row = fwd[(fwd["delta"] == 8.0) & (fwd["p_scale"] == 256.0)]
     assert row["rel_err"].item() < 0.01
+
+
+# -- the fp8 MMA's k-group adder ------------------------------------------------------
+
+
+def group_oracle(acc: float, terms: list[float], bits: int, shift: str) -> Fraction:
+    """One k-group in exact rationals: every addend cut to `bits` bits below the largest
+    one's leading bit (math.frexp of a float is exact), the cut values summed exactly."""
+    xs = [Fraction(acc)] + [Fraction(t) for t in terms]
+    big = max(abs(x) for x in xs)
+    if big == 0:
+        return Fraction(0)
+    e = math.frexp(float(big))[1]  # big in [2^(e-1), 2^e)
+    grid = Fraction(2) ** (e - bits)
+    cut = (lambda r: math.trunc(r)) if shift == "trunc" else (lambda r: math.floor(r))
+    return sum((cut(x / grid) * grid for x in xs), Fraction(0))
+
+
+def e4m3_values(g, shape, lo=-8, hi=4):
+    mag = torch.rand(shape, generator=g, dtype=torch.float64) * 2.0 ** torch.randint(
+        lo, hi, shape, generator=g).double()
+    sign = torch.randint(0, 2, shape, generator=g).double() * 2 - 1
+    return FORMATS["fp8_e4m3"].round(mag * sign)
+
+
+@pytest.mark.parametrize("shift", ["trunc", "floor"])
+def test_a_kgroup_sum_equals_the_exact_rational_one(shift):
+    g = torch.Generator().manual_seed(11)
+    terms = e4m3_values(g, (40, 32)) * e4m3_values(g, (40, 32))  # fp8 x fp8: exact
+    terms[0] = 0.0  # an all-zero group
+    terms[1, :16] = 0.0
+    acc = torch.randn(40, generator=g, dtype=torch.float64).float().double() * 4
+    acc[0] = 0.0
+    acc[2] = 1e3  # an accumulator far above the products: they are cut to nothing
+    got = kgroup_sum(acc, terms, 14, shift)
+    want = [group_oracle(float(a), t.tolist(), 14, shift) for a, t in zip(acc, terms, strict=True)]
+    assert got.tolist() == [float(w) for w in want]
+    assert all(float(w) == w for w in want)  # the group sums are exact in float64
+
+
+def test_the_mma_probe_of_sageattention2_cuts_the_accumulators_low_ten_bits():
+    # A = B = 0, D = A B + C: C comes back with 13 mantissa bits (22-bit "FP22")
+    c = torch.tensor([1 + 2**-13 + 2**-20, -(3 + 2**-12 + 2**-22), 2.0**100 * (1 + 2**-23)],
+                     dtype=torch.float64)
+    d = kgroup_sum(c, torch.zeros(3, 32, dtype=torch.float64))
+    assert d.tolist() == FP22.round(c).tolist() == [1 + 2**-13, -(3 + 2**-12), 2.0**100]
+
+
+def test_a_kgroup_dot_chains_the_groups_as_the_exact_rational_one_does():
+    g = torch.Generator().manual_seed(12)
+    a = e4m3_values(g, (3, 80), lo=-6, hi=1).abs()  # P: fp8, in [0, 1]
+    b = e4m3_values(g, (80, 4))  # V: fp8 of either sign; 80 = two groups of 32 and a 16
+    got = kgroup_dot(a, b, k=32, bits=14, shift="trunc")
+    for i in range(3):
+        for j in range(4):
+            acc = Fraction(0)
+            for g0 in (0, 32, 64):
+                prods = [float(a[i, t] * b[t, j]) for t in range(g0, min(g0 + 32, 80))]
+                acc = group_oracle(float(acc), prods, 14, "trunc")
+            assert got[i, j].item() == acc
+
+
+def test_fp22_k32_is_a_pv_accumulator_site_and_the_two_level_fix_still_helps():
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(1, 1, 1024, 16, generator=g, dtype=torch.float64) * 0.3 for _ in range(2))
+    v = torch.rand(1, 1, 1024, 16, generator=g, dtype=torch.float64)  # P V sums of one sign
+    base = Policy(inputs="fp8_e4m3", **{**FP32_SITES, "p_cast": "fp8_e4m3"})
+    ref = flashnum.attention(q, k, v, policy=base)
+    two = flashnum.attention(q, k, v, policy=base.with_sites(pv_acc="fp22_k32", o="fp32"))
+    one = flashnum.attention(q, k, v, policy=base.with_sites(pv_acc="fp22_k32", o="fp22"))
+    e1, e2 = ((r.out - ref.out).abs().max().item() for r in (one, two))
+    # the one-level O register keeps truncating across all 16 key blocks; the two-level
+    # one only within a block's 2 groups (measured, seeds 0-2: 3.7-4.1e-4 against
+    # 4.7-5.3e-5; docs/formats.md)
+    assert 0 < 3 * e2 < e1
+    assert get_format("fp22_k32").dot is not None

@@ -89,6 +89,8 @@ class Arith:
         """a @ b (batched), accumulated in `fmt` (see the module docstring)."""
         if fmt is EXACT or fmt.p >= 53:
             return torch.matmul(a.to(torch.float64), b.to(torch.float64)).to(self.dtype)
+        if hasattr(fmt, "dot"):  # an accumulator with its own adder (hwarith.KGroupFormat)
+            return fmt.dot(a, b).to(self.dtype)
         if fmt.name in ("fp32", "tf32"):
             a32, b32 = a.to(torch.float32), b.to(torch.float32)
             if fmt.name == "tf32":  # tensor cores read tf32 operands, sum in fp32

@@ -1,10 +1,11 @@
 """Kernel arithmetic that is not a plain rounding: FA4's software exp2, the fp8 MMA
 accumulator.
 
-    from flashnum.numerics.hwarith import exp2_poly, POLY3, FP22, FP32_POLY3
+    from flashnum.numerics.hwarith import exp2_poly, POLY3, FP22, FP32_POLY3, kgroup_dot
     y = exp2_poly(x)            # x float32 tensor -> FlashAttention-4's emulated 2^x, float32
     Policy(p="fp32_poly3", ...) # the exp site evaluated by that polynomial (variant exp2)
     Policy(pv_acc="fp22", ...)  # the Hopper fp8 MMA accumulator (SageAttention2's "FP22")
+    Policy(pv_acc="fp22_k32", ...)  # the same with its k-group adder (kgroup_dot)
 
 exp2_poly: FlashAttention-4 (flash_attn/cute/utils.py, ex2_emulation) computes part of
 its exponentials on the FMA pipe instead of the MUFU unit:
@@ -34,8 +35,26 @@ rounded toward zero (the products of two fp8 numbers are exact in it). What that
 `pv_acc="fp22"` accumulates each block's P V in that register; with `o="fp32"` the block
 result is then added to an fp32 O (the two-level fix of SageAttention2 and DeepSeek-V3:
 promote to fp32 after each block of 64-128 products); with `o="fp22"` the O accumulator
-itself stays in the MMA register across key blocks (one level). Not modelled: the order
-within an MMA's k-group of 32 products (we add them one at a time).
+itself stays in the MMA register across key blocks (one level). `fp22` adds the products
+one at a time, each sum truncated to 14 bits.
+
+FP22_K32 (`pv_acc="fp22_k32"`, `qk_acc` too): the adder inside one MMA k-group, as
+DeepSeek-V3 (arXiv 2412.19437, section 3.3.2) describes Hopper's fp8 GEMM: "fixed-point
+accumulation, aligning the mantissa products by right-shifting based on the maximum
+exponent before addition ... it only uses the highest 14 bits of each mantissa product
+after sign-fill right shifting, and truncates bits exceeding this range"; SageAttention2's
+probe (A = B = 0, D = A B + C) returns C with its 10 low mantissa bits cut, so the
+accumulator C passes through the same 14-bit window. Modelled (kgroup_sum): the k = 32
+products of one fp8 k-group (wgmma's K for 8-bit inputs) and the accumulator are
+aligned to the largest exponent among all 33, each cut to 14 bits below it, summed
+exactly, and the sum stored in fp32; groups follow one another along the reduction
+dim. Assumed, not published: that the accumulator joins the alignment (its window is
+relative to the largest addend, not its own exponent; the probe cannot tell), that the
+group sum is exact before it is stored (a 33-term sum of 14-bit values needs 20 bits,
+within fp32), k = 32 for every fp8 shape, and the cut's direction for negative values:
+"trunc" (toward zero; `fp22_k32`) or "floor" (two's complement sign-fill shift;
+`fp22_k32_floor`). tests/test_fa4.py checks kgroup_sum and kgroup_dot against an
+exact-rational implementation.
 """
 
 from __future__ import annotations
@@ -97,6 +116,56 @@ class TruncFormat(Format):
         return torch.where(y.abs() > self.max, torch.copysign(torch.tensor(math.inf), y), y)
 
 
+def kgroup_sum(acc: torch.Tensor, terms: torch.Tensor, bits: int = 14,
+               shift: str = "trunc") -> torch.Tensor:
+    """One MMA k-group: acc (...) plus terms (..., k) by an aligned fixed-point adder.
+
+    Every addend (the k products and the accumulator) is shifted to the largest exponent
+    E among them and keeps the `bits` bits below 2^(E+1): its value is cut to a multiple
+    of 2^(E + 1 - bits), toward zero (shift="trunc") or toward -inf (shift="floor", a
+    two's complement "sign-fill" right shift); the cut addends are summed exactly (the
+    sum of k + 1 numbers of at most `bits` bits on one grid needs bits + log2(k + 1) bits,
+    within fp32's 24 for k <= 512) and the sum is written to the fp32 register as is.
+    float64 in, float64 out (each term must be exact in float64: fp8 x fp8 products are).
+    """
+    if shift not in ("trunc", "floor"):
+        raise ValueError(f"unknown shift {shift!r}; valid: trunc, floor")
+    x = torch.cat([acc.unsqueeze(-1), terms], dim=-1).to(torch.float64)
+    big = x.abs().amax(dim=-1, keepdim=True)
+    e = torch.frexp(big).exponent.to(torch.int32)  # big in [2^(e-1), 2^e): E = e - 1
+    grid = torch.exp2((e - bits).to(torch.float64))  # the last kept bit: 2^(E + 1 - bits)
+    cut = torch.trunc(x / grid) if shift == "trunc" else torch.floor(x / grid)
+    return (cut * grid).sum(dim=-1)  # exact: integers below 2^53 times one power of 2
+
+
+def kgroup_dot(a: torch.Tensor, b: torch.Tensor, k: int = 32, bits: int = 14,
+               shift: str = "trunc") -> torch.Tensor:
+    """a @ b (batched, float64) as a chain of MMA k-groups: the reduction dim in groups of
+    k products, each group added into the running accumulator by kgroup_sum (the
+    accumulator starts at 0, as a fresh MMA tile does)."""
+    a, b = a.to(torch.float64), b.to(torch.float64)
+    acc = torch.zeros(a.shape[:-1] + b.shape[-1:], dtype=torch.float64)
+    for g0 in range(0, a.shape[-1], k):
+        prods = a[..., :, g0 : g0 + k, None] * b[..., None, g0 : g0 + k, :]  # (.., M, k, N)
+        acc = kgroup_sum(acc, prods.movedim(-2, -1), bits, shift)
+    return acc
+
+
+@dataclass(frozen=True)
+class KGroupFormat(TruncFormat):
+    """The fp8 MMA accumulator with its k-group adder: as a dot site, kgroup_dot; as a
+    storage site, truncation to p bits (TruncFormat)."""
+
+    k: int = 32
+    shift: str = "trunc"
+
+    def dot(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return kgroup_dot(a, b, self.k, self.p, self.shift)
+
+
 FP32_POLY3 = PolyExpFormat("fp32_poly3", 24, -126, 127, torch_dtype=torch.float32)
 FP22 = TruncFormat("fp22", 14, -126, 127)
-HW_FORMATS = {"fp32_poly3": FP32_POLY3, "fp22": FP22}
+FP22_K32 = KGroupFormat("fp22_k32", 14, -126, 127)
+FP22_K32_FLOOR = KGroupFormat("fp22_k32_floor", 14, -126, 127, shift="floor")
+HW_FORMATS = {"fp32_poly3": FP32_POLY3, "fp22": FP22, "fp22_k32": FP22_K32,
+              "fp22_k32_floor": FP22_K32_FLOOR}
