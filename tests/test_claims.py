@@ -56,6 +56,8 @@ def bound_accounting():
     from flashnum.analysis.bounds import accounting
 
     names = [p.parent.name for p in sorted((ROOT / "experiments").glob("*/results.parquet"))]
+    # the forward tables: bwd_attribution's "bound" is per-site terms, with no verdict
+    names = [n for n in names if {"bound", "bound_holds"} <= set(table(n).columns)]
     frames = [table(n) for n in names]
     acc = accounting(pd.concat([f["bound"] for f in frames if "bound" in f]),
                      pd.concat([f["bound_holds"] for f in frames if "bound" in f]))
