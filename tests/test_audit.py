@@ -110,6 +110,23 @@ def test_a_crashing_or_garbage_target_fails_its_cases_without_stopping_the_audit
     assert len(rep.broken()["crash"]) == len(CASES)
 
 
+def test_an_isolated_audit_survives_a_target_that_kills_its_process():
+    # a target that aborts (as one that corrupts its heap does) on ragged lengths: with
+    # isolate=True each call runs in a forked child, the aborted cases fail (crash) and
+    # the other cases are judged as usual
+    import os
+
+    def aborts(q, k, v, causal=False, scale=None):
+        if q.shape[-2] % BLOCK:
+            os.abort()
+        return blocked(q, k, v, causal, scale)
+
+    rep = _audit(aborts, isolate=True)
+    assert set(rep.broken()) == {"crash"} and len(rep.broken()["crash"]) == 3
+    assert "signal 6" in rep.summary()
+    assert _audit(_kernel(None), isolate=True).passed
+
+
 def test_the_causal_alignment_is_the_targets_and_the_wrong_one_fails():
     top_left = fa.audit("torch_sdpa", precision="bf16", case_list=CASES[3:])
     assert top_left.passed

@@ -4,6 +4,7 @@
     python -m flashnum.audit target=flashnum_triton precision=fp16 budget=quick
     python -m flashnum.audit target=my_pkg.attn:forward alignment=bottom_right model=fa2
     python -m flashnum.audit target=torch_sdpa budget=full store.root=/tmp/audits
+    python -m flashnum.audit target=my_pkg.attn:forward isolate=true  # one child per case
     python -m flashnum.audit experiment=kernel_audit    # the runs of conf/audit/kernel_audit.yaml
 
 Exit status: 0 every case kept every rule, 1 some case broke one (the summary says
@@ -38,6 +39,7 @@ class Args:
     model: str = ""          # "" keeps the target's own (torch_sdpa: torch_cpu), "none" for none
     alignment: str = ""      # "" keeps the target's own
     reference: str = "auto"
+    isolate: bool = False    # the target in a forked child per case (memory errors fail it)
     experiment: str = ""     # a run list in conf/audit/<name>.yaml (target etc. then unused)
     store: StoreConf = field(default_factory=StoreConf)
 
@@ -94,7 +96,7 @@ def _run(cfg) -> int:
     model = None if cfg.model == "none" else (cfg.model or resolve(cfg.target)[2])
     report = audit(cfg.target, precision=cfg.precision, model=model,
                    alignment=cfg.alignment or None, budget=cfg.budget,
-                   reference=cfg.reference, progress=True)
+                   reference=cfg.reference, progress=True, isolate=cfg.isolate)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{cfg.target}-{cfg.precision}-{cfg.budget}")
     out = report.save(Path(cfg.store.root) / "audit" / name)
     print(report.summary())

@@ -128,6 +128,38 @@ def _call(fn, q, k, v, causal, scale):
     return got.detach().to("cpu"), None if lse is None else lse.detach().to("cpu"), None
 
 
+def _call_isolated(fn, q, k, v, causal, scale):
+    """_call in a forked child: its (out, lse, message) come back through a pipe; a child
+    that dies (a signal, an abort on a corrupted heap) or exits without an answer gives
+    the message that says so. POSIX only (fork)."""
+    import os
+    import pickle
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run, answer, exit without running the parent's cleanup
+        code = 1
+        try:
+            os.close(r)
+            with os.fdopen(w, "wb") as f:
+                pickle.dump(_call(fn, q, k, v, causal, scale), f)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    if data:
+        try:
+            return pickle.loads(data)
+        except Exception:  # a truncated answer: the child died while writing it
+            pass
+    if os.WIFSIGNALED(status):
+        return None, None, f"killed its process (signal {os.WTERMSIG(status)})"
+    return None, None, f"its process exited with status {os.WEXITSTATUS(status)} and no result"
+
+
 def _model_out(model, q, k, v, precision, causal, alignment, scale):
     """The model's output (float64) or None; a bottom-right model cannot model a top-left
     kernel's Nq != Nk causal case (and back): then None."""
@@ -177,8 +209,10 @@ def _bound(std, ref_out, finite_ref) -> tuple[float, float]:
 
 
 def evaluate(fn, case, *, precision="bf16", alignment="top_left", model=None,
-             reference_method="auto") -> dict:
-    """One row of the audit's table: the case, the measurements and the verdict per rule."""
+             reference_method="auto", isolate=False) -> dict:
+    """One row of the audit's table: the case, the measurements and the verdict per rule.
+    isolate: the target runs in a forked child process (a target that corrupts memory
+    or aborts then fails its case instead of ending the audit)."""
     t0 = time.perf_counter()
     inp = case.inputs()
     q, k, v = (x.to(DTYPES[precision]) for x in (inp.q, inp.k, inp.v))
@@ -197,7 +231,7 @@ def evaluate(fn, case, *, precision="bf16", alignment="top_left", model=None,
                                 method=method)
         row["std_err_max"], row["fa_bound"] = _bound(std, ref.out, finite_ref)
     row["reference"], row["ref_err_bound"] = method, _vmax(ref.err_bound)
-    out, lse, why = _call(fn, q, k, v, causal, scale)
+    out, lse, why = (_call_isolated if isolate else _call)(fn, q, k, v, causal, scale)
     fails = []
     if why is not None:
         fails.append("crash")
