@@ -69,9 +69,14 @@ def _check(cfg) -> None:
 
 
 def _experiment(cfg) -> int:
+    import time
+
     import pandas as pd
 
+    from flashnum.harness import manifest, store
+
     root = Path(cfg.store.root) / cfg.experiment
+    started, t0 = manifest.now(), time.perf_counter()
     tables, lines, status = [], [], 0
     for r in _runs(cfg.experiment):
         run = OmegaConf.merge(cfg, {**r, "experiment": ""})
@@ -83,7 +88,15 @@ def _experiment(cfg) -> int:
         tables.append(report.table.assign(target=run.target))
         lines.append(report.summary())
         status = status or (0 if report.passed else 1)
-    pd.concat(tables, ignore_index=True).to_parquet(root / "results.parquet")
+    df = pd.concat(tables, ignore_index=True)
+    # one row per (target, precision, case): the store's table, replaced whole
+    df.insert(0, "case_id", df["target"] + "/" + df["precision"] + "/" + df["id"])
+    rec = manifest.record("flashnum.audit", [f"experiment={cfg.experiment}"],
+                          config=dict(runs=_runs(cfg.experiment)), shard=0, num_shards=1,
+                          n_workers=1, start_time=started, end_time=manifest.now(),
+                          wall_s=time.perf_counter() - t0,
+                          counts=dict(grid=len(df), run=len(df), failed=0))
+    store.replace(cfg.experiment, df, rec, root=cfg.store.root)
     text = "\n\n".join(lines)
     (root / "summary.md").write_text(f"# {cfg.experiment}\n\n```\n{text}\n```\n")
     print(text)
