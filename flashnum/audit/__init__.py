@@ -33,10 +33,12 @@ from flashnum.audit.targets import resolve
 def audit(fn, *, precision: str = "bf16", model: str | None = None,
           alignment: str | None = None, budget: str = "default",
           reference: str = "auto", progress: bool = False,
-          case_list: list[Case] | None = None, isolate: bool = False) -> Report:
+          case_list: list[Case] | None = None, isolate: bool = False,
+          compare: tuple[str, ...] = ()) -> Report:
     """Run every case of `budget` (or `case_list`) through fn; see the module docstring.
     isolate=True calls fn in a forked child per case, so that a target that corrupts
-    memory or aborts fails its cases instead of ending the audit."""
+    memory or aborts fails its cases instead of ending the audit. compare: flashnum
+    policies whose emulated error is recorded beside the kernel's (<policy>_err_max)."""
     import pandas as pd
 
     name = fn if isinstance(fn, str) else getattr(fn, "__qualname__", repr(fn))
@@ -60,7 +62,8 @@ def audit(fn, *, precision: str = "bf16", model: str | None = None,
 
         it = tqdm(todo, desc=f"audit {name}", unit="case")
     rows = [evaluate(fn, c, precision=precision, alignment=alignment, model=model,
-                     reference_method=reference, isolate=isolate) for c in it]
+                     reference_method=reference, isolate=isolate, compare=tuple(compare))
+            for c in it]
     return Report(target=name, precision=precision, alignment=alignment, model=model,
                   budget=budget if case_list is None else "custom", table=pd.DataFrame(rows),
                   info=dict(reference=reference))

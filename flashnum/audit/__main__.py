@@ -40,6 +40,7 @@ class Args:
     alignment: str = ""      # "" keeps the target's own
     reference: str = "auto"
     isolate: bool = False    # the target in a forked child per case (memory errors fail it)
+    compare: str = ""        # policies whose emulated error is recorded too, e.g. "fa2,lowp"
     experiment: str = ""     # a run list in conf/audit/<name>.yaml (target etc. then unused)
     store: StoreConf = field(default_factory=StoreConf)
 
@@ -83,7 +84,8 @@ def _experiment(cfg) -> int:
         model = None if run.model == "none" else (run.model or resolve(run.target)[2])
         report = audit(run.target, precision=run.precision, model=model,
                        alignment=run.alignment or None, budget=run.budget,
-                       reference=run.reference, progress=True)
+                       reference=run.reference, progress=True,
+                       compare=tuple(x for x in run.compare.split(",") if x))
         report.save(root / f"{run.target}-{run.precision}")
         tables.append(report.table.assign(target=run.target))
         lines.append(report.summary())
@@ -109,7 +111,8 @@ def _run(cfg) -> int:
     model = None if cfg.model == "none" else (cfg.model or resolve(cfg.target)[2])
     report = audit(cfg.target, precision=cfg.precision, model=model,
                    alignment=cfg.alignment or None, budget=cfg.budget,
-                   reference=cfg.reference, progress=True, isolate=cfg.isolate)
+                   reference=cfg.reference, progress=True, isolate=cfg.isolate,
+                   compare=tuple(x for x in cfg.compare.split(",") if x))
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{cfg.target}-{cfg.precision}-{cfg.budget}")
     out = report.save(Path(cfg.store.root) / "audit" / name)
     print(report.summary())

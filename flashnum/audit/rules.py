@@ -209,10 +209,12 @@ def _bound(std, ref_out, finite_ref) -> tuple[float, float]:
 
 
 def evaluate(fn, case, *, precision="bf16", alignment="top_left", model=None,
-             reference_method="auto", isolate=False) -> dict:
+             reference_method="auto", isolate=False, compare=()) -> dict:
     """One row of the audit's table: the case, the measurements and the verdict per rule.
     isolate: the target runs in a forked child process (a target that corrupts memory
-    or aborts then fails its case instead of ending the audit)."""
+    or aborts then fails its case instead of ending the audit). compare: flashnum
+    policies (e.g. fa2, lowp) whose emulated error on the same case is recorded as
+    <policy>_err_max, for comparison only (no rule reads it)."""
     t0 = time.perf_counter()
     inp = case.inputs()
     q, k, v = (x.to(DTYPES[precision]) for x in (inp.q, inp.k, inp.v))
@@ -252,6 +254,13 @@ def evaluate(fn, case, *, precision="bf16", alignment="top_left", model=None,
             o = out.double()
             row["model_bitwise"] = float(((o == mo) | (o.isnan() & mo.isnan())).float().mean())
             row["model_max_diff"] = _vmax((o - mo).abs())
+    for pol in compare:
+        try:
+            po = _model_out(pol, q, k, v, precision, causal, alignment, scale)
+        except ValueError:
+            po = None
+        row[f"{pol}_err_max"] = (float("nan") if po is None
+                                 else _vmax((po - ref.out).abs()[finite_ref]))
     row["failed"] = ",".join(fails)
     row["passed"] = not fails
     row["seconds"] = time.perf_counter() - t0
