@@ -191,26 +191,34 @@ def tightness_docs():
 
 
 def stress(family):
-    """(cases, finite and held, vacuous, exceeded, tightest) from a stored stress output
-    (bench/bound_stress.py; the catalogue record predates the accounting line, so its
-    finite and held count is its finite count less its violations)."""
+    """(cases, finite and held, vacuous, exceeded, tightest, climb) from a stored stress
+    output (bench/bound_stress.py): its final accounting line, or, for a run stopped early,
+    its last running one (the first N cases of its seed); climb: the hill-climb's line
+    (steps, tightest, exceeded) or None."""
     name = "bound_stress.txt" if family == "catalogue" else f"bound_stress_{family}.txt"
     text = (RESULTS / name).read_text()
-    m = re.search(r"(\d+) cases in (\d+) s; bound finite and held in (\d+) of (\d+), vacuous "
-                  r"\(infinite\) in (\d+), finite and exceeded in (\d+)", text)
+    m = re.search(r"(\d+) cases in (\d+) s(?: \(\d+ s CPU\))?; bound finite and held in (\d+) "
+                  r"of (\d+), vacuous \(infinite\) in (\d+), finite and exceeded in (\d+)", text)
     if m:
         cases, _, held, _, vac, bad = (int(x) for x in m.groups())
-    else:
+    elif re.search(r"after \d+ cases", text):
+        m = re.findall(r"after (\d+) cases \(\d+ s CPU\): finite and held in (\d+) of \d+, "
+                       r"vacuous in (\d+), exceeded in (\d+)", text)[-1]
+        cases, held, vac, bad = (int(x) for x in m)
+    else:  # the first record's format
         m = re.search(r"(\d+) cases in (\d+) s, (\d+) finite bounds, (\d+) violations", text)
         cases, _, finite, bad = (int(x) for x in m.groups())
         held, vac = finite - bad, cases - finite
-    tight = float(re.search(r"bound / measured = ([0-9.]+)", text).group(1))
-    return cases, held, vac, bad, tight
+    tight = re.search(r"bound / measured = ([0-9.]+)", text)
+    climb = re.search(r"hill-climb: (\d+) steps from each of the (\d+) tightest cases .*?"
+                      r"tightest bound / measured = ([0-9.]+), exceeded in (\d+)", text)
+    climb = (int(climb[1]), int(climb[2]), float(climb[3]), int(climb[4])) if climb else None
+    return cases, held, vac, bad, float(tight[1]) if tight else math.nan, climb
 
 
 def stress_claims():
-    c, h, v, b, t = stress("catalogue")
-    oc, oh, ov, ob, _ = stress("overflow")
+    c, h, v, b, t, climb = stress("catalogue")
+    oc, oh, ov, ob, _, _ = stress("overflow")
     readme = [f"and in a {thousands(c)}-case random stress run (finite and held in "
               f"{thousands(h)}, vacuous in {thousands(v)}, exceeded in {b})",
               f"stress run of {oc} cases near the formats' largest numbers (finite and held "
