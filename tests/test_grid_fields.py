@@ -98,3 +98,14 @@ def test_a_split_kv_grid_runs_through_the_harness_with_its_invariants(tmp_path):
                        "progress=false", "n_jobs=1",
                        "grid=[{seq_len_q:[4],seq_len_k:[1024]}]"))["table"].iloc[0]
     assert plain.max_abs_err == one.max_abs_err and "num_splits" not in plain.index
+
+
+def test_a_block_scaled_or_truncating_site_gets_no_bound_rather_than_a_wrong_one(tmp_path):
+    cfg = cfg_of("experiment=block_scaled", f"store.root={tmp_path}", "progress=false",
+                 "n_jobs=1", "shape.seq_len_k=128", "shape.heads=1",
+                 "grid=[{policy_sites:[{p_cast: mxfp4, out: fp64},{pv_acc: fp22},"
+                 "{p_cast: 'fp8_e4m3*256'},{p_cast: fp8_e4m3}]}]")
+    df = run(cfg)["table"].set_index("policy_sites")
+    assert len(df) == 4 and df.m_ok.all() and df.l_ok.all()
+    assert df.loc[json.dumps({"p_cast": "fp8_e4m3"}, separators=(",", ":"))].bound_holds
+    assert df.bound.isna().sum() == 3

@@ -58,7 +58,8 @@ from flashnum.harness.config import check, register
 from flashnum.harness.grid import CASE_FIELDS, CONF, Case, columns, expand, select
 from flashnum.inputs.distributions import make
 from flashnum.inputs.search import worst_case
-from flashnum.numerics.policy import make_policy
+from flashnum.numerics.formats import Exact, Format
+from flashnum.numerics.policy import SITES, make_policy
 from flashnum.reference import reference
 
 PROG = "flashnum.run"
@@ -88,6 +89,12 @@ def policy_of(case: Case, policy: str | None = None):
     if case.sites:
         pol = pol.with_sites(name=pol.name, **case.sites)
     return case.precision, pol
+
+
+def plain_formats(pol) -> bool:
+    """Whether every site is a plain rounding (formats.Format or exact), as bounds.bound
+    assumes: not a block-scaled, statically scaled or truncating format."""
+    return all(type(pol.fmt(s)) in (Format, Exact) for s in SITES)
 
 
 def _num(x) -> float:
@@ -131,8 +138,10 @@ def run_case(case: Case, inp, ref_of, experiment: str, opts: dict) -> dict:
     summ = metrics.summary(res.out, ref.out, out_fmt, naive_out=naive_out)
     row.update({key: _num(val) for key, val in summ.items()})
     row.update(bound=math.nan, bound_prob=math.nan, dominant_site=None, bound_terms=None)
-    # the a-priori bound models one split (no stored partials, no merge): none for more
-    if opts["bound"] and pol is not None and case.num_splits == 1:
+    # the a-priori bound models one split (no stored partials, no merge) and plain
+    # round-to-nearest formats: none for more splits, block-scaled, scaled or truncating
+    # sites (a bound on them would be a wrong finite number)
+    if opts["bound"] and pol is not None and case.num_splits == 1 and plain_formats(pol):
         try:
             # q, k, v are already in the inputs format and the reference saw them:
             # the input rounding contributes nothing here, so the bound must not charge it
