@@ -753,7 +753,7 @@ CLAIMS = {
     "docs/kernel.md": [kernel_docs],
     "docs/distributions.md": [distributions_docs],
     "docs/reference.md": [reference_docs],
-    "docs/reproductions.md": [fa3_docs, lambda: fa3_protocol()[1], pcast_docs],
+    "docs/reproductions.md": [fa3_docs, lambda: fa3_protocol()[1], pcast_docs, golden_docs],
     "docs/bounds.md": [tightness_docs, lambda: stress_claims()[1], tightness_prose, ties_claims,
                        ties_table],
 }
