@@ -169,6 +169,14 @@ def synthetic_tree(root: Path, skip=()) -> Path:
              published_finding="")
         for i, t in enumerate((23.0, 23.5, 24.0, 30.0))
     ]
+    t["kernel_audit"] = [
+        dict(experiment="kernel_audit", case_id=f"ka{i}", target=tg, precision=pr, id=f"c{i}",
+             err_max=e, fa_bound=4 * e, std_err_max=2 * e, fa2_err_max=e, lowp_err_max=3 * e,
+             model_bitwise=1.0 if tg == "torch_sdpa" else 0.999, passed=True)
+        for i, (tg, pr, e) in enumerate(
+            (("torch_sdpa", "bf16", 4e-3), ("torch_sdpa", "bf16", 2e-3),
+             ("torch_sdpa", "fp32", 1e-7), ("flashnum_triton", "bf16", 4e-3)))
+    ]
     t["repro_fp8_pcast"] = [
         dict(experiment="repro_fp8_pcast", case_id=f"p{i}", n=1024, realised_height=10.0,
              p_scale=sc, order=o, ours=1e-5 / g, ours_se=0.0, underflow_fraction=u,

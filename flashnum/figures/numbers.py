@@ -40,6 +40,7 @@ EXPERIMENTS = {
     "repro_pcast_threshold": _REPRO.format("pcast_threshold"),
     "repro_block_scaled": _REPRO.format("block_scaled"),
     "repro_splitkv_decode": _REPRO.format("splitkv_decode"),
+    "kernel_audit": "python -m flashnum.audit experiment=kernel_audit",
 }
 
 # every number the text may quote: macro name -> what it is
@@ -136,6 +137,13 @@ NUMBERS = {
     "QiuYaoZGauss": "repro_qiu_yao: the same on gaussian inputs, no fix",
     "QiuYaoZFaTwo": "repro_qiu_yao: ties under the fa2 policy, no fix",
     "QiuYaoZBroken": "repro_qiu_yao: the control with the ties broken, lowp, no fix",
+    "AuditCases": "kernel_audit: audited cases over every kernel and dtype",
+    "AuditTorchWorst": "kernel_audit: torch CPU SDPA's largest error / flash-attn's bound",
+    "AuditTorchModelMin": "kernel_audit: smallest % of elements where torch_cpu equals torch",
+    "AuditTritonModelMean": "kernel_audit: mean % of elements where fa2 equals the Triton kernel",
+    "AuditBfOverStd": "kernel_audit: median torch bf16 error / standard attention's in bf16",
+    "AuditBfOverFa": "kernel_audit: median torch bf16 error / emulated fa2's",
+    "AuditBfOverLowp": "kernel_audit: median torch bf16 error / emulated lowp's",
     "QiuYaoReleasedErr": "repro_qiu_yao: mean signed error of their released fix, ties, lowp",
     "QiuYaoOnset": "repro_qiu_yao: derived max logit where the released clamp acts, ln(2/1e-10)",
     "QiuYaoOnsetMeasured": "repro_qiu_yao: first max logit of the sweep with out/ref < 0.99",

@@ -1,0 +1,68 @@
+"""The paper's table of experiments/kernel_audit: real kernels audited, and their models.
+
+    tab_kernel_audit(F)   one row per audited (kernel, precision): cases kept, the worst
+                          error over flash-attn's bound, the median error of the kernel
+                          beside standard attention in the same dtype and flashnum's
+                          emulated fa2 and lowp on the same cases, and how often the
+                          kernel's model (torch_cpu, fa2) equals the kernel bit for bit
+
+Reads the table `python -m flashnum.audit experiment=kernel_audit` stores (one row per
+target, precision and case; flashnum.audit.rules names the columns) and sets the numbers
+the paper's section on it quotes (Audit* in flashnum.figures.numbers).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from flashnum.figures.context import Figures
+from flashnum.figures.tex import tabular, tex_num, tex_word
+
+MODELS = {"torch_sdpa": "torch_cpu", "torch_flash_cpu": "torch_cpu", "flashnum_triton": "fa2",
+          "flash_attn": "fa2"}
+PRECISIONS = ("bf16", "fp16", "fp32")
+
+
+def _median_ratio(a: pd.Series, b: pd.Series) -> float:
+    r = (a / b).replace([math.inf, -math.inf], math.nan).dropna()
+    return float(r.median()) if len(r) else math.nan
+
+
+def tab_kernel_audit(F: Figures) -> None:
+    df = F.table("kernel_audit")
+    if df is None:
+        return F.placeholder("tab_kernel_audit", "kernel_audit")
+    df = df.assign(ratio=df.err_max / df.fa_bound)
+    for col in ("fa2_err_max", "lowp_err_max"):
+        if col not in df:
+            df[col] = math.nan
+    order = {p: i for i, p in enumerate(PRECISIONS)}
+    groups = sorted(df.groupby(["target", "precision"]),
+                    key=lambda kv: (kv[0][0] != "torch_sdpa", order.get(kv[0][1], 9)))
+    rows = []
+    for (target, prec), g in groups:
+        bw = g.model_bitwise.dropna() if "model_bitwise" in g else pd.Series(dtype=float)
+        rows.append([
+            tex_word(target), tex_word(prec), f"{int(g.passed.sum())}/{len(g)}",
+            tex_num(float(g.ratio.max())), tex_num(float(g.err_max.median())),
+            tex_num(float(g.std_err_max.median())), tex_num(float(g.fa2_err_max.median())),
+            tex_num(float(g.lowp_err_max.median())), tex_word(MODELS.get(target, "--")),
+            "--" if not len(bw) else f"{100 * bw.mean():.3f}\\% ({100 * bw.min():.3f}\\%)",
+        ])
+    cols = ["kernel", "dtype", "cases kept", "worst err / bound", "kernel err",
+            "standard", "fa2", "lowp", "model", "model bitwise: mean (worst)"]
+    F.write_table("tab_kernel_audit", tabular(cols, rows, "llrrrrrrll"))
+    torch_rows = df[df.target == "torch_sdpa"]
+    tri = df[df.target == "flashnum_triton"]
+    F.num("AuditCases", str(len(df)))
+    F.num("AuditTorchWorst", float(torch_rows.ratio.max()) if len(torch_rows) else math.nan)
+    F.num("AuditTorchModelMin",
+          100 * float(torch_rows.model_bitwise.min()) if len(torch_rows) else math.nan, 4)
+    F.num("AuditTritonModelMean",
+          100 * float(tri.model_bitwise.mean()) if len(tri) else math.nan, 4)
+    bf = torch_rows[torch_rows.precision == "bf16"]
+    F.num("AuditBfOverStd", _median_ratio(bf.err_max, bf.std_err_max))
+    F.num("AuditBfOverFa", _median_ratio(bf.err_max, bf.fa2_err_max))
+    F.num("AuditBfOverLowp", _median_ratio(bf.err_max, bf.lowp_err_max))
