@@ -87,3 +87,15 @@ def test_a_subnormal_an_infinity_or_a_nan_sends_the_whole_tensor_down_the_genera
     normals = torch.randn(1000, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     both = bf16.round(torch.cat([normals, torch.tensor([tiny])]))
     assert torch.equal(both[:-1], bf16.round(normals))
+
+
+def test_a_tensor_of_many_chunks_rounds_as_its_elements_do_alone():
+    bf16 = FORMATS["bf16"]
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 70000, generator=g, dtype=torch.float64)  # 210000: four chunks
+    whole = bf16.round(x)
+    assert torch.equal(whole, bf16._round_general(x, "nearest", None))
+    x[2, -1] = bf16.min_subnormal * 5  # a subnormal in the last chunk: the general path
+    y = bf16.round(x.t())  # not contiguous either
+    assert y[-1, 2] == bf16.min_subnormal * 5
+    assert torch.equal(y.t()[:2], whole[:2])
