@@ -53,10 +53,12 @@ CASES = [  # (nq, nk, causal, block_m, block_n)
 ]
 
 
+@pytest.mark.parametrize("exp2", [False, True])
 @pytest.mark.parametrize("nq,nk,causal,bm,bn", CASES)
-def test_exact_policy_equals_float64_autograd(nq, nk, causal, bm, bn):
+def test_exact_policy_equals_float64_autograd(nq, nk, causal, bm, bn, exp2):
     q, k, v, do = inputs(nq, nk, lead=(2, 3))
-    g = attention_backward(q, k, v, do, policy="exact", block_m=bm, block_n=bn, causal=causal)
+    g = attention_backward(q, k, v, do, policy="exact", block_m=bm, block_n=bn, causal=causal,
+                           exp2=exp2)
     ref = autograd(q, k, v, do, causal, torch.float64)
     for name, x, r in zip("qkv", (g.dq, g.dk, g.dv), ref, strict=True):
         rel = ((x - r).abs().max() / r.abs().max()).item()
@@ -222,3 +224,46 @@ def test_native_fused_pass_gives_the_values_of_the_general_path(causal):
     for a, b in zip((fused.dq, fused.dk, fused.dv), (plain.dq, plain.dk, plain.dv),
                     strict=True):
         assert torch.equal(a, b)
+
+
+def test_the_exp2_form_recomputes_p_in_log2_units_from_the_same_forward():
+    q, k, v, do = inputs(64, 64)
+    g = attention_backward(q, k, v, do, policy="fa2", block_m=16, block_n=16)
+    g2 = attention_backward(q, k, v, do, policy="fa2", block_m=16, block_n=16, exp2=True)
+    # the stored LSE in log2 units, rounded once to fp32 from the same forward's LSE
+    import flashnum
+
+    fwd = flashnum.attention(q, k, v, precision="bf16", policy="fa2", block_m=16, block_n=16)
+    want = (fwd.lse * 1.4426950408889634).float().double()
+    assert torch.equal(g2.lse, want) and torch.equal(g2.out, g.out)
+    # the same error as the natural form's, to within the output's rounding (bf16)
+    ref = reference_backward(q, k, v, do)
+    for name in ("dq", "dk", "dv"):
+        e, e2 = ((getattr(x, name) - getattr(ref, name)).abs().max() for x in (g, g2))
+        assert e2 <= 2 * e, name
+
+
+def test_the_exp2_form_is_refused_where_no_lse_is_stored():
+    q, k, v, do = inputs(32, 32)
+    with pytest.raises(ValueError, match="naive"):
+        attention_backward(q, k, v, do, policy="naive", exp2=True)
+    with pytest.raises(TypeError, match="exp2"):
+        attention_backward(q, k, v, do, exp2="yes")
+
+
+@pytest.mark.parametrize("variant", ["fa1", "exp2", "lazy", "qiu_yao"])
+def test_a_variants_forward_supplies_o_and_the_lse(variant):
+    import flashnum
+    from flashnum.inputs.distributions import make
+
+    inp = make("ties", seq_len_q=64, head_dim=32, block_n=16, seed=0)
+    do = inputs(64, 64, d=32, dv=32, lead=(1, 1))[3]
+    kw = dict(policy="lowp", block_m=16, block_n=16, scale=inp.scale)
+    fwd = flashnum.attention(inp.q, inp.k, inp.v, variant=variant, **kw)
+    g = attention_backward(inp.q, inp.k, inp.v, do, variant=variant, **kw)
+    given = attention_backward(inp.q, inp.k, inp.v, do, out=fwd.out, lse=fwd.lse, **kw)
+    assert torch.equal(g.out, fwd.out) and torch.equal(g.dq, given.dq)
+    assert torch.equal(g.dk, given.dk) and torch.equal(g.dv, given.dv)
+    # on tied maxima in lowp each variant's forward rounds differently, and dQ follows
+    base = attention_backward(inp.q, inp.k, inp.v, do, **kw)
+    assert not torch.equal(g.out, base.out) and not torch.equal(g.dq, base.dq)

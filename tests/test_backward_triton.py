@@ -29,6 +29,15 @@ def test_kernel_equals_the_emulator_in_low_precision(nq, nk, causal, precision, 
         assert r["elem"]["le0"] >= 0.99 and r["elem"]["max"] <= 1, (name, r)
 
 
+@pytest.mark.parametrize("causal,precision", [(False, "bf16"), (True, "fp16")])
+def test_kernel_equals_the_emulator_in_the_exp2_form(causal, precision):
+    q, k, v, do = case(64, 48)
+    t = compare_backward(q, k, v, do, block_m=16, block_n=16, causal=causal,
+                         precision=precision, exp2=True)
+    for name, r in t.items():
+        assert r["elem"]["le0"] >= 0.99 and r["elem"]["max"] <= 1, (name, r)
+
+
 def test_kernel_gradients_obey_flash_attn_rule_against_the_certified_reference():
     q, k, v, do = case(64, 64)
     ref = reference_backward(q, k, v, do)

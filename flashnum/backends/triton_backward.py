@@ -19,9 +19,10 @@ The structure of Triton's fused-attention tutorial (python/tutorials/06-fused-at
 
 Knobs, as the forward kernel's (flashnum.backends.triton): block_m, block_n, the P and dS
 cast formats (`p_cast`, `ds_cast`: bf16, fp16 or fp32 for fp32 inputs), the output
-format, the dQ accumulation order, causal (bottom-right aligned). The natural-exp form
-only (the tutorial's exp2 form folds log2 e into K). The forward is flashnum's Triton
-forward kernel unless `out` and `lse` are given.
+format, the dQ accumulation order, causal (bottom-right aligned), and exp2 (P = exp2(S2 -
+L2): log2 e folded into the fp32 scale and the LSE, as flashnum.attention_backward's
+exp2=True; the tutorial folds it into K instead, not done here). The forward is
+flashnum's Triton forward kernel unless `out` and `lse` are given.
 
 The wrapper takes and allocates host (CPU) tensors: it runs on Triton's CPU interpreter;
 moving the tensors to a GPU is not done yet (the kernels themselves use only what the
@@ -46,6 +47,7 @@ import triton.language as tl
 
 from flashnum.backends.triton import _TORCH, INTERPRET, _cast, _dot, _round_rne
 from flashnum.engine.backward import Gradients, _check
+from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import get_format
 from flashnum.numerics.policy import make_backward_policy
 from flashnum.numerics.tiling import key_block_order, n_blocks
@@ -67,29 +69,33 @@ def _bwd_preprocess(O, DO, DELTA, Nq, stride_z, stride_m, DV: tl.constexpr,
 
 
 @triton.jit
-def _p_and_ds(q, k_t, v_t, do, lse, delta, offs_m, cols, qk_scale, Nq, Nk,
+def _p_and_ds(q, k_t, v_t, do, lse, delta, offs_m, cols, s_scale, Nq, Nk,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-              EMULATE: tl.constexpr):
-    """P (fp32) and dS (fp32) of one (query block, key block) tile."""
+              USE_EXP2: tl.constexpr, EMULATE: tl.constexpr):
+    """P (fp32) and dS (fp32) of one (query block, key block) tile; with USE_EXP2 the
+    logits, s_scale and the LSE are in log2 units."""
     s = _dot(q, k_t, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), "ieee", EMULATE, None)
-    s = s * qk_scale
+    s = s * s_scale
     keep = (cols[None, :] < Nk) & (offs_m[:, None] < Nq)
     if CAUSAL:
         keep = keep & (cols[None, :] <= offs_m[:, None] + (Nk - Nq))
     s = tl.where(keep, s, float("-inf"))
-    p = tl.exp(s - lse[:, None])
+    if USE_EXP2:
+        p = tl.exp2(s - lse[:, None])
+    else:
+        p = tl.exp(s - lse[:, None])
     dp = _dot(do, v_t, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), "ieee", EMULATE, None)
     ds = p * (dp - delta[:, None])
     return p, ds
 
 
 @triton.jit
-def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, qk_scale, Nq, Nk, n_qb,
+def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, qk_scale, s_scale, Nq, Nk, n_qb,
               stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
               D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr,
               HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, P_FORMAT: tl.constexpr, DS_FORMAT: tl.constexpr,
-              OUT_FORMAT: tl.constexpr, EMULATE: tl.constexpr):
+              OUT_FORMAT: tl.constexpr, USE_EXP2: tl.constexpr, EMULATE: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     z = tl.program_id(1).to(tl.int64)
     cols = start_n + tl.arange(0, BLOCK_N)
@@ -110,8 +116,8 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, qk_scale, Nq, Nk, n_qb,
                      mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
         lse = tl.load(LSE + z * Nq + offs_m, mask=row_ok, other=0.0)
         delta = tl.load(DELTA + z * Nq + offs_m, mask=row_ok, other=0.0)
-        p, ds = _p_and_ds(q, k_t, v_t, do, lse, delta, offs_m, cols, qk_scale, Nq, Nk,
-                          BLOCK_M, BLOCK_N, CAUSAL, EMULATE)
+        p, ds = _p_and_ds(q, k_t, v_t, do, lse, delta, offs_m, cols, s_scale, Nq, Nk,
+                          BLOCK_M, BLOCK_N, CAUSAL, USE_EXP2, EMULATE)
         p_c = _cast(p, P_FORMAT, DO.dtype.element_ty, EMULATE)
         dv = _dot(tl.trans(p_c), do, dv, "ieee", EMULATE, None)
         ds_c = _cast(ds, DS_FORMAT, Q.dtype.element_ty, EMULATE)
@@ -128,12 +134,12 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, qk_scale, Nq, Nk, n_qb,
 
 
 @triton.jit
-def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, ORDER, qk_scale, Nq, Nk, n_kb,
+def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, ORDER, qk_scale, s_scale, Nq, Nk, n_kb,
             stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
             D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr,
             HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             CAUSAL: tl.constexpr, DS_FORMAT: tl.constexpr, OUT_FORMAT: tl.constexpr,
-            EMULATE: tl.constexpr):
+            USE_EXP2: tl.constexpr, EMULATE: tl.constexpr):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     z = tl.program_id(1).to(tl.int64)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -153,8 +159,8 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, ORDER, qk_scale, Nq, Nk, n_kb,
                       mask=(cols[None, :] < Nk) & (offs_d[:, None] < D), other=0.0)
         v_t = tl.load(V + z * stride_vz + cols[None, :] * stride_vn + offs_dv[:, None],
                       mask=(cols[None, :] < Nk) & (offs_dv[:, None] < DV), other=0.0)
-        p, ds = _p_and_ds(q, k_t, v_t, do, lse, delta, offs_m, cols, qk_scale, Nq, Nk,
-                          BLOCK_M, BLOCK_N, CAUSAL, EMULATE)
+        p, ds = _p_and_ds(q, k_t, v_t, do, lse, delta, offs_m, cols, s_scale, Nq, Nk,
+                          BLOCK_M, BLOCK_N, CAUSAL, USE_EXP2, EMULATE)
         ds_c = _cast(ds, DS_FORMAT, Q.dtype.element_ty, EMULATE)
         dq = _dot(ds_c, tl.trans(k_t), dq, "ieee", EMULATE, None)
     dq = dq * qk_scale
@@ -173,7 +179,7 @@ def _storage(x: torch.Tensor, fmt: str) -> torch.Tensor:
 
 def attention_backward_triton(q, k, v, do, *, precision="bf16", policy="fa2", block_m=32,
                               block_n=32, causal=False, scale=None, dq_order="forward", seed=0,
-                              out=None, lse=None) -> Gradients:
+                              out=None, lse=None, exp2=False) -> Gradients:
     """dQ, dK, dV by the Triton kernels (see the module docstring)."""
     _check(q, k, v, do, precision, block_m, block_n, dq_order, "nearest", out, lse)
     if precision not in PRECISIONS:
@@ -201,7 +207,8 @@ def attention_backward_triton(q, k, v, do, *, precision="bf16", policy="fa2", bl
                            fin) for x in (q, k, v))
     do3 = _storage(get_format(pol.do).round(do.detach().double()).reshape(-1, nq, dv), pol.do)
     o3 = _storage(out.detach().double().reshape(-1, nq, dv), fout)
-    lse32 = lse.detach().double().reshape(-1, nq).to(torch.float32)
+    # exp2: the LSE in log2 units, rounded once to fp32 (the emulator's lse site)
+    lse32 = (lse.detach().double() * (LOG2E if exp2 else 1.0)).reshape(-1, nq).to(torch.float32)
     lse32 = torch.where(torch.isfinite(lse32), lse32, torch.zeros_like(lse32)).contiguous()
     Z = q3.shape[0]
     n_qb, n_kb = n_blocks(nq, block_m), n_blocks(nk, block_n)
@@ -214,15 +221,18 @@ def attention_backward_triton(q, k, v, do, *, precision="bf16", policy="fa2", bl
     dk = torch.empty(Z, nk, d, dtype=out_dtype)
     dvv = torch.empty(Z, nk, dv, dtype=out_dtype)
     qk_scale = float(torch.tensor(sc, dtype=torch.float32))
+    s_scale = float(torch.tensor(sc * LOG2E, dtype=torch.float32)) if exp2 else qk_scale
     strides = (q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0),
                v3.stride(1))
     common = dict(D=d, DV=dv, HEAD_DIM=hd, HEAD_DIM_V=hdv, BLOCK_M=block_m, BLOCK_N=block_n,
                   CAUSAL=bool(causal), DS_FORMAT=pol.ds_cast, OUT_FORMAT=fout,
-                  EMULATE=INTERPRET)
-    _bwd_dkdv[(n_kb, Z)](q3, k3, v3, do3, lse32, delta, dk, dvv, qk_scale, nq, nk, n_qb,
+                  USE_EXP2=bool(exp2), EMULATE=INTERPRET)
+    _bwd_dkdv[(n_kb, Z)](q3, k3, v3, do3, lse32, delta, dk, dvv, qk_scale, s_scale, nq, nk,
+                         n_qb,
                          *strides, P_FORMAT=pol.p_cast, **common)
     order = key_block_order(dq_order, 1, n_kb, seed)[0].to(torch.int32).contiguous()
-    _bwd_dq[(n_qb, Z)](q3, k3, v3, do3, lse32, delta, dq, order, qk_scale, nq, nk, n_kb,
+    _bwd_dq[(n_qb, Z)](q3, k3, v3, do3, lse32, delta, dq, order, qk_scale, s_scale, nq, nk,
+                       n_kb,
                        *strides, **common)
     masked = torch.isneginf(lse.detach().double()).reshape(*lead, nq)
     return Gradients(
@@ -231,8 +241,8 @@ def attention_backward_triton(q, k, v, do, *, precision="bf16", policy="fa2", bl
         delta=delta.double().reshape(*lead, nq), out=o3.double().reshape(*lead, nq, dv),
         masked=masked, ds_rowsum=torch.full((*lead, nq), math.nan),
         info=dict(backend="triton", precision=precision, block_m=block_m, block_n=block_n,
-                  causal=causal, scale=sc, dq_order=dq_order if isinstance(dq_order, str)
-                  else "permutation"),
+                  causal=causal, scale=sc, exp2=exp2,
+                  dq_order=dq_order if isinstance(dq_order, str) else "permutation"),
     )
 
 

@@ -52,7 +52,16 @@ added (a no-op for fp32 accumulators). Presets (`policy=`):
 Fully masked rows (causal with Nq > Nk) give dQ = 0 and contribute nothing to dK, dV.
 Memory is O(Nq * block_n) for "flash" (no Nq x Nk matrix); "standard" works through
 chunks of query rows (about 2^24 logits at a time), summing dK, dV in their sites.
-FMA contraction and the Triton tutorial's exp2 form are not modelled.
+
+exp2=True recomputes P in base 2, as flash-attn's CUDA backward (`scale_apply_exp2` with
+`scale_softmax_log2` and the LSE times log2 e) and Triton's tutorial (M stored in log2
+units) do: P = exp2(S2 - L2) with S2 = (Q K^T) * fl_s(scale log2 e) (log2 e folded into
+the scale, held in the s site's format: fp32 in fa2, as flashnum's exp2 forward holds
+it) and L2 = fl_lse(L log2 e) (the stored LSE in log2 units, g.lse then in those units);
+dK and dQ are still multiplied by the natural scale. The flash structure only (naive is
+autograd of standard attention, which has no stored LSE). The tutorial folds log2 e into
+K itself, in the input dtype (`k * (sm_scale * RCP_LN2)`, then dQ *= ln 2): not modelled,
+nor FMA contraction.
 """
 
 from __future__ import annotations
@@ -64,6 +73,7 @@ import torch
 
 from flashnum.engine import native
 from flashnum.engine.arith import Arith, carrier, wider
+from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import EXACT, FORMATS, PRECISIONS, ROUNDINGS
 from flashnum.numerics.policy import BackwardPolicy, make_backward_policy
 from flashnum.numerics.tiling import (
@@ -145,6 +155,8 @@ def attention_backward(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     measure_ds: bool = False,
+    exp2: bool = False,
+    variant: str = "fa2",
 ) -> Gradients:
     """Gradients of sum(dO * attention(q, k, v)) with respect to q, k, v, emulated.
 
@@ -154,17 +166,26 @@ def attention_backward(
               blocks: the order in which key blocks add into dQ
     out, lse: the forward's O and natural-log LSE, if not to be recomputed
     measure_ds: also return g.ds_rowsum (one more pass over every dS tile)
+    exp2:     P = exp2(S2 - L2) in log2 units (see the module docstring), flash only
+    variant:  the forward's variant (flashnum.attention: fa2, fa1, exp2, lazy, qiu_yao)
+              when the forward runs here: it changes O and L, which the backward reads
     """
     _check(q, k, v, do, precision, block_m, block_n, dq_order, rounding, out, lse)
     pol = make_backward_policy(policy, precision)
+    if not isinstance(exp2, bool):
+        raise TypeError(f"exp2 must be True or False, got {exp2!r}")
+    if exp2 and pol.structure != "flash":
+        raise ValueError(f"exp2 applies to the flash structure (fa2, lowp, exact), not "
+                         f"{pol.name!r} ({pol.structure}: autograd of standard attention)")
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    out_given = out
     if out is None:
         from flashnum.engine import attention  # the forward, same arithmetic model
 
         res = attention(q, k, v, precision=precision, policy=pol.forward, block_m=block_m,
                         block_n=block_n, order=order, causal=causal, scale=scale,
-                        rounding=rounding, seed=seed)
+                        rounding=rounding, seed=seed, variant=variant)
         out, lse = res.out, res.lse
     lead, nq, nk, dv = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
     dtype = torch.float64 if torch.float64 in (carrier(pol), carrier(pol.forward)) else \
@@ -183,7 +204,8 @@ def attention_backward(
     else:
         perm = key_block_order(dq_order, 1, n_kb, seed)[0].tolist()
         dq, dk, dvv, delta, lse_used, ds_rowsum = _flash(
-            ar, q3, k3, v3, do3, o3, lse3, block_m, block_n, causal, scale, perm, measure_ds)
+            ar, q3, k3, v3, do3, o3, lse3, block_m, block_n, causal, scale, perm, measure_ds,
+            exp2)
     masked = causal_visible(nq, nk).sum(-1) == 0 if causal else torch.zeros(nq, dtype=bool)
 
     def shaped(x, n):
@@ -200,7 +222,8 @@ def attention_backward(
                   block_m=block_m, block_n=block_n,
                   order=order if isinstance(order, str) else "permutation",
                   dq_order=dq_order if isinstance(dq_order, str) else "permutation",
-                  causal=causal, scale=scale, rounding=rounding, seed=seed),
+                  causal=causal, scale=scale, rounding=rounding, seed=seed, exp2=exp2,
+                  variant=variant if out_given is None else "given"),
     )
 
 
@@ -246,28 +269,29 @@ def _tile_sums(ar: Arith, x: torch.Tensor, y: torch.Tensor, bm: int, acc_site: s
     return acc
 
 
-def _flash(ar, q3, k3, v3, do3, o3, lse, bm, bn, causal, scale, perm, measure_ds):
+def _flash(ar, q3, k3, v3, do3, o3, lse, bm, bn, causal, scale, perm, measure_ds, exp2):
     """Algorithm 2 on (B, N, .) carrier tensors; returns dq, dk, dv, delta, lse as read."""
     B, nq, _ = q3.shape
     nk = k3.shape[1]
     nqp = n_blocks(nq, bm) * bm
     nkp = n_blocks(nk, bn) * bn
     delta = _rowsum_products(ar, do3, o3, "delta")
-    lse_s = ar.rnd(lse, ar.fmt("lse"), nearest=True).to(ar.dtype)  # from float64: once
+    # from float64: once (exp2: the LSE in log2 units, as flash-attn multiplies it in fp32)
+    lse_s = ar.rnd(lse * LOG2E if exp2 else lse, ar.fmt("lse"), nearest=True).to(ar.dtype)
     # a fully masked row has L = -inf and every S = -inf: shift by 0 so that P = 0
     lse_safe = _pad_rows(torch.where(torch.isfinite(lse_s), lse_s, torch.zeros_like(lse_s)),
                          nqp)
     qp, dop = _pad_rows(q3, nqp), _pad_rows(do3, nqp)
     deltap = _pad_rows(delta, nqp)
     kp, vp = _pad_rows(k3, nkp), _pad_rows(v3, nkp)
-    scale_s = _scaled(ar, scale, ar.fmt("s"))
+    scale_s = _scaled(ar, scale * LOG2E if exp2 else scale, ar.fmt("s"))
     f_diff = wider(ar.fmt("s"), ar.fmt("lse"))
     qpos = torch.arange(nqp)[:, None]
     dq = torch.zeros(B, nqp, q3.shape[-1], dtype=ar.dtype)
     dk = torch.zeros(B, nkp, k3.shape[-1], dtype=ar.dtype)
     dv = torch.zeros(B, nkp, v3.shape[-1], dtype=ar.dtype)
     ds_rowsum = torch.zeros(B, nqp, dtype=ar.dtype) if measure_ds else None  # on the carrier
-    fused = _fused_ok(ar, scale_s)
+    fused = not exp2 and _fused_ok(ar, scale_s)
     for j in perm:
         cols = slice(j * bn, (j + 1) * bn)
         kj, vj = kp[:, cols], vp[:, cols]
@@ -283,7 +307,7 @@ def _flash(ar, q3, k3, v3, do3, o3, lse, bm, bn, causal, scale, perm, measure_ds
             native.exp_rows(s, lse_safe, p, pc, ar.fmt("p_cast").name, scale=scale_s)
         else:
             s = ar.site(ar.site(s, "s") * scale_s, "s")
-            p = ar.exp(ar.rnd(s - lse_safe[..., None], f_diff), ar.fmt("p"))
+            p = ar.exp(ar.rnd(s - lse_safe[..., None], f_diff), ar.fmt("p"), base2=exp2)
             pc = ar.site(p, "p_cast")
         dv[:, cols] = _tile_sums(ar, pc, dop, bm, "dv_acc", "dv")
         dp = ar.site(ar.dot(dop, vj.transpose(-1, -2), ar.fmt("dp_acc")), "dp")
