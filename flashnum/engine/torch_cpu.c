@@ -237,3 +237,32 @@ void tc_attention(void *gemm_ptr, void *set_threads, const void *q, const void *
 void tc_lse(const float *m, const float *l, float *lse, int64_t n) {
     for (int64_t i = 0; i < n; i++) lse[i] = m[i] + logf(l[i]);
 }
+
+/* The kernel's epilogue for `rows` rows of o (rows x d, fp32) and their m, l: out =
+   o * fl32(1 / l) rounded to the dtype (a row with l = 0 takes l = 1), written as double;
+   m (-inf: 0), l and lse = m + logf(l) as double; nonfinite: a row with inf or NaN. */
+void tc_finish(const float *o, const float *m, const float *l, int64_t rows, int64_t d,
+               int prec, double *out, double *m64, double *l64, double *lse64,
+               uint8_t *nonfinite) {
+    for (int64_t r = 0; r < rows; r++) {
+        float ls = l[r] == 0.0f ? 1.0f : l[r];
+        float recip = 1.0f / ls;
+        uint8_t bad = 0;
+        for (int64_t c = 0; c < d; c++) {
+            float x = o[r * d + c] * recip;
+            if (prec == 1) {
+                uint32_t u = (uint32_t)to_bf16(x) << 16;
+                memcpy(&x, &u, 4);
+            } else if (prec == 2) {
+                x = (float)(_Float16)x;
+            }
+            bad |= !isfinite(x);
+            out[r * d + c] = (double)x;
+        }
+        float m0 = m[r] == -INFINITY ? 0.0f : m[r];
+        m64[r] = (double)m0;
+        l64[r] = (double)ls;
+        lse64[r] = (double)(m0 + logf(ls));
+        nonfinite[r] = bad;
+    }
+}

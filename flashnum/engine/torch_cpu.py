@@ -301,6 +301,8 @@ def _clib():
     f.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [
         ctypes.c_int]
     i64, vp = ctypes.c_int64, ctypes.c_void_p
+    lib.tc_finish.restype = None
+    lib.tc_finish.argtypes = [vp, vp, vp, i64, i64, ctypes.c_int] + [vp] * 5
     lib.tc_lse.restype = None
     lib.tc_lse.argtypes = [vp, vp, vp, i64]
     lib.tc_attention.restype = None
@@ -405,38 +407,58 @@ def attention_torch_cpu(q, k, v, *, precision="bf16", causal=False, scale=None,
 
     q3, k3, v3 = stored(q), stored(k), stored(v)
     bh = q3.shape[0]
-    out = torch.zeros(bh, nq, d, dtype=torch.float32)
-    m_all = torch.zeros(bh, nq, dtype=torch.float32)
-    l_all = torch.zeros(bh, nq, dtype=torch.float32)
+    out = torch.empty(bh, nq, d, dtype=torch.float32)
+    m_all = torch.empty(bh, nq, dtype=torch.float32)
+    l_all = torch.empty(bh, nq, dtype=torch.float32)
     bufs = _ThreadBuffers(dtype, qs, ks, d, bh * -(-nq // qs))
     lib = _clib() if use_c else None
     if lib is not None and _mkl() is not None and _omp_set_num_threads() is not None:
         _run_c(lib, precision, q3, k3, v3, qs, ks, causal, scale32, bufs, out, m_all,
                l_all)  # o before the division, m, l as the state leaves them
+        res = _finish_c(lib, precision, out, m_all, l_all)
     else:
         with _one_thread():  # the GEMMs run on one thread, as in the kernel's parallel loop
             _run_python(precision, q3, k3, v3, qs, ks, causal, scale32, bufs, out, m_all,
                         l_all, use_c)
-    l_safe = torch.where(l_all == 0, torch.ones_like(l_all), l_all)
-    recip = 1.0 / l_safe  # the kernel multiplies by the fp32 reciprocal
-    out = (out * recip[..., None]).to(dtype).float()
-    m_all = torch.where(m_all == -math.inf, torch.zeros_like(m_all), m_all)
-    l_all = l_safe
-    masked = torch.zeros(bh, nq, dtype=torch.bool)
-    m64, l64 = m_all.double(), l_all.double()
-    if lib is not None:  # fp32 m + std::log(l), as the kernel stores it
-        lse32 = torch.empty_like(m_all)
-        lib.tc_lse(m_all.data_ptr(), l_all.data_ptr(), lse32.data_ptr(), m_all.numel())
-    else:
-        lse32 = m_all + expf(l_all, _logf())
-    lse = lse32.double()
+        res = _finish_python(lib, dtype, out, m_all, l_all)
+    out64, m64, l64, lse, nonfinite = res
     return Result(
-        out=out.double().reshape(*lead, nq, d), m=m64.reshape(*lead, nq),
-        l=l64.reshape(*lead, nq), lse=lse.reshape(*lead, nq), masked=masked.reshape(*lead, nq),
+        out=out64.reshape(*lead, nq, d), m=m64.reshape(*lead, nq), l=l64.reshape(*lead, nq),
+        lse=lse.reshape(*lead, nq), masked=torch.zeros(*lead, nq, dtype=torch.bool),
         n_rescales=torch.zeros(*lead, nq, dtype=torch.int64), backend="emulate",
+        nonfinite=None if nonfinite is None else nonfinite.reshape(*lead, nq),
         info=dict(precision=precision, policy="torch_cpu", block_m=qs, block_n=ks,
                   causal=causal, scale=scale, order="forward", variant="fa2"),
     )
+
+
+def _finish_c(lib, prec, o, m, l):
+    """The kernel's epilogue in torch_cpu.c (tc_finish): (out, m, l, lse) as float64 and
+    the rows with inf or NaN. On small shapes torch's elementwise calls would cost more
+    than the kernel loop itself."""
+    bh, nq, d = o.shape
+    res = [torch.empty(bh, nq, d, dtype=torch.float64)] + [
+        torch.empty(bh, nq, dtype=torch.float64) for _ in range(3)]
+    nonfinite = torch.empty(bh, nq, dtype=torch.bool)
+    lib.tc_finish(o.data_ptr(), m.data_ptr(), l.data_ptr(), bh * nq, d,
+                  ("fp32", "bf16", "fp16").index(prec), *(x.data_ptr() for x in res),
+                  nonfinite.data_ptr())
+    return (*res, nonfinite)
+
+
+def _finish_python(lib, dtype, o, m, l):
+    """_finish_c's epilogue in torch: out = o * fl32(1 / l) in the dtype (l = 0: 1), m
+    (-inf: 0), l, lse = m + logf(l); nonfinite left to Result."""
+    l_safe = torch.where(l == 0, torch.ones_like(l), l)
+    recip = 1.0 / l_safe  # the kernel multiplies by the fp32 reciprocal
+    out = (o * recip[..., None]).to(dtype).float()
+    m0 = torch.where(m == -math.inf, torch.zeros_like(m), m)
+    if lib is not None:  # fp32 m + std::log(l), as the kernel stores it
+        lse32 = torch.empty_like(m0)
+        lib.tc_lse(m0.data_ptr(), l_safe.data_ptr(), lse32.data_ptr(), m0.numel())
+    else:
+        lse32 = m0 + expf(l_safe, _logf())
+    return out.double(), m0.double(), l_safe.double(), lse32.double(), None
 
 
 def _run_c(lib, prec, q3, k3, v3, qs, ks, causal, scale32, bufs, o_all, m_all, l_all) -> None:
