@@ -24,9 +24,11 @@ L2): log2 e folded into the fp32 scale and the LSE, as flashnum.attention_backwa
 exp2=True; the tutorial folds it into K instead, not done here). The forward is
 flashnum's Triton forward kernel unless `out` and `lse` are given.
 
-The wrapper takes and allocates host (CPU) tensors: it runs on Triton's CPU interpreter;
-moving the tensors to a GPU is not done yet (the kernels themselves use only what the
-forward kernel uses on a GPU).
+Devices: without a CUDA GPU the kernels run on Triton's CPU interpreter (importing this
+module sets TRITON_INTERPRET=1 there, through flashnum.backends.triton); with one they
+run on it (inputs of any device are rounded on the host, moved to cuda, stored in the
+input dtype; the gradients come back as float64 on the inputs' device). The GPU path is
+written, not yet measured (no GPU here): bench/backward_gpu.py is its check.
 
 On the CPU interpreter the forward kernel's fixes apply (the same helpers): bf16 tensors
 travel as fp32 (exact) so that tl.dot multiplies values, not bit patterns, and bf16 casts
@@ -42,10 +44,12 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
-import triton.language as tl
 
-from flashnum.backends.triton import _TORCH, INTERPRET, _cast, _dot, _round_rne
+# first: without a CUDA GPU it sets TRITON_INTERPRET=1 before triton is imported
+from flashnum.backends.triton import _TORCH, INTERPRET, _cast, _dot, _round_rne  # isort: skip
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from flashnum.engine.backward import Gradients, _check
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import get_format
@@ -170,11 +174,46 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, ORDER, qk_scale, s_scale, Nq, Nk, n_kb,
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
 
 
+DEVICE = torch.device("cpu") if INTERPRET else torch.device("cuda")
+
+
 def _storage(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    """x (float64, values of fmt) in the kernel's storage dtype (bf16 as fp32 here)."""
+    """x (float64, values of fmt) in the kernel's storage dtype (bf16 as fp32 on the
+    interpreter, whose bf16 dot multiplies bit patterns), on the kernel's device."""
     if INTERPRET and fmt == "bf16":
-        return x.to(torch.float32).contiguous()
-    return x.to(_TORCH[fmt]).contiguous()
+        return x.to(torch.float32).to(DEVICE).contiguous()
+    return x.to(_TORCH[fmt]).to(DEVICE).contiguous()
+
+
+def backward_kernels(q3, k3, v3, do3, o3, lse32, order, qk_scale, s_scale, *, block_m,
+                     block_n, causal, p_format, ds_format, out_format, exp2=False):
+    """The three launches on prepared (Z, N, .) tensors of the kernel's device: q3, k3,
+    v3, do3, o3 stored (_storage), lse32 the fp32 LSE (log2 units with exp2, 0 on masked
+    rows), order int32 key blocks in dQ's order, qk_scale the fp32 scale of dK and dQ,
+    s_scale that of the logits (times log2 e with exp2). Returns delta, dq, dk, dv in the
+    output's storage dtype (what bench/backward_gpu.py times)."""
+    Z, nq, d = q3.shape
+    nk, dv = k3.shape[1], v3.shape[-1]
+    n_qb, n_kb = n_blocks(nq, block_m), n_blocks(nk, block_n)
+    hd, hdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
+    dev = q3.device
+    delta = torch.empty(Z, nq, dtype=torch.float32, device=dev)
+    _bwd_preprocess[(n_qb, Z)](o3, do3, delta, nq, o3.stride(0), o3.stride(1), DV=dv,
+                               HEAD_DIM_V=hdv, BLOCK_M=block_m)
+    out_dtype = torch.float32 if (INTERPRET and out_format == "bf16") else _TORCH[out_format]
+    dq = torch.empty(Z, nq, d, dtype=out_dtype, device=dev)
+    dk = torch.empty(Z, nk, d, dtype=out_dtype, device=dev)
+    dvv = torch.empty(Z, nk, dv, dtype=out_dtype, device=dev)
+    strides = (q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0),
+               v3.stride(1))
+    common = dict(D=d, DV=dv, HEAD_DIM=hd, HEAD_DIM_V=hdv, BLOCK_M=block_m, BLOCK_N=block_n,
+                  CAUSAL=bool(causal), DS_FORMAT=ds_format, OUT_FORMAT=out_format,
+                  USE_EXP2=bool(exp2), EMULATE=INTERPRET)
+    _bwd_dkdv[(n_kb, Z)](q3, k3, v3, do3, lse32, delta, dk, dvv, qk_scale, s_scale, nq, nk,
+                         n_qb, *strides, P_FORMAT=p_format, **common)
+    _bwd_dq[(n_qb, Z)](q3, k3, v3, do3, lse32, delta, dq, order, qk_scale, s_scale, nq, nk,
+                       n_kb, *strides, **common)
+    return delta, dq, dk, dvv
 
 
 def attention_backward_triton(q, k, v, do, *, precision="bf16", policy="fa2", block_m=32,
@@ -203,43 +242,33 @@ def attention_backward_triton(q, k, v, do, *, precision="bf16", policy="fa2", bl
         out, lse = res.out, res.lse
     fin, fout = pol.forward.inputs, pol.out
     lead = q.shape[:-2]
-    q3, k3, v3 = (_storage(get_format(fin).round(x.detach().double()).reshape(-1, *x.shape[-2:]),
-                           fin) for x in (q, k, v))
-    do3 = _storage(get_format(pol.do).round(do.detach().double()).reshape(-1, nq, dv), pol.do)
-    o3 = _storage(out.detach().double().reshape(-1, nq, dv), fout)
+    q3, k3, v3 = (_storage(get_format(fin).round(x.detach().cpu().double()).reshape(
+        -1, *x.shape[-2:]), fin) for x in (q, k, v))
+    do3 = _storage(get_format(pol.do).round(do.detach().cpu().double()).reshape(-1, nq, dv),
+                   pol.do)
+    o3 = _storage(out.detach().cpu().double().reshape(-1, nq, dv), fout)
     # exp2: the LSE in log2 units, rounded once to fp32 (the emulator's lse site)
-    lse32 = (lse.detach().double() * (LOG2E if exp2 else 1.0)).reshape(-1, nq).to(torch.float32)
-    lse32 = torch.where(torch.isfinite(lse32), lse32, torch.zeros_like(lse32)).contiguous()
-    Z = q3.shape[0]
-    n_qb, n_kb = n_blocks(nq, block_m), n_blocks(nk, block_n)
-    hd, hdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
-    delta = torch.empty(Z, nq, dtype=torch.float32)
-    _bwd_preprocess[(n_qb, Z)](o3, do3, delta, nq, o3.stride(0), o3.stride(1), DV=dv,
-                               HEAD_DIM_V=hdv, BLOCK_M=block_m)
-    out_dtype = torch.float32 if (INTERPRET and fout == "bf16") else _TORCH[fout]
-    dq = torch.empty(Z, nq, d, dtype=out_dtype)
-    dk = torch.empty(Z, nk, d, dtype=out_dtype)
-    dvv = torch.empty(Z, nk, dv, dtype=out_dtype)
+    lse32 = (lse.detach().cpu().double() * (LOG2E if exp2 else 1.0)).reshape(-1, nq).to(
+        torch.float32)
+    lse32 = torch.where(torch.isfinite(lse32), lse32, torch.zeros_like(lse32)).to(
+        DEVICE).contiguous()
     qk_scale = float(torch.tensor(sc, dtype=torch.float32))
     s_scale = float(torch.tensor(sc * LOG2E, dtype=torch.float32)) if exp2 else qk_scale
-    strides = (q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0),
-               v3.stride(1))
-    common = dict(D=d, DV=dv, HEAD_DIM=hd, HEAD_DIM_V=hdv, BLOCK_M=block_m, BLOCK_N=block_n,
-                  CAUSAL=bool(causal), DS_FORMAT=pol.ds_cast, OUT_FORMAT=fout,
-                  USE_EXP2=bool(exp2), EMULATE=INTERPRET)
-    _bwd_dkdv[(n_kb, Z)](q3, k3, v3, do3, lse32, delta, dk, dvv, qk_scale, s_scale, nq, nk,
-                         n_qb,
-                         *strides, P_FORMAT=pol.p_cast, **common)
-    order = key_block_order(dq_order, 1, n_kb, seed)[0].to(torch.int32).contiguous()
-    _bwd_dq[(n_qb, Z)](q3, k3, v3, do3, lse32, delta, dq, order, qk_scale, s_scale, nq, nk,
-                       n_kb,
-                       *strides, **common)
-    masked = torch.isneginf(lse.detach().double()).reshape(*lead, nq)
+    order = key_block_order(dq_order, 1, n_blocks(nk, block_n), seed)[0]
+    delta, dq, dk, dvv = backward_kernels(
+        q3, k3, v3, do3, o3, lse32, order.to(torch.int32).to(DEVICE).contiguous(), qk_scale,
+        s_scale, block_m=block_m, block_n=block_n, causal=causal, p_format=pol.p_cast,
+        ds_format=pol.ds_cast, out_format=fout, exp2=exp2)
+    home = q.device
+
+    def back(x, *tail):
+        return x.to(home, torch.float64).reshape(*lead, *tail)
+
+    masked = torch.isneginf(lse.detach().double()).reshape(*lead, nq).to(home)
     return Gradients(
-        dq=dq.double().reshape(*lead, nq, d), dk=dk.double().reshape(*lead, nk, d),
-        dv=dvv.double().reshape(*lead, nk, dv), lse=lse32.double().reshape(*lead, nq),
-        delta=delta.double().reshape(*lead, nq), out=o3.double().reshape(*lead, nq, dv),
-        masked=masked, ds_rowsum=torch.full((*lead, nq), math.nan),
+        dq=back(dq, nq, d), dk=back(dk, nk, d), dv=back(dvv, nk, dv), lse=back(lse32, nq),
+        delta=back(delta, nq), out=back(o3, nq, dv), masked=masked,
+        ds_rowsum=torch.full((*lead, nq), math.nan, device=home),
         info=dict(backend="triton", precision=precision, block_m=block_m, block_n=block_n,
                   causal=causal, scale=sc, exp2=exp2,
                   dq_order=dq_order if isinstance(dq_order, str) else "permutation"),
@@ -271,4 +300,4 @@ def compare_backward(q, k, v, do, **kw) -> dict:
     return out
 
 
-__all__ = ["attention_backward_triton", "compare_backward", "PRECISIONS"]
+__all__ = ["attention_backward_triton", "backward_kernels", "compare_backward", "PRECISIONS"]
