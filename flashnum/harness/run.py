@@ -57,7 +57,6 @@ from flashnum.harness.cli import ConfigError
 from flashnum.harness.config import check, register
 from flashnum.harness.grid import CASE_FIELDS, CONF, Case, columns, expand, select
 from flashnum.inputs.distributions import make
-from flashnum.inputs.search import worst_case
 from flashnum.numerics.formats import Exact, Format
 from flashnum.numerics.policy import SITES, make_policy
 from flashnum.reference import reference
@@ -209,6 +208,10 @@ def run_group(cases: list[Case], experiment: str, exp_dir: str, opts: dict) -> d
 
 def run_search_group(cases: list[Case], experiment: str, exp_dir: str, opts: dict) -> dict:
     """worst_case: one inputs.search.worst_case per case, then a full row for its inputs."""
+    # imported here: the search pulls in scipy.stats and scipy.optimize (about 2 s of
+    # start-up), which every other case and every shard's process can do without
+    from flashnum.inputs.search import worst_case
+
     torch.set_num_threads(1)
     rows, failures = [], []
     t0 = time.perf_counter()
