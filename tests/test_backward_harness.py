@@ -113,3 +113,25 @@ def test_where_runs_only_the_cases_with_those_axis_values(tmp_path, monkeypatch)
     assert list(store.load(tmp_path / "bwd_tiny").policy) == ["naive"]
     with pytest.raises(ValueError, match="colour"):
         backward._where("colour:red")
+
+
+def test_the_attribution_shares_quoted_in_the_docs_are_the_stored_tables():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "backward.md").read_text()
+    summ = backward.attribution_summary("bwd_attribution")
+    names = {"out": "output cast", "ds_cast": "dS cast", "forward": "forward",
+             "p_cast": "P cast"}
+    for grad, sites in (("dq", ("out", "ds_cast", "forward")),
+                        ("dk", ("ds_cast", "out", "forward")), ("dv", ("out", "p_cast"))):
+        head = f"| fa2 d{grad[1].upper()}"
+        row = next(line for line in doc.splitlines() if line.startswith(head))
+        for site in sites:
+            r = summ[(summ.policy == "fa2") & (summ.grad == grad) & (summ.site == site)].iloc[0]
+            assert f"{names[site]} {r.share_max_abs:.2f}" in row, (grad, site, row)
+    tidy = backward.attribution_rows(store.load("bwd_attribution"))
+    sink = tidy[(tidy.policy == "fa2") & (tidy.metric == "max_abs") & (tidy.site == "forward")
+                & (tidy.distribution == "sink")]
+    for grad in ("dq", "dk"):
+        share = sink[sink.grad == grad].share.median()
+        assert f"{share:.2f}" in doc, (grad, share)
