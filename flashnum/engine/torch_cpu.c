@@ -4,8 +4,9 @@
    P = exp(s - m) (exp_u20 or fexp_u20 on whole 16-lane vectors, double exp on the tail), its
    row sum in the kernel's order (lane accumulators, the AVX-512 shuffle tree, then the
    tail in order), alpha = expf(m_old - m_new) and l = fma(alpha, l_old, rowsum).
-   Scalar C, every operation the one IEEE operation the kernel performs: compiled with
-   -ffp-contract=off so that only the written fmaf calls fuse. */
+   C, every operation the one IEEE operation the kernel performs: compiled with
+   -ffp-contract=off so that only the written fmaf calls fuse, and -fno-math-errno
+   -fno-trapping-math so that the exp loops vectorise (no value changes). */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -28,7 +29,10 @@ static float exp_u20(float x) {
     res = fmaf(r, res, 0.999999701f);
     res = fmaf(r, res, 1.0f);
     int32_t e = (int32_t)(fx - 1.0f) + 127;
-    float two = (below || e <= 0) ? 0.0f : bits_f((uint32_t)e << 23);
+    /* 2^(fx - 1), 0 where the exponent underflows or x is below ln_min (branch-free, so
+       that the 16-lane loops vectorise) */
+    float two = bits_f((uint32_t)(e > 0 ? e : 0) << 23);
+    two = below ? 0.0f : two;
     return (res * two) * 2.0f;
 }
 
@@ -42,8 +46,11 @@ static float fexp_u20(float x) {
     res = fmaf(frac, res, (float)0.00010703434948458272);
     src = src - res;
     float tmp = fmaf(8388608.0f, src, 1065353216.0f);
-    /* cvttps: truncation; out of range (and NaN) gives INT32_MIN */
-    int32_t i = (tmp >= -2147483648.0f && tmp < 2147483648.0f) ? (int32_t)tmp : INT32_MIN;
+    /* cvttps: truncation; NaN and values below the range give INT32_MIN (the second
+       select sends NaN there); above the range tmp cannot come for x <= ln_max (< 2.15e9) */
+    tmp = tmp > 2147483520.0f ? 2147483520.0f : tmp;
+    tmp = tmp >= -2147483648.0f ? tmp : -2147483648.0f;
+    int32_t i = (int32_t)tmp;
     i = x < ln_min ? 0 : i;
     i = x > ln_max ? 0x7f800000 : i;
     return bits_f((uint32_t)i);
@@ -73,21 +80,15 @@ void tc_softmax_block(const float *s, int64_t rows, int64_t n, float *m, float *
         int64_t step = fast_exp ? 2 * LANES : LANES;
         int64_t end_n = step * (n / step);
         float acc[2][LANES] = {{0}}, tail[LANES] = {0};
+        /* P on the whole vectors first (one elementwise pass: it vectorises; p may be s),
+           then the lane sums in the kernel's order */
+        if (fast_exp)
+            for (int64_t j = 0; j < main_n; j++) pr[j] = fexp_u20(sr[j] - m_new);
+        else
+            for (int64_t j = 0; j < main_n; j++) pr[j] = exp_u20(sr[j] - m_new);
         for (int64_t c0 = 0; c0 < main_n; c0 += LANES) {
             float *a = c0 >= end_n ? tail : acc[(c0 % step) / LANES];
-            if (fast_exp) {
-                for (int i = 0; i < LANES; i++) {
-                    float e = fexp_u20(sr[c0 + i] - m_new);
-                    pr[c0 + i] = e;
-                    a[i] += e;
-                }
-            } else {
-                for (int i = 0; i < LANES; i++) {
-                    float e = exp_u20(sr[c0 + i] - m_new);
-                    pr[c0 + i] = e;
-                    a[i] += e;
-                }
-            }
+            for (int i = 0; i < LANES; i++) a[i] += pr[c0 + i];
         }
         for (int i = 0; i < LANES; i++) {
             acc[0][i] = acc[0][i] + tail[i];
