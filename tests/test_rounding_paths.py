@@ -1,9 +1,10 @@
 """Format.round's two nearest-even paths agree bit for bit.
 
-Rounding to nearest goes through `_nearest_normal` (an add-and-mask on float64's bits)
-whenever every element is 0 or a finite normal of the target format, else through the
-scaled-integer path `_round_general`, which tests/test_formats.py checks against exact
-rational arithmetic. Here the bit path is compared with the general one on the values
+Rounding to nearest takes every 0 and finite normal of the target format through
+`_nearest` (an add-and-mask on float64's bits) and every other element (a subnormal of
+the format, an infinity, a NaN) through the scaled-integer path `_round_general`, which
+tests/test_formats.py checks against exact rational arithmetic. Here the bit path is
+compared with the general one on the values
 where a bit trick can go wrong: ties (both parities), values just either side of a tie,
 the top of a binade (a carry into the exponent), the smallest normal, the overflow
 threshold, negative values and zeros.
@@ -75,7 +76,7 @@ def test_bit_path_matches_torchs_own_cast_of_float32_values(name):
     assert torch.equal(ours, theirs)
 
 
-def test_a_subnormal_an_infinity_or_a_nan_sends_the_whole_tensor_down_the_general_path():
+def test_a_subnormal_an_infinity_or_a_nan_goes_down_the_general_path_alone():
     bf16 = FORMATS["bf16"]
     tiny = bf16.min_subnormal * 3  # a bf16 subnormal: the bit path would keep 8 bits of it
     x = torch.tensor([1.0 + 2.0**-9, tiny, math.inf, -math.inf, math.nan, 3.0],
@@ -92,10 +93,24 @@ def test_a_subnormal_an_infinity_or_a_nan_sends_the_whole_tensor_down_the_genera
 def test_a_tensor_of_many_chunks_rounds_as_its_elements_do_alone():
     bf16 = FORMATS["bf16"]
     g = torch.Generator().manual_seed(2)
-    x = torch.randn(3, 70000, generator=g, dtype=torch.float64)  # 210000: four chunks
+    x = torch.randn(3, 400000, generator=g, dtype=torch.float64)  # 1.2M: two chunks
     whole = bf16.round(x)
     assert torch.equal(whole, bf16._round_general(x, "nearest", None))
     x[2, -1] = bf16.min_subnormal * 5  # a subnormal in the last chunk: the general path
+    x[0, 5] = math.nan
     y = bf16.round(x.t())  # not contiguous either
-    assert y[-1, 2] == bf16.min_subnormal * 5
-    assert torch.equal(y.t()[:2], whole[:2])
+    assert y[-1, 2] == bf16.min_subnormal * 5 and math.isnan(y[5, 0])
+    rest = torch.ones_like(x, dtype=torch.bool)
+    rest[2, -1] = rest[0, 5] = False
+    assert torch.equal(y.t()[rest], whole[rest])
+
+
+@pytest.mark.parametrize("name", ["fp16", "fp8_e4m3", "fp8_e5m2"])
+def test_values_across_the_subnormals_round_as_the_general_path_rounds_them(name):
+    fmt = FORMATS[name]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(50000, generator=g, dtype=torch.float64) * 2.0 ** torch.randint(
+        fmt.emin - fmt.p - 2, 4, (50000,), generator=g).double()
+    x[:2] = torch.tensor([0.0, -0.0])  # (infinities: the overflow rule, tested apart)
+    general = fmt._round_general(x, "nearest", None)
+    assert torch.equal(bits(fmt.round(x)), bits(general))
