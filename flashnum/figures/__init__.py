@@ -48,6 +48,8 @@ What each figure shows (the selection is also written into its \\Sel macro):
                         the low-precision measurements (flashnum.figures.lowprec)
     tab_kernel_audit    kernel_audit: real kernels audited, beside standard attention and
                         the emulated fa2/lowp, and their models' bitwise agreement
+    qiu_yao_clamp       repro_qiu_yao: out / ref of Qiu & Yao's released fix vs the max
+                        logit, the derived clamp collapse dashed
 
 Where things are (a new figure or table goes into the module that holds its kind, and
 into the FIGURES registry below):
@@ -60,7 +62,7 @@ into the FIGURES registry below):
     tables.py   one function per table from the sweeps and presets
     prose.py    the reproductions' tables and the sentences the paper quotes about them
     lowprec.py  block-scaled formats, FA4's fp8 offset, the P-cast threshold, split-KV
-    audit.py    the stored audit of real kernels (experiments/kernel_audit)
+    audit.py    the real codes audited: experiments/kernel_audit, Qiu & Yao's clamp
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashnum.figures.audit import tab_kernel_audit
+from flashnum.figures.audit import qiu_yao_clamp, tab_kernel_audit
 from flashnum.figures.context import Figures, Unplottable
 from flashnum.figures.lowprec import (
     fp8_offset,
@@ -107,7 +109,7 @@ OUT = REPO / "paper" / "figures"
 FIGURES = (error_vs_n, error_vs_block_n, error_by_order, heatmap, attribution,
            kernel_vs_emulator, precision_bits, bwd_error, bwd_order, tab_tightness,
            tab_worst_case, tab_presets, pcast_threshold, fp8_offset, tab_block_scaled,
-           tab_splitkv_decode, tab_kernel_audit)
+           tab_splitkv_decode, tab_kernel_audit, qiu_yao_clamp)
 PLOTS = tuple(f.__name__ for f in FIGURES if not f.__name__.startswith("tab_"))
 # the experiment each figure reads (for messages; tab_tightness reads all three sweeps)
 SOURCES = {"error_vs_n": "seqlen_growth", "error_vs_block_n": "block_size",
@@ -118,7 +120,8 @@ SOURCES = {"error_vs_n": "seqlen_growth", "error_vs_block_n": "block_size",
            "bwd_error": "bwd_bf16_sweep", "bwd_order": "bwd_order",
            "pcast_threshold": "repro_pcast_threshold", "fp8_offset": "repro_fp8_offset",
            "tab_block_scaled": "repro_block_scaled",
-           "tab_splitkv_decode": "repro_splitkv_decode", "tab_kernel_audit": "kernel_audit"}
+           "tab_splitkv_decode": "repro_splitkv_decode", "tab_kernel_audit": "kernel_audit",
+           "qiu_yao_clamp": "repro_qiu_yao"}
 
 REPROS = tuple(REPRO)  # the reproductions' tables, after the figures (prose.py)
 

@@ -1,10 +1,13 @@
-"""The paper's table of experiments/kernel_audit: real kernels audited, and their models.
+"""The paper's table of experiments/kernel_audit and the figure of Qiu & Yao's clamp.
 
     tab_kernel_audit(F)   one row per audited (kernel, precision): cases kept, the worst
                           error over flash-attn's bound, the median error of the kernel
                           beside standard attention in the same dtype and flashnum's
                           emulated fa2 and lowp on the same cases, and how often the
                           kernel's model (torch_cpu, fa2) equals the kernel bit for bit
+
+    qiu_yao_clamp(F)      repro_qiu_yao's clamp_sweep: out / ref of their released fix vs
+                          the max logit, the derived collapse 2 exp(-M) / 1e-10 beside
 
 Reads the table `python -m flashnum.audit experiment=kernel_audit` stores (one row per
 target, precision and case; flashnum.audit.rules names the columns) and sets the numbers
@@ -66,3 +69,28 @@ def tab_kernel_audit(F: Figures) -> None:
     F.num("AuditBfOverStd", _median_ratio(bf.err_max, bf.std_err_max))
     F.num("AuditBfOverFa", _median_ratio(bf.err_max, bf.fa2_err_max))
     F.num("AuditBfOverLowp", _median_ratio(bf.err_max, bf.lowp_err_max))
+
+
+def qiu_yao_clamp(F: Figures) -> None:
+    """repro_qiu_yao's clamp_sweep rows: out / ref of Qiu & Yao's released fix against the
+    row's max logit M (two tied maxima), the derived 2 exp(-M) / 1e-10 dashed, the onset
+    ln(2 / 1e-10) marked; the idealised fix beside."""
+    df = F.table("repro_qiu_yao")
+    if df is None or "max_logit" not in df or not (df.distribution == "clamp_sweep").any():
+        return F.placeholder("qiu_yao_clamp", "repro_qiu_yao")
+    from flashnum.figures.plots import _style
+
+    plt = _style()
+    sw = df[(df.distribution == "clamp_sweep") & (df.policy == "lowp")].sort_values("max_logit")
+    F.select("qiu_yao_clamp", ["clamp_sweep rows", "policy lowp"])
+    fig, ax = plt.subplots(figsize=(5.5, 3.0))
+    rel, ideal = sw[sw.variant == "qiu_yao_released"], sw[sw.variant == "qiu_yao"]
+    ax.plot(rel.max_logit, rel.ours, "o", ms=3, color="C3", label="released fix (measured)")
+    ax.plot(rel.max_logit, rel.predicted, "k--", lw=0.9, label=r"$2e^{-M}/10^{-10}$ (derived)")
+    ax.plot(ideal.max_logit, ideal.ours, "-", color="C0", label="idealised fix (measured)")
+    ax.axvline(float(rel.onset.iloc[0]), color="0.4", lw=0.8, ls=":")
+    ax.set_yscale("log")
+    ax.set_xlabel("max logit $M$ of the row (two tied maxima)")
+    ax.set_ylabel("output / reference")
+    ax.legend(loc="lower left")
+    F.save(fig, "qiu_yao_clamp")
