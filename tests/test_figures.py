@@ -242,6 +242,11 @@ def synthetic_tree(root: Path, skip=()) -> Path:
     site = {fn: {"inputs": 2_000_000_000 + i, "hard_inputs": [0.5] * (3 + i),
                  "torch_float64_misses": [0.5] * i} for i, fn in enumerate(("exp", "exp2"))}
     (bench / "exp_exhaustive.json").write_text(json.dumps(site))
+    spread = {k: {"mean": m, "rel_sd": 0.25} for k, m in (("naive", 3e-4), ("fa2", 2e-4))}
+    protocol = dict(n=8192, d=128, heads=8, rows=128)
+    (bench / "fa3_protocol.json").write_text(json.dumps(dict(
+        protocol=protocol, seeds=4, published_ratio=1.68, summary=dict(
+            spread, ratio_of_means=1.5, ratio=dict(min=1.25, max=2.0)))))
     return root
 
 
@@ -303,6 +308,14 @@ def test_exp_site_numbers_come_from_the_exhaustive_check(full):
     macros = _macros((out / "numbers.tex").read_text())
     assert (macros["ExpInputs"], macros["ExpHard"], macros["ExpFloatMisses"]) == (
         r"4.0\times 10^9", "7", "1")
+
+
+def test_the_fa3_protocol_sentences_quote_the_stored_spread(full):
+    _, out, _ = full
+    text = _macros((out / "numbers.tex").read_text())["FaThreeProtocolText"]
+    for quoted in ("$N = 8{,}192$", "over 4 seeds", "3.0", "25\\%", "1.50", "1.25 to 2.00",
+                   "published 1.68, which lies inside"):
+        assert quoted in text, quoted
 
 
 def test_quoted_numbers_come_from_the_data(full):

@@ -79,7 +79,7 @@ from flashnum.figures.lowprec import (
     tab_block_scaled,
     tab_splitkv_decode,
 )
-from flashnum.figures.numbers import EXPERIMENTS, NUMBERS, exp_site, write_numbers
+from flashnum.figures.numbers import EXPERIMENTS, NUMBERS, exp_site, fa3_protocol, write_numbers
 from flashnum.figures.plots import (
     attribution,
     bwd_error,
@@ -140,6 +140,7 @@ def generate(experiments=None, out=None) -> Figures:
     for name in REPROS:
         tab_repro(F, name)
     exp_site(F)
+    fa3_protocol(F)
     write_numbers(F, PLOTS)
     return F
 
