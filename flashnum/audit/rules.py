@@ -140,6 +140,11 @@ def _call_isolated(fn, q, k, v, causal, scale):
     if pid == 0:  # the child: run, answer, exit without running the parent's cleanup
         code = 1
         try:
+            # the child's death is the finding, reported by the parent in one line: no
+            # faulthandler dump of the child's stack (pytest enables one) on the console
+            import faulthandler
+
+            faulthandler.disable()
             os.close(r)
             with os.fdopen(w, "wb") as f:
                 pickle.dump(_call(fn, q, k, v, causal, scale), f)
