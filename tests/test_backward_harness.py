@@ -82,8 +82,11 @@ def test_growth_fits_the_exponent_per_seed_with_the_fp64_reference_past_the_cert
         assert (cert[f"ref64_err_{g}"] < 1e-6 * cert[f"err_{g}"]).all()
     fit = backward.growth(tmp_path / "bwd_tiny")
     dq = fit[fit.grad == "dq"].iloc[0]
-    alphas = [math.log2(df[(df.seed == s) & (df.seq_len == 64)].err_dq.item()
-                        / df[(df.seed == s) & (df.seq_len == 32)].err_dq.item()) for s in (0, 1)]
+    def rel(s, n):
+        row = df[(df.seed == s) & (df.seq_len == n)]
+        return row.err_dq.item() / row.ref_dq.item()
+
+    alphas = [math.log2(rel(s, 64) / rel(s, 32)) for s in (0, 1)]
     assert dq.seeds == 2 and dq.refs == "certified+fp64"
     assert dq.alpha_min == pytest.approx(min(alphas)) and dq.alpha_max == pytest.approx(max(alphas))
 

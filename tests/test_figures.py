@@ -203,6 +203,14 @@ def synthetic_tree(root: Path, skip=()) -> Path:
              seed=i, err_dq=4e-3, err_dk=4e-3, err_dv=4e-3, dq_spread=sp)
         for i, sp in enumerate((0.0, 0.0, 1e-3, 2e-3))
     ]
+    t["bwd_seqlen_growth"] = [
+        dict(bwd, experiment="bwd_seqlen_growth", case_id=f"g{i}", slice="s", policy=pol,
+             seed=sd, seq_len=n, ref_method="certified" if n <= 256 else "fp64",
+             **{f"err_{g}": 1e-3 * n ** BWD_SLOPE * (1 + 0.01 * sd) for g in ("dq", "dk", "dv")},
+             **{f"ref64_err_{g}": 1e-16 if n <= 256 else np.nan for g in ("dq", "dk", "dv")})
+        for i, (pol, sd, n) in enumerate((pol, sd, n) for pol in ("fa2", "naive", "lowp")
+                                          for sd in range(2) for n in (128, 256, 512))
+    ]
     # the low-precision measurements (flashnum.reproduce.lowprec; values made up)
     t["repro_pcast_threshold"] = [
         dict(experiment="repro_pcast_threshold", case_id=f"t{i}", spread=0.0, delta=dl,
@@ -248,6 +256,9 @@ def synthetic_tree(root: Path, skip=()) -> Path:
         protocol=protocol, seeds=4, published_ratio=1.68, summary=dict(
             spread, ratio_of_means=1.5, ratio=dict(min=1.25, max=2.0)))))
     return root
+
+
+BWD_SLOPE = 0.4  # planted: backward errors / max|g| ~ N^0.4 (max|g| = 1 in the rows)
 
 
 def _value(tex: str) -> float:
@@ -366,6 +377,14 @@ def test_quoted_numbers_come_from_the_data(full):
     # P cast: a gain of 6 lies in the published 3-10
     assert _close(m["PcastRatio"], 6.0) and "agrees with the published range" in m["PcastText"]
     assert "$S=256$" in m["PcastText"]  # an exact parameter is printed exactly
+
+
+def test_backward_growth_exponents_come_from_the_data(full):
+    _, out, _ = full
+    m = _macros((out / "numbers.tex").read_text())
+    for name in ("BwdSlopeFaTwoDq", "BwdSlopeNaiveDk", "BwdSlopeLowpDv"):
+        assert _close(m[name], BWD_SLOPE)
+    assert m["BwdGrowthNMax"] == "512" and m["BwdGrowthCertMaxN"] == "256"
 
 
 def test_same_tables_give_identical_files(full, tmp_path):

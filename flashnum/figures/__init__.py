@@ -40,6 +40,7 @@ What each figure shows (the selection is also written into its \\Sel macro):
     bwd_error           bwd_bf16_sweep: median relative error of dQ, dK, dV per backward
                         policy, beside torch's bf16 autograd
     bwd_order           bwd_order: dQ's spread over accumulation orders vs dQ's error
+    bwd_growth          bwd_seqlen_growth: error of dQ, dK, dV vs N per backward policy
     tab_tightness       the sweeps: bound / measured error per precision and policy
     tab_presets         the presets' format per site (from flashnum.numerics.policy: no experiment)
     tab_worst_case      worst_case: the worst distributions against gaussian
@@ -83,6 +84,7 @@ from flashnum.figures.numbers import EXPERIMENTS, NUMBERS, exp_site, fa3_protoco
 from flashnum.figures.plots import (
     attribution,
     bwd_error,
+    bwd_growth,
     bwd_order,
     error_by_order,
     error_vs_block_n,
@@ -107,7 +109,7 @@ OUT = REPO / "paper" / "figures"
 # F -> None named after the file stem it writes. A new one: its function in plots.py
 # (tables.py for a table, named tab_<name>), a line here and its experiment in SOURCES.
 FIGURES = (error_vs_n, error_vs_block_n, error_by_order, heatmap, attribution,
-           kernel_vs_emulator, precision_bits, bwd_error, bwd_order, tab_tightness,
+           kernel_vs_emulator, precision_bits, bwd_error, bwd_order, bwd_growth, tab_tightness,
            tab_worst_case, tab_presets, pcast_threshold, fp8_offset, tab_block_scaled,
            tab_splitkv_decode, tab_kernel_audit, qiu_yao_clamp)
 PLOTS = tuple(f.__name__ for f in FIGURES if not f.__name__.startswith("tab_"))
@@ -118,6 +120,7 @@ SOURCES = {"error_vs_n": "seqlen_growth", "error_vs_block_n": "block_size",
            "precision_bits": "precision_bits", "tab_tightness": "bf16_sweep",
            "tab_worst_case": "worst_case", "tab_presets": "policy",
            "bwd_error": "bwd_bf16_sweep", "bwd_order": "bwd_order",
+           "bwd_growth": "bwd_seqlen_growth",
            "pcast_threshold": "repro_pcast_threshold", "fp8_offset": "repro_fp8_offset",
            "tab_block_scaled": "repro_block_scaled",
            "tab_splitkv_decode": "repro_splitkv_decode", "tab_kernel_audit": "kernel_audit",

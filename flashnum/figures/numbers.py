@@ -32,6 +32,7 @@ EXPERIMENTS = {
     "attribution": "python -m flashnum.attribution experiment=true",
     "bwd_bf16_sweep": "python -m flashnum.harness.backward bwd_bf16_sweep",
     "bwd_order": "python -m flashnum.harness.backward bwd_order",
+    "bwd_seqlen_growth": "python -m flashnum.harness.backward bwd_seqlen_growth",
     "repro_fa3_table3": _REPRO.format("fa3_table3"),
     "repro_is_flash_stable": _REPRO.format("is_flash_stable"),
     "repro_qiu_yao": _REPRO.format("qiu_yao"),
@@ -115,6 +116,15 @@ NUMBERS = {
     "BwdOrderCases": "rows of bwd_order",
     "BwdOrderZeroFrac": "fraction of them where no dQ order changed dQ (bwd_order)",
     "BwdOrderMaxRatio": "largest dQ order spread / dQ error (bwd_order)",
+    **{f"BwdSlope{p}{g}": f"median over distributions and seeds of alpha, {g} error / max|{g}| "
+                          f"~ N^alpha, bf16 {w} (bwd_seqlen_growth)"
+       for p, w in (("FaTwo", "fa2"), ("Naive", "naive"), ("Lowp", "lowp"))
+       for g in ("Dq", "Dk", "Dv")},
+    "BwdSlopeSpread": "largest max - min of those exponents over distributions and seeds",
+    "BwdGrowthCases": "rows of bwd_seqlen_growth",
+    "BwdGrowthNMax": "largest N of bwd_seqlen_growth",
+    "BwdGrowthCertMaxN": "largest N with the certified reference (bwd_seqlen_growth)",
+    "BwdGrowthRefRatio": "largest fp64 reference error / measured error where both ran",
     "BoundHeld": "rows whose deterministic bound is finite and covers the error (the sweeps)",
     "FaThreeText": "repro_fa3_table3: generated sentences (protocol, match, disagreements)",
     "FaThreeProtocol": "repro_fa3_table3: the best-matching fp16 protocol",

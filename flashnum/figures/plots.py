@@ -384,3 +384,58 @@ def bwd_order(F: Figures) -> None:
     F.num("BwdOrderMaxRatio", float(ratio.max()))
     F.select("bwd_order", [f"{len(df)} cases", "a spread of 0 drawn at the bottom"])
     F.save(fig, "bwd_order", width=0.5)
+
+
+def bwd_growth(F: Figures) -> None:
+    """bwd_seqlen_growth: max|g^ - g| / max|g| of dQ, dK, dV vs N (median over seeds,
+    gaussian inputs), one line per policy, bf16 solid and fp16 dashed; the exponents alpha
+    of that relative error ~ N^alpha fitted per (distribution, seed), their median quoted
+    per policy and gradient (bf16). Relative: the gradients themselves shrink with N."""
+    df = F.table("bwd_seqlen_growth")
+    if df is None:
+        return F.placeholder("bwd_growth", "bwd_seqlen_growth")
+    df = nonempty(df, "bwd_seqlen_growth")
+    plt = _style()
+    grads = ("dq", "dk", "dv")
+    fig, axes = plt.subplots(1, 3, figsize=(6.6, 2.3), sharex=True)
+    gauss = df[df.distribution == "gaussian"]
+    for ax, g in zip(axes, grads, strict=True):
+        for (pol, prec), sub in sorted(gauss.groupby(["policy", "precision"])):
+            rel = sub[f"err_{g}"] / sub[f"ref_{g}"]
+            med = rel.groupby(sub.seq_len).median().sort_index()
+            ax.loglog(med.index, med.values, "o-" if prec == "bf16" else "s--", ms=2.5,
+                      color=_color(pol), label=f"{pol} {prec}")
+        ax.set(title=f"${g[0]}{g[1].upper()}$", xlabel="N")
+        ticks = [n for n in sorted(df.seq_len.unique()) if math.log2(n) % 2 == 1]
+        ax.set_xticks(ticks, [str(n) for n in ticks])
+        ax.minorticks_off()
+    axes[0].set(ylabel=r"max$|\hat g - g|$ / max$|g|$ (median)")
+    axes[-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    spread = 0.0
+    for (pol, prec, g), alphas in _bwd_slopes(df, grads).items():
+        if prec == "bf16" and pol in ("fa2", "naive", "lowp"):
+            F.num(f"BwdSlope{tex_name(pol)}{tex_name(g)}", float(np.median(alphas)))
+            spread = max(spread, float(np.max(alphas) - np.min(alphas)))
+    F.num("BwdSlopeSpread", spread)
+    F.num("BwdGrowthCases", len(df))
+    F.num("BwdGrowthNMax", int(df.seq_len.max()))
+    if "ref_method" in df:
+        cert = df[df.ref_method == "certified"]
+        F.num("BwdGrowthCertMaxN", int(cert.seq_len.max()) if len(cert) else 0)
+        rel = max(float((cert[f"ref64_err_{g}"] / cert[f"err_{g}"]).max()) for g in grads)
+        F.num("BwdGrowthRefRatio", rel)
+    F.select("bwd_growth", [f"{len(gauss)} gaussian cases", "d 64, 64x64 blocks",
+                            f"median over {df.seed.nunique()} seeds"])
+    F.save(fig, "bwd_growth", width=1.0)
+
+
+def _bwd_slopes(df, grads) -> dict:
+    """{(policy, precision, gradient): [alpha per (distribution, seed)]}, err / max|g| ~
+    N^alpha."""
+    out: dict = {}
+    for (pol, prec, _, _), sub in df.groupby(["policy", "precision", "distribution", "seed"]):
+        for g in grads:
+            a = slope(sub.seq_len, sub[f"err_{g}"] / sub[f"ref_{g}"])
+            if math.isfinite(a):
+                out.setdefault((pol, prec, g), []).append(a)
+    return out

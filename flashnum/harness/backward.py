@@ -315,11 +315,13 @@ def attribution_summary(name_or_path, root=None):
 
 
 def growth(name_or_path, root=None):
-    """Growth fits: alpha of err_g ~ N^alpha (least squares in log-log over seq_len), per
-    (policy, precision, distribution, gradient) and seed; one row per group with the
-    median, min and max alpha over seeds, the median relative error err_g / max|g| at the
-    smallest and largest N, and the references used (with the largest relative error of
-    the fp64 reference against the certified one, where both ran)."""
+    """Growth fits: alpha of err_g / max|g| ~ N^alpha (least squares in log-log over
+    seq_len; relative, since the gradients shrink with N) per (policy, precision,
+    distribution, gradient) and seed, and alpha_abs of err_g alone; one row per group
+    with the median, min and max alpha over seeds, the median alpha_abs, the median
+    relative error at the smallest and largest N, and the references used (with the
+    largest relative error of the fp64 reference against the certified one, where both
+    ran)."""
     import numpy as np
     import pandas as pd
 
@@ -328,12 +330,14 @@ def growth(name_or_path, root=None):
     for (pol, prec, dist), grp in df.groupby(["policy", "precision", "distribution"],
                                              sort=True):
         for g in GRADS:
-            alphas = []
+            alphas, alphas_abs = [], []
             for _, s in grp.groupby("seed"):
                 n, e = s["seq_len"].to_numpy(float), s[f"err_{g}"].to_numpy(float)
-                ok = (e > 0) & np.isfinite(e)
+                r = s[f"ref_{g}"].to_numpy(float)
+                ok = (e > 0) & np.isfinite(e) & (r > 0)
                 if len(np.unique(n[ok])) >= 2:
-                    alphas.append(float(np.polyfit(np.log(n[ok]), np.log(e[ok]), 1)[0]))
+                    alphas.append(float(np.polyfit(np.log(n[ok]), np.log(e[ok] / r[ok]), 1)[0]))
+                    alphas_abs.append(float(np.polyfit(np.log(n[ok]), np.log(e[ok]), 1)[0]))
             rel = grp[f"err_{g}"] / grp[f"ref_{g}"]
             lo, hi = grp["seq_len"].min(), grp["seq_len"].max()
             ref64 = (grp[f"ref64_err_{g}"] / grp[f"ref_{g}"]).dropna() if (
@@ -341,7 +345,9 @@ def growth(name_or_path, root=None):
             out.append(dict(policy=pol, precision=prec, distribution=dist, grad=g,
                             seeds=len(alphas), alpha=float(np.median(alphas)) if alphas
                             else math.nan, alpha_min=min(alphas, default=math.nan),
-                            alpha_max=max(alphas, default=math.nan), n_min=int(lo),
+                            alpha_max=max(alphas, default=math.nan),
+                            alpha_abs=float(np.median(alphas_abs)) if alphas_abs else math.nan,
+                            n_min=int(lo),
                             n_max=int(hi), rel_err_n_min=float(rel[grp.seq_len == lo].median()),
                             rel_err_n_max=float(rel[grp.seq_len == hi].median()),
                             refs="+".join(sorted(grp["ref_method"].dropna().unique()))
