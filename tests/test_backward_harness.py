@@ -43,7 +43,7 @@ def test_a_run_stores_one_row_per_case_and_resumes(tmp_path, monkeypatch):
 
 def test_the_stored_backward_tables_keep_their_case_ids():
     # reference and bound joined the axes later: at their defaults they stay out of the key
-    for name in ("bwd_bf16_sweep", "bwd_order"):
+    for name in ("bwd_bf16_sweep", "bwd_order", "bwd_seqlen_growth", "bwd_attribution"):
         ids = {c["case_id"] for c in backward.expand(backward.load_conf(name))}
         assert set(store.load(name).case_id) == ids
 
@@ -138,3 +138,22 @@ def test_the_attribution_shares_quoted_in_the_docs_are_the_stored_tables():
     for grad in ("dq", "dk"):
         share = sink[sink.grad == grad].share.median()
         assert f"{share:.2f}" in doc, (grad, share)
+
+
+def test_the_growth_exponents_in_the_docs_are_the_stored_tables():
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "backward.md").read_text()
+    sec = doc[doc.index("### Growth with N"):doc.index("### Per-site attribution")]
+    fit = backward.growth("bwd_seqlen_growth")
+    rows = 0
+    for prec, block in re.findall(r"(?m)^(bf16|fp16):\n\n(.*?)\n\n", sec, re.S):
+        for line in block.splitlines()[2:]:
+            pol, dist, _, *cells = (c.strip() for c in line.strip("|").split("|"))
+            for g, cell in zip(backward.GRADS, cells, strict=True):
+                r = fit[(fit.policy == pol) & (fit.precision == prec)
+                        & (fit.distribution == dist) & (fit.grad == g)].iloc[0]
+                assert cell == f"{r.alpha:.2f} [{r.alpha_min:.2f}, {r.alpha_max:.2f}]", line
+            rows += 1
+    assert rows == 18
