@@ -748,6 +748,98 @@ def distributions_docs():
             f"{p.max_abs_err / g.max_abs_err:.0f}x the gaussian baseline"]
 
 
+# -- docs/reproductions.md: section 3 (Qiu & Yao) -----------------------------------------
+
+def signed(x):
+    """+8.2e-5, -3.3e-4, +0.11, +1.00 style: the doc's signed mean errors."""
+    s = f"{x:+.2f}" if abs(x) >= 0.095 else sci(x)
+    return s if s[0] in "+-" else "+" + s
+
+
+def zs(z, sign=True):
+    """-8.8, +14, +0.28, +967 style: two significant digits, three from 100 on."""
+    s = f"{z:.0f}" if abs(z) >= 100 else g2(z)
+    return "+" + s if sign and z >= 0 else s
+
+
+def qiu_yao_docs():
+    q = table("repro_qiu_yao")
+    m = q[q.metric == "mean_signed_err"].assign(logit_std=lambda d: d.logit_std.fillna(0))
+    e = m.set_index(["distribution", "logit_std", "policy", "variant"]).sort_index()
+    cell = lambda k: f"{signed(e.loc[k, 'ours'])} ({zs(e.loc[k, 'z_heads'])})"  # noqa: E731
+    out = []
+    for dist, std in [(d, s) for s in (16.0, 4.0, 1.0) for d in ("ties", "ties_broken")] + [
+            ("gaussian", 0.0)]:
+        c = {(p, v): cell((dist, std, p, v)) for p in ("lowp", "fa2")
+             for v in ("fa2", "qiu_yao", "qiu_yao_released")}
+        if dist == "ties":
+            c["lowp", "qiu_yao"] += f", {zs(e.loc[(dist, std, 'lowp', 'qiu_yao'), 'z_fix'], False)}"
+        big = lambda s: f"**{s}**" if abs(float(s.split()[0])) >= 0.095 else s  # noqa: E731
+        cells = [big(c[p, v]) for p in ("lowp", "fa2") for v in ("fa2", "qiu_yao",
+                                                                 "qiu_yao_released")]
+        label = "-" if dist == "gaussian" else f"{std:.0f}"
+        out.append(f"| {dist} | {label} | " + " | ".join(cells) + " |")
+    t16 = lambda p, v, d="ties": e.loc[(d, 16.0, p, v)]  # noqa: E731
+    low, fix, lb = t16("lowp", "fa2"), t16("lowp", "qiu_yao"), t16("lowp", "fa2", "ties_broken")
+    fa, fafix = t16("fa2", "fa2"), t16("fa2", "qiu_yao")
+    rel_b = t16("lowp", "qiu_yao_released", "ties_broken")
+    fa_rel_b = t16("fa2", "qiu_yao_released", "ties_broken")
+    one, one_b = e.loc[("ties", 1.0, "lowp", "qiu_yao")], e.loc[("ties_broken", 1.0, "lowp",
+                                                                  "fa2")]
+    ratio = m.z_entries / m.z_heads
+    top = m.loc[ratio.idxmax()]
+    low1 = e.loc[("ties", 1.0, "lowp", "fa2")]
+    assert (ratio > 1).sum() > len(m) / 2  # "larger than z_heads in most rows"
+    out += [f"lowp shows a negative bias of {sci(low.ours)} (z = {zs(low.z_heads)})",
+            f"the broken-tie control is *positive*, {zs(lb.z_heads)})",
+            f"{sci(low.ours)} -> {sci(fix.ours)} (the reduction is significant, z_fix = "
+            f"{zs(fix.z_fix, False)}, but a bias of z = {zs(fix.z_heads)} remains)",
+            f"({signed(fa.ours)} -> {signed(fafix.ours)}, z {zs(fa.z_heads, False)} -> "
+            f"{zs(fafix.z_heads, False)})",
+            f"mean by {signed(rel_b.ours)} (z = {zs(rel_b.z_heads, False)}) under lowp",
+            f"(fa2) that is rare ({signed(fa_rel_b.ours)}, z = {zs(fa_rel_b.z_heads, False)})",
+            f"*positive* ({signed(fa.ours)}, z = {zs(fa.z_heads, False)})",
+            f"same with the ties broken ({sci(one_b.ours)}, z = {zs(one_b.z_heads)}) and the fix "
+            f"leaves it (z_fix = {zs(one.z_fix, False)})",
+            f"up to {ratio.max():.1f}x ({top.z_entries:.2f} vs {top.z_heads:.2f} for "
+            f"{top.policy} with the released fix on {top.distribution} at logit std "
+            f"{top.logit_std:.0f}; {low1.z_entries:.1f} vs {low1.z_heads:.2f} for lowp on ties at "
+            f"logit std 1)"]
+    # the released fix below the clamp onset equals the idealised one in every row
+    below = m[m.logit_std.isin([1.0, 4.0])].set_index(["distribution", "logit_std", "policy",
+                                                        "variant"]).ours
+    assert all(below[d, s, p, "qiu_yao"] == below[d, s, p, "qiu_yao_released"]
+               for d, s, p, _ in below.index)
+    return out + qiu_yao_clamp()
+
+
+def qiu_yao_clamp():
+    q = table("repro_qiu_yao")
+    c = q[(q.distribution == "clamp_sweep") & (q.policy == "lowp")]
+    rel = c[c.variant == "qiu_yao_released"].set_index("max_logit")
+    ideal = c[c.variant == "qiu_yao"].ours
+    three = lambda x: "1" if x == 1 else (f"{x:.3g}" if x >= 0.01 else sci(x, 3))  # noqa: E731
+    ms = (23.5, 23.75, 24, 25, 27.5, 30, 35, 40)
+    # "exact (out / ref = 1)": up to the float64 rounding of the ratio itself (< 1e-14)
+    one = lambda x: bool(np.all(np.abs(x - 1) < 1e-14))  # noqa: E731
+    assert rel.loc[23.5, "predicted"] == 1 and one(ideal) and one(rel[rel.index <= 23.5].ours)
+    onset = {p: q[(q.distribution == "clamp_sweep") & (q.policy == p)].onset.iloc[0]
+             for p in ("lowp", "fa2")}
+    return ["| out / ref | " + " | ".join(three(rel.loc[x, "ours"]) for x in ms) + " |",
+            f"| 2 exp(-M) / 1e-10 | ({2 * math.exp(-23.5) / 1e-10:.2f}: no clamp) | "
+            + " | ".join(three(rel.loc[x, "predicted"]) for x in ms[1:]) + " |",
+            f"(bf16 holds 1e-10 as 1.0004e-10: {onset['lowp']:.4f}; fp32: {onset['fa2']:.4f})",
+            f"M > ln(t / 1e-10) = {math.log(2 / 1e-10):.2f} for t = 2"]
+
+
+def qiu_yao_agreement_docs():
+    q = json.loads((RESULTS / "qiu_yao_agreement.json").read_text())["cases"]
+    low = min(c["bitwise"] for c in q if c["variant"] in ("fa2", "qiu_yao_released"))
+    rel = min(c["bitwise"] for c in q if c["variant"] == "qiu_yao_released")
+    return [f"it equals their code on >= {pct_floor(rel)} of the elements",
+            f"bit for bit on >= {pct_floor(low)} of the elements in every case"]
+
+
 def provenance_readme():
     """Each sweep's stored rows come from a clean commit, named by its manifest's last run."""
     names = ["bf16_sweep", "fp16_sweep", "fp32_sweep", "block_order", "block_size",
@@ -772,7 +864,7 @@ CLAIMS = {
     "docs/distributions.md": [distributions_docs],
     "docs/reference.md": [reference_docs],
     "docs/reproductions.md": [fa3_docs, lambda: fa3_protocol()[1], pcast_docs, golden_docs,
-                              fa3_docs_more],
+                              fa3_docs_more, qiu_yao_docs, qiu_yao_agreement_docs],
     "docs/bounds.md": [tightness_docs, lambda: stress_claims()[1], tightness_prose, ties_claims,
                        ties_table],
 }
