@@ -840,6 +840,101 @@ def qiu_yao_agreement_docs():
             f"bit for bit on >= {pct_floor(low)} of the elements in every case"]
 
 
+# -- docs/reproductions.md: sections 5-8 (flashnum.reproduce.lowprec) --------------------
+
+def ceil_to(x, digits):
+    """0.091 style for an 'at most' claim: rounded up, so the text never understates."""
+    return f"{math.ceil(x * 10**digits) / 10**digits:.{digits}f}"
+
+
+def run_wall(name):
+    """The wall time of the last run that wrote the stored table (its manifest)."""
+    return json.loads((ROOT / "experiments" / name / "manifest.json").read_text())["runs"][-1][
+        "wall_s"]
+
+
+def fp8_offset_docs():
+    q = table("repro_fp8_offset")
+    r = q[(q.threshold == 4) & (q.format == "fp8_e4m3")].set_index(["offset", "growth"])
+    r = r.err_over_u_vmax
+    e8 = r[8]
+    above = e8[e8 > 1].index.min()
+    ok = q[q.budget_ok]
+    bad = q[~q.budget_ok & (q.format == "fp8_e4m3")].err_over_u_vmax.max()
+    e5 = q[(q.format == "fp8_e5m2") & (q.threshold == 4) & (q.offset == 8)].err_over_u_vmax
+    e5_inf = q[(q.format == "fp8_e5m2") & (q.offset == 8) & (q.threshold == 8)].max_abs_err
+    assert np.isinf(e5_inf).any()
+    return [f"({len(q)} rows, {run_wall('repro_fp8_offset'):.0f} s on the shared 2-core machine",
+            f"offset 8 from growth 1.0 ({e8[1.0]:.2f} of the bound at 1.0, above it from "
+            f"{above:.1f}, {e8[2.75]:.1f}x at 2.75), offset 6 from growth 2.25 "
+            f"({g2(r[6, 2.25])}x, then {r[6, 2.5]:.2f}x, {r[6, 2.75]:.1f}x); offsets 0-4 stay at "
+            f"<= {ceil_to(r.loc[[0, 2, 4]].max(), 3)} of the bound. e5m2 at offset 8 stays at "
+            f"<= {ceil_to(e5.max(), 3)}",
+            f"every row stays below {ceil_to(ok.err_over_u_vmax.max(), 2)} of the bound** (both "
+            f"formats); where the budget breaks, e4m3 reaches {bad:.0f}x the bound"]
+
+
+def pcast_threshold_docs():
+    q = table("repro_pcast_threshold")
+    fw = q[q.order == "forward"]
+    first, want, jump = [], [], []
+    for dk, s in ((0.0, 1.0), (0.0, 256.0), (2.0, 1.0), (2.0, 256.0)):
+        c = fw[(fw.spread == dk) & (fw.p_scale == s)].set_index("delta").sort_index()
+        first.append(f"{c[c.flushed_fraction > 0].index.min():.1f}")
+        want.append(f"{c.delta_c.iloc[0]:.2f}")
+        past = c[c.rel_err > 0.5].index.min()  # where the error passes 0.5
+        jump.append(past)
+        assert c.rel_err[c.index < past].max() < 0.5 and bool((c.rel_err[past:] > 0.99).all())
+    rev = q[(q.order == "reverse") & (q.spread == 0)].rel_err.max()
+    return [f"(296 rows, {run_wall('repro_pcast_threshold'):.0f} s;"[len("(296"):],
+            f"(Delta = {', '.join(first)} against {', '.join(want)})",
+            f"the error passes 0.5 only at 6.93 + ln S ({jump[2]:.1f} and {jump[3]:.1f})",
+            f"({round(rev * 4095)} of 4095)"]
+
+
+def block_scaled_docs():
+    q = table("repro_block_scaled")
+    none = q[q["transform"] == "none"]
+    med = none.groupby(["format", "site"]).max_abs_err.median().unstack()
+    rows = [f"| {f} | {g2(med.loc[f, 'qkv'])} | {g2(med.loc[f, 'p'])} | "
+            f"{g2(med.loc[f, 'qkv+p'])} |" for f in med.index]
+    pl = none[(none.distribution == "plateau") & (none.site == "p")].set_index("format")
+    k = q[q.site == "qkv"].pivot_table(index=["distribution", "format"], columns="transform",
+                                       values="max_abs_err")
+    r = (1 / k[["smooth_k", "hadamard"]]).mul(k["none"], axis=0)
+    return [f"({len(q)} rows; `experiments/repro_block_scaled`)"] + rows + [
+        f"errs by {pl.loc['nvfp4_1l', 'max_abs_err']:.1f} there, the per-row fp32 factor "
+        f"(`nvfp4_row`) by {g2(pl.loc['nvfp4_row', 'max_abs_err'])}",
+        f"by median factors {r.smooth_k.median():.2f} and {r.hadamard.median():.2f}",
+        f"ranges from {r.hadamard.min():.2f} to {g2(r.hadamard.max())} over distributions"]
+
+
+def splitkv_docs():
+    q = table("repro_splitkv_decode")
+    e = q.set_index(["nk", "nq", "split_precision", "num_splits"]).sort_index()
+    shapes = [(4096, 1), (4096, 16), (32768, 1), (131072, 1)]
+    rows = [f"| {nk} | {nq} | {p} | " + " | ".join(sci(e.loc[(nk, nq, p, s), "max_abs_err"])
+                                                  for s in (1, 8, 64)) + " |"
+            for nk, nq in shapes for p in ("fp32", "bf16")]
+    err = e.max_abs_err.unstack("num_splits")
+    f32, b16 = err.xs("fp32", level=2), err.xs("bf16", level=2)
+    by32 = pd.concat([f32[s] / f32[1] for s in (8, 64)])
+    both = pd.concat([b16[s] / b16[1] for s in (8, 64)])
+    cpu = e.cpu_s.unstack("split_precision")
+    lo, hi = cpu.min(axis=1), cpu.max(axis=1)
+    fmt = lambda x: f"{x:.2f}" if x < 1 else f"{x:.1f}"  # noqa: E731
+    span = lambda a, b: fmt(a) if fmt(a) == fmt(b) else f"{fmt(a)}-{fmt(b)}"  # noqa: E731
+    rows += [f"| {nk} | {nq} | " + " | ".join(span(lo[nk, nq, s], hi[nk, nq, s])
+                                            for s in (1, 8, 64)) + " |" for nk, nq in shapes]
+    return rows + [
+        f"(44 s wall, {q.cpu_s.sum():.0f} s of CPU in the attention calls"[len("(44 s wall"):],
+        f"(`python -m flashnum.reproduce splitkv_decode` ({run_wall('repro_splitkv_decode'):.0f} s "
+        f"wall"[len("(`python -m flashnum.reproduce splitkv_decode` ("):],
+        f"the split changes the error by a factor {by32.min():.2f}-{by32.max():.2f}",
+        f"bf16 partials cost {both.min():.1f}-{both.max():.1f}x (against S = 1 with bf16 "
+        f"partials) at S >= 8, median {(b16[64] / b16[1]).median():.1f}x at S = 64"]
+
+
 def provenance_readme():
     """Each sweep's stored rows come from a clean commit, named by its manifest's last run."""
     names = ["bf16_sweep", "fp16_sweep", "fp32_sweep", "block_order", "block_size",
@@ -864,7 +959,9 @@ CLAIMS = {
     "docs/distributions.md": [distributions_docs],
     "docs/reference.md": [reference_docs],
     "docs/reproductions.md": [fa3_docs, lambda: fa3_protocol()[1], pcast_docs, golden_docs,
-                              fa3_docs_more, qiu_yao_docs, qiu_yao_agreement_docs],
+                              fa3_docs_more, qiu_yao_docs, qiu_yao_agreement_docs,
+                              fp8_offset_docs, pcast_threshold_docs, block_scaled_docs,
+                              splitkv_docs],
     "docs/bounds.md": [tightness_docs, lambda: stress_claims()[1], tightness_prose, ties_claims,
                        ties_table],
 }
