@@ -1102,10 +1102,12 @@ def splitkv_harness():
     vs = pd.concat([b16[8] / f32[8], b16[64] / f32[64]])
     fp32_all = s[s.split_precision == "fp32"].max_abs_err
     bf = pd.concat([b16[8], b16[64]])
+    commit = r["git"]["commit"][:7]
     return [f"Stored (experiments/splitkv_decode, {len(s)} rows, {r['wall_s']:.0f} s wall on "
-            f"{r['n_workers']} workers at load ~15, from the clean commit {r['git']['commit'][:7]};",
-            f"give {one.min():.2f}-{one.max():.2f}x of one split's max error ({sci(fp32_all.min())} "
-            f"to {sci(fp32_all.max())} over all fp32 rows); bf16 partials raise it to "
+            f"{r['n_workers']} workers at load ~15, from the clean commit {commit};",
+            f"give {one.min():.2f}-{one.max():.2f}x of one split's max error "
+            f"({sci(fp32_all.min())} to {sci(fp32_all.max())} over all fp32 rows); bf16 partials "
+            f"raise it to "
             f"{sci(bf.min())} - {sci(bf.max())}, {vs.min():.0f}-{vs.max():.0f}x the fp32-partials "
             f"error of the same splits"]
 
