@@ -926,10 +926,19 @@ def splitkv_docs():
     span = lambda a, b: fmt(a) if fmt(a) == fmt(b) else f"{fmt(a)}-{fmt(b)}"  # noqa: E731
     rows += [f"| {nk} | {nq} | " + " | ".join(span(lo[nk, nq, s], hi[nk, nq, s])
                                             for s in (1, 8, 64)) + " |" for nk, nq in shapes]
+    runs = json.loads((ROOT / "experiments/repro_splitkv_decode/manifest.json").read_text())
+    first, last = runs["runs"][0]["wall_s"], runs["runs"][-1]["wall_s"]
+    rd = json.loads((RESULTS / "rounding.json").read_text())
+    gain = lambda t: [rd[f"round_{f}_threads{t}_general_cpu_s"]  # noqa: E731
+                      / rd[f"round_{f}_threads{t}_bit_cpu_s"] for f in ("bf16", "fp16")]
+    one, two = gain(1), gain(2)
     return rows + [
-        f"(44 s wall, {q.cpu_s.sum():.0f} s of CPU in the attention calls"[len("(44 s wall"):],
-        f"(`python -m flashnum.reproduce splitkv_decode` ({run_wall('repro_splitkv_decode'):.0f} s "
-        f"wall"[len("(`python -m flashnum.reproduce splitkv_decode` ("):],
+        f"({last:.0f} s wall, {q.cpu_s.sum():.0f} s of CPU in the attention calls, on the 2-core "
+        f"machine at load ~10; {first / 60:.1f} min before the bit-level rounding",
+        f"{min(one):.1f}-{max(one):.1f}x less CPU on one thread for a 2 x 131072 x 64 tensor into "
+        f"bf16 or fp16, {min(two):.1f}-{max(two):.1f}x on two busy threads",
+        f"S = 64 configuration on one thread, {rd['splitkv_131072_s64_threads1_cpu_s']:.1f} s, "
+        f"and on two, {rd['splitkv_131072_s64_threads2_cpu_s']:.0f} s of CPU",
         f"the split changes the error by a factor {by32.min():.2f}-{by32.max():.2f}",
         f"bf16 partials cost {both.min():.1f}-{both.max():.1f}x (against S = 1 with bf16 "
         f"partials) at S >= 8, median {(b16[64] / b16[1]).median():.1f}x at S = 64"]
