@@ -1,0 +1,26 @@
+"""bound_backward returns, bit for bit, the values stored in tests/data/bound_backward_fixture.pt
+(written by tests/data/make_bound_backward_fixture.py from the evaluation as it stood before it
+was restructured for speed): a faster evaluation must not change a single value."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+DATA = Path(__file__).parent / "data"
+_spec = importlib.util.spec_from_file_location(
+    "make_fixture", DATA / "make_bound_backward_fixture.py")
+_make = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_make)
+FIXTURE = torch.load(DATA / "bound_backward_fixture.pt")
+
+
+@pytest.mark.parametrize("entry", FIXTURE, ids=lambda e: "-".join(map(str, e["case"])))
+def test_the_bound_and_its_terms_equal_the_stored_values_bit_for_bit(entry):
+    got, want = _make.case_values(entry["case"], entry["inputs"]), entry["values"]
+    for g in ("dq", "dk", "dv"):
+        assert torch.equal(got[g], want[g]), g
+    assert got["max"] == want["max"]
+    assert got["terms"] == want["terms"]
+    assert got["dominant_site"] == want["dominant_site"]
