@@ -109,18 +109,19 @@ def bound_backward(q, k, v, do, *, policy="fa2", precision="bf16", block_m: int 
     fin = pol.forward.fmt("inputs")
     on_grid = (all(grid(x, fin) for x in (q3, k3, v3)), grid(do3, pol.fmt("do")))
 
-    def run(only, E):
-        return _evaluate(q3, k3, v3, do3, E, pol, _units(pol, sr, only, on_grid), geo,
-                         carrier=only is None)
-
-    full = run(None, E_O)
+    groups = GROUPS if terms else ()
+    runs = {None: (_units(pol, sr, None, on_grid), E_O, True)}
+    for s in groups:  # each group's term alone: the others exact, carrier rounding off
+        runs[s] = (_units(pol, sr, s, on_grid), E_O if s == "forward" else torch.zeros_like(E_O),
+                   False)
+    parts = _evaluate(q3, k3, v3, do3, runs, pol, geo)
+    full = parts[None]
     lead = q.shape[:-2]
     shapes = dict(dq=q.shape, dk=k.shape, dv=v.shape)
     out = {g: (full[g] * (1 + EVAL_SLACK)).reshape(shapes[g]) for g in ("dq", "dk", "dv")}
     out["max"] = {g: float(out[g].max()) if out[g].numel() else 0.0 for g in ("dq", "dk", "dv")}
     out["terms"], out["dominant_site"] = {}, {}
     if terms:
-        parts = {s: run(s, E_O if s == "forward" else torch.zeros_like(E_O)) for s in GROUPS}
         for g in ("dq", "dk", "dv"):
             worst = int(torch.argmax(full[g].reshape(-1))) if full[g].numel() else 0
             t = {s: float(parts[s][g].reshape(-1)[worst]) for s in GROUPS}
@@ -143,26 +144,31 @@ def _forward_bound(q, k, v, pol, block_n, causal, scale, rounding) -> torch.Tens
     return b["bound_rows"].reshape(-1, q.shape[-2]).to(torch.float64)
 
 
-def _evaluate(q3, k3, v3, do3, E_O, pol, U, geo, carrier: bool) -> dict:
-    """Elementwise bounds for every head, in chunks of query rows (dK, dV summed over them)."""
+def _evaluate(q3, k3, v3, do3, runs, pol, geo) -> dict:
+    """Elementwise bounds for every head, in chunks of query rows (dK, dV summed over them),
+    for each run {key: (U, E_O, carrier)}: the full bound and each group's term alone. The
+    chunk's exact quantities (S, P, dP, D, dS and their products) do not depend on the run's
+    units, so they are computed once per chunk and shared by every run."""
     B, nq, d = q3.shape
     nk, dv = k3.shape[1], v3.shape[2]
     rows = max(1, min(nq, _ROWS // max(1, nk)))
     vis_all = causal_visible(nq, nk) if geo["causal"] else torch.ones(nq, nk, dtype=torch.bool)
-    out = dict(dq=torch.zeros(B, nq, d, dtype=torch.float64),
-               dk=torch.zeros(B, nk, d, dtype=torch.float64),
-               dv=torch.zeros(B, nk, dv, dtype=torch.float64))
+    out = {key: dict(dq=torch.zeros(B, nq, d, dtype=torch.float64),
+                     dk=torch.zeros(B, nk, d, dtype=torch.float64),
+                     dv=torch.zeros(B, nk, dv, dtype=torch.float64)) for key in runs}
     for b in range(B):
-        acc_dk = acc_dv = None
+        acc = {key: [None, None] for key in runs}
         for r0 in range(0, nq, rows):
             sl = slice(r0, r0 + rows)
-            res = _chunk(q3[b, sl], k3[b], v3[b], do3[b, sl], E_O[b, sl], vis_all[sl], pol, U,
-                         geo, carrier, nq)
-            out["dq"][b, sl] = res["dq"]
-            acc_dk = _add(acc_dk, res["dk_parts"])
-            acc_dv = _add(acc_dv, res["dv_parts"])
-        out["dk"][b] = _finish_kv(acc_dk, "dk", pol, U, geo, nq, nk)
-        out["dv"][b] = _finish_kv(acc_dv, "dv", pol, U, geo, nq, nk)
+            ex = _exact(q3[b, sl], k3[b], v3[b], do3[b, sl], vis_all[sl], pol, geo)
+            for key, (U, E_O, carrier) in runs.items():
+                res = _chunk(ex, E_O[b, sl], pol, U, geo, carrier, nq)
+                out[key]["dq"][b, sl] = res["dq"]
+                acc[key][0] = _add(acc[key][0], res["dk_parts"])
+                acc[key][1] = _add(acc[key][1], res["dv_parts"])
+        for key, (U, _, _) in runs.items():
+            out[key]["dk"][b] = _finish_kv(acc[key][0], "dk", pol, U, geo, nq, nk)
+            out[key]["dv"][b] = _finish_kv(acc[key][1], "dv", pol, U, geo, nq, nk)
     return out
 
 
@@ -170,8 +176,38 @@ def _add(acc, parts):
     return parts if acc is None else [a + c for a, c in zip(acc, parts, strict=True)]
 
 
-def _chunk(q, k, v, do, E_O, vis, pol, U, geo, carrier, nq_total):
-    """The bound's ingredients for some query rows (see the module docstring)."""
+def _exact(q, k, v, do, vis, pol, geo) -> dict:
+    """The quantities of some query rows that do not depend on the units: the logits and
+    their magnitudes, P, L, dP, D, dS and the exact products that the bound's terms reuse."""
+    mask = None if bool(vis.all()) else ~vis  # masked_fill under an all-false mask: a copy
+    fill = (lambda x, val: x) if mask is None else (lambda x, val: x.masked_fill(mask, val))
+    sc = abs(geo["scale"])
+    A = sc * (q.abs() @ k.abs().T)
+    S = geo["scale"] * (q @ k.T)
+    S_abs = S.abs()
+    S = fill(S, -math.inf)
+    live = vis.any(-1)
+    m = torch.where(live, S.amax(-1), torch.zeros(()))
+    smin = torch.where(live, fill(S, math.inf).amin(-1), torch.zeros(()))
+    P = torch.softmax(S, -1).nan_to_num()
+    L = m + torch.log(torch.exp(S - m[:, None]).sum(-1).clamp_min(1e-300))
+    aO = do.abs()
+    dP = do @ v.T
+    O = P @ v
+    D = (do * O).sum(-1)
+    dS = P * (dP - D[:, None])
+    return dict(q=q, k=k, v=v, do=do, vis=vis, fill=fill, A=A, S=S, S_abs=S_abs, live=live,
+                m=m, smin=smin, P=P, L=L, SL=(S - L[:, None]).abs().nan_to_num(0.0),
+                visf=vis.to(torch.float64), aO=aO, dP=dP, dP_abs=dP.abs(),
+                aOv=aO @ v.abs().T, O=O, O_abs=O.abs(), D=D, G=(dP - D[:, None]).abs(), dS=dS,
+                dS_abs=dS.abs(), ak=k.abs(), aq=q.abs(), PtdO=P.T @ do, dSk=dS @ k,
+                dStq=dS.T @ q)
+
+
+def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
+    """The bound's ingredients for some query rows (see the module docstring); ex: _exact's."""
+    q, k, v, fill = ex["q"], ex["k"], ex["v"], ex["fill"]
+    live, m, smin, P, L = ex["live"], ex["m"], ex["smin"], ex["P"], ex["L"]
     std = pol.structure == "standard"
     sc, bn = abs(geo["scale"]), geo["bn"]
     nk, d, dv = k.shape[0], q.shape[1], v.shape[1]
@@ -186,18 +222,10 @@ def _chunk(q, k, v, do, E_O, vis, pol, U, geo, carrier, nq_total):
     # the dot's error is relative to A = scale |q|.|k|, the roundings of s to |s|
     a_A = (1 + u_in) ** 2 * (1 + _acc(f_qk, d, geo["sr"]) * (U["qk_acc"][0] > 0 or
                                                           U["fwd.qk_acc"][0] > 0)) - 1
-    A = sc * (q.abs() @ k.abs().T)
-    S = geo["scale"] * (q @ k.T)
-    e_s = a_A * A
-    e_s = e_s + ((1 + u_s) ** 3 - 1) * (S.abs() + e_s) + 2 * U["s"][1] + 2 * U["fwd.s"][1]
-    S = S.masked_fill(~vis, -math.inf)
-    e_s = e_s.masked_fill(~vis, 0.0)
-    live = vis.any(-1)
-    m = torch.where(live, S.amax(-1), torch.zeros(()))
-    smin = torch.where(live, S.masked_fill(~vis, math.inf).amin(-1), torch.zeros(()))
+    e_s = a_A * ex["A"]
+    e_s = e_s + ((1 + u_s) ** 3 - 1) * (ex["S_abs"] + e_s) + 2 * U["s"][1] + 2 * U["fwd.s"][1]
+    e_s = fill(e_s, 0.0)
     Es = e_s.amax(-1)
-    P = torch.softmax(S, -1).nan_to_num()
-    L = m + torch.log(torch.exp(S - m[:, None]).sum(-1).clamp_min(1e-300))
     ulog = lambda u: -math.log1p(-u) if u < 1 else math.inf  # noqa: E731
     if std:
         u_fd = max(U["fwd.s"][0], U["fwd.m"][0])
@@ -221,42 +249,41 @@ def _chunk(q, k, v, do, E_O, vis, pol, U, geo, carrier, nq_total):
         eps_L = Es + _nlog1m(theta) + 4 * x64 * (m.abs() + L.abs() + 1)
         eps_L = eps_L + U["lse"][0] * (L.abs() + eps_L) + U["lse"][1]
         u_bd = max(U["s"][0], U["lse"][0])
-        lg = (e_s + eps_L[:, None] + u_bd * ((S - L[:, None]).abs().nan_to_num(0.0) + e_s
+        lg = (e_s + eps_L[:, None] + u_bd * (ex["SL"] + e_s
                                              + eps_L[:, None])
               + ulog(U["p"][0]) + exp64)
         pi = torch.expm1(lg)
         eta_p = 2 * U["p"][1]
         rho = (1 + pi) * (1 + U["p_cast"][0]) - 1
         eta_pc = 2 * (U["p"][1] + U["p_cast"][1])
-    visf = vis.to(torch.float64)
-    eP0 = (pi * P + eta_p * visf).masked_fill(~vis, 0.0)   # P as computed
-    eP = (rho * P + eta_pc * visf).masked_fill(~vis, 0.0)  # P as it enters P^T dO
-    aO = do.abs()
+    visf = ex["visf"]
+    eP0 = fill(pi * P + eta_p * visf, 0.0)   # P as computed
+    eP = fill(rho * P + eta_pc * visf, 0.0)  # P as it enters P^T dO
+    aO = ex["aO"]
     aOh = aO * (1 + u_do)
 
     # -- dV: row chunk contributions (summed over chunks by the caller) --
-    dv_parts = [eP.T @ aOh + P.T @ (u_do * aO), (P + eP).T @ aOh, P.T @ do]
+    dv_parts = [eP.T @ aOh + P.T @ (u_do * aO), (P + eP).T @ aOh, ex["PtdO"]]
 
     # -- dP and D --
     g_dp = (1 + u_do) * (1 + u_in) * (1 + _acc(pol.fmt("dp_acc"), dv, geo["sr"]) *
                                       (U["dp_acc"][0] > 0)) * (1 + U["dp"][0]) - 1
-    dP = do @ v.T
-    e_dP = g_dp * (aO @ v.abs().T) + U["dp"][1]
+    dP_abs = ex["dP_abs"]
+    e_dP = g_dp * ex["aOv"] + U["dp"][1]
     f_delta = pol.fmt("delta")
     u_dacc = min(_u(f_delta, geo["sr"])[0], FORMATS["fp32"].u) if U["delta"][0] > 0 else 0.0
     g_delta = (1 + (dv + 1) * u_dacc / (1 - (dv + 1) * u_dacc)) * (1 + U["delta"][0]) - 1
     if std:
         Pc = P + eP
-        e_D = ((eP * dP.abs() + P * e_dP + eP * e_dP).sum(-1)
-               + (g_delta + 2 * x64 * nk) * (Pc * (dP.abs() + e_dP)).sum(-1) + U["delta"][1])
+        e_D = ((eP * dP_abs + P * e_dP + eP * e_dP).sum(-1)
+               + (g_delta + 2 * x64 * nk) * (Pc * (dP_abs + e_dP)).sum(-1) + U["delta"][1])
         P_ds, eP_ds = P, eP
     else:
-        O = P @ v
-        e_D = (aOh.sum(-1) * E_O + u_do * (aO * O.abs()).sum(-1)
-               + g_delta * (aOh * (O.abs() + E_O[:, None])).sum(-1) + U["delta"][1])
+        O_abs = ex["O_abs"]
+        e_D = (aOh.sum(-1) * E_O + u_do * (aO * O_abs).sum(-1)
+               + g_delta * (aOh * (O_abs + E_O[:, None])).sum(-1) + U["delta"][1])
         P_ds, eP_ds = P, eP0
-    D = (do * (P @ v)).sum(-1)
-    G = (dP - D[:, None]).abs()
+    G = ex["G"]
     e_G = e_dP + e_D[:, None]
 
     # -- dS and its cast --
@@ -264,31 +291,31 @@ def _chunk(q, k, v, do, E_O, vis, pol, U, geo, carrier, nq_total):
     Ph = P_ds + eP_ds
     e_dS = (eP_ds * G + Ph * e_G + ((1 + u_ds) ** 2 - 1) * Ph * (G + e_G)
             + 2 * U["ds"][1] * visf)
-    dS = P * (dP - D[:, None])
+    dS_abs = ex["dS_abs"]
     u_c = U["ds_cast"][0]
     if std:  # fl(fl(dS) * scale): the cast, the scale rounded to ds, the product
         g_sc = (1 + u_c) ** 2 * (1 + u_ds) - 1
-        e_dSc = sc * (e_dS * (1 + g_sc) + g_sc * dS.abs()) + 2 * U["ds_cast"][1] * visf
-        mag = sc * dS.abs() + e_dSc  # >= |dS^ scaled|
-        k_err = sc * dS.abs()
+        e_dSc = sc * (e_dS * (1 + g_sc) + g_sc * dS_abs) + 2 * U["ds_cast"][1] * visf
+        mag = sc * dS_abs + e_dSc  # >= |dS^ scaled|
+        k_err = sc * dS_abs
     else:
-        e_dSc = e_dS + u_c * (dS.abs() + e_dS) + U["ds_cast"][1] * visf
-        mag = dS.abs() + e_dSc
-        k_err = dS.abs()
-    e_dSc = e_dSc.masked_fill(~vis, 0.0)
-    mag = mag.masked_fill(~vis, 0.0)
-    ak, aq = k.abs(), q.abs()
+        e_dSc = e_dS + u_c * (dS_abs + e_dS) + U["ds_cast"][1] * visf
+        mag = dS_abs + e_dSc
+        k_err = dS_abs
+    e_dSc = fill(e_dSc, 0.0)
+    mag = fill(mag, 0.0)
+    ak, aq = ex["ak"], ex["aq"]
 
     # -- dQ (complete for these rows) --
     if std:
         g_dq = _acc(pol.fmt("dq_acc"), nk, geo["sr"]) * (U["dq_acc"][0] > 0)
-        X = sc * (dS @ k)
+        X = sc * ex["dSk"]
         e_X = e_dSc @ (ak * (1 + u_in)) + k_err @ (u_in * ak) + g_dq * (mag @ (ak * (1 + u_in)))
         pre = e_X + 2 * x64 * nk * (mag @ ak)
     else:
         g_dq = (1 + _acc(pol.fmt("dq_acc"), bn, geo["sr"]) * (U["dq_acc"][0] > 0)) * (
             1 + U["dq"][0]) ** (n_kb + 1) - 1
-        Xu = dS @ k
+        Xu = ex["dSk"]
         e_X = e_dSc @ (ak * (1 + u_in)) + k_err @ (u_in * ak) + g_dq * (mag @ (ak * (1 + u_in)))
         u_q = U["dq"][0]
         pre = sc * (e_X * (1 + u_q) ** 2 + ((1 + u_q) ** 2 - 1) * Xu.abs())
@@ -297,7 +324,7 @@ def _chunk(q, k, v, do, E_O, vis, pol, U, geo, carrier, nq_total):
     dq = torch.where(live[:, None], dq, torch.zeros_like(dq))
     # -- dK: row chunk contributions --
     dk_parts = [e_dSc.T @ (aq * (1 + u_in)) + k_err.T @ (u_in * aq),
-                mag.T @ (aq * (1 + u_in)), dS.T @ q]
+                mag.T @ (aq * (1 + u_in)), ex["dStq"]]
     return dict(dq=dq, dk_parts=dk_parts, dv_parts=dv_parts)
 
 
