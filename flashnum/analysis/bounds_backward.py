@@ -198,7 +198,7 @@ def _exact(q, k, v, do, vis, pol, geo) -> dict:
     dS = P * (dP - D[:, None])
     return dict(q=q, k=k, v=v, do=do, vis=vis, fill=fill, A=A, S=S, S_abs=S_abs, live=live,
                 m=m, smin=smin, P=P, L=L, SL=(S - L[:, None]).abs().nan_to_num(0.0),
-                visf=vis.to(torch.float64), aO=aO, dP=dP, dP_abs=dP.abs(),
+                visf=None if mask is None else vis.to(torch.float64), aO=aO, dP=dP, dP_abs=dP.abs(),
                 aOv=aO @ v.abs().T, O=O, O_abs=O.abs(), D=D, G=(dP - D[:, None]).abs(), dS=dS,
                 dS_abs=dS.abs(), ak=k.abs(), aq=q.abs(), PtdO=P.T @ do, dSk=dS @ k,
                 dStq=dS.T @ q)
@@ -223,7 +223,9 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
     a_A = (1 + u_in) ** 2 * (1 + _acc(f_qk, d, geo["sr"]) * (U["qk_acc"][0] > 0 or
                                                           U["fwd.qk_acc"][0] > 0)) - 1
     e_s = a_A * ex["A"]
-    e_s = e_s + ((1 + u_s) ** 3 - 1) * (ex["S_abs"] + e_s) + 2 * U["s"][1] + 2 * U["fwd.s"][1]
+    # in place where a temporary is free: the same roundings, fewer N x N allocations
+    t = (ex["S_abs"] + e_s).mul_((1 + u_s) ** 3 - 1)
+    e_s = _plus_(_plus_(t.add_(e_s), 2 * U["s"][1]), 2 * U["fwd.s"][1])
     e_s = fill(e_s, 0.0)
     Es = e_s.amax(-1)
     ulog = lambda u: -math.log1p(-u) if u < 1 else math.inf  # noqa: E731
@@ -249,16 +251,15 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
         eps_L = Es + _nlog1m(theta) + 4 * x64 * (m.abs() + L.abs() + 1)
         eps_L = eps_L + U["lse"][0] * (L.abs() + eps_L) + U["lse"][1]
         u_bd = max(U["s"][0], U["lse"][0])
-        lg = (e_s + eps_L[:, None] + u_bd * (ex["SL"] + e_s
-                                             + eps_L[:, None])
-              + ulog(U["p"][0]) + exp64)
-        pi = torch.expm1(lg)
+        t = (ex["SL"] + e_s).add_(eps_L[:, None]).mul_(u_bd)
+        lg = _plus_(_plus_((e_s + eps_L[:, None]).add_(t), ulog(U["p"][0])), exp64)
+        pi = lg.expm1_()
         eta_p = 2 * U["p"][1]
-        rho = (1 + pi) * (1 + U["p_cast"][0]) - 1
+        rho = (pi + 1).mul_(1 + U["p_cast"][0]).sub_(1)
         eta_pc = 2 * (U["p"][1] + U["p_cast"][1])
     visf = ex["visf"]
-    eP0 = fill(pi * P + eta_p * visf, 0.0)   # P as computed
-    eP = fill(rho * P + eta_pc * visf, 0.0)  # P as it enters P^T dO
+    eP0 = fill(_plus_(pi * P, eta_p, visf), 0.0)   # P as computed
+    eP = fill(_plus_(rho * P, eta_pc, visf), 0.0)  # P as it enters P^T dO
     aO = ex["aO"]
     aOh = aO * (1 + u_do)
 
@@ -269,7 +270,7 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
     g_dp = (1 + u_do) * (1 + u_in) * (1 + _acc(pol.fmt("dp_acc"), dv, geo["sr"]) *
                                       (U["dp_acc"][0] > 0)) * (1 + U["dp"][0]) - 1
     dP_abs = ex["dP_abs"]
-    e_dP = g_dp * ex["aOv"] + U["dp"][1]
+    e_dP = _plus_(ex["aOv"] * g_dp, U["dp"][1])
     f_delta = pol.fmt("delta")
     u_dacc = min(_u(f_delta, geo["sr"])[0], FORMATS["fp32"].u) if U["delta"][0] > 0 else 0.0
     g_delta = (1 + (dv + 1) * u_dacc / (1 - (dv + 1) * u_dacc)) * (1 + U["delta"][0]) - 1
@@ -284,22 +285,22 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
                + g_delta * (aOh * (O_abs + E_O[:, None])).sum(-1) + U["delta"][1])
         P_ds, eP_ds = P, eP0
     G = ex["G"]
-    e_G = e_dP + e_D[:, None]
+    e_G = e_dP.add_(e_D[:, None])  # e_dP is not read again
 
     # -- dS and its cast --
     u_ds = U["ds"][0]
     Ph = P_ds + eP_ds
-    e_dS = (eP_ds * G + Ph * e_G + ((1 + u_ds) ** 2 - 1) * Ph * (G + e_G)
-            + 2 * U["ds"][1] * visf)
+    e_dS = (eP_ds * G).add_(Ph * e_G)
+    _plus_(e_dS.add_(Ph.mul_((1 + u_ds) ** 2 - 1).mul_(e_G.add_(G))), 2 * U["ds"][1], visf)
     dS_abs = ex["dS_abs"]
     u_c = U["ds_cast"][0]
     if std:  # fl(fl(dS) * scale): the cast, the scale rounded to ds, the product
         g_sc = (1 + u_c) ** 2 * (1 + u_ds) - 1
-        e_dSc = sc * (e_dS * (1 + g_sc) + g_sc * dS_abs) + 2 * U["ds_cast"][1] * visf
+        e_dSc = sc * (e_dS * (1 + g_sc) + g_sc * dS_abs) + _on(2 * U["ds_cast"][1], visf)
         mag = sc * dS_abs + e_dSc  # >= |dS^ scaled|
         k_err = sc * dS_abs
     else:
-        e_dSc = e_dS + u_c * (dS_abs + e_dS) + U["ds_cast"][1] * visf
+        e_dSc = _plus_((dS_abs + e_dS).mul_(u_c).add_(e_dS), U["ds_cast"][1], visf)
         mag = dS_abs + e_dSc
         k_err = dS_abs
     e_dSc = fill(e_dSc, 0.0)
@@ -326,6 +327,18 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
     dk_parts = [e_dSc.T @ (aq * (1 + u_in)) + k_err.T @ (u_in * aq),
                 mag.T @ (aq * (1 + u_in)), ex["dStq"]]
     return dict(dq=dq, dk_parts=dk_parts, dv_parts=dv_parts)
+
+
+def _on(c: float, visf):
+    """c on the visible entries: c itself when every entry is visible (visf None), where
+    c * 1.0 == c makes the broadcast scalar give the same sums bit for bit."""
+    return c if visf is None else c * visf
+
+
+def _plus_(t: torch.Tensor, c: float, visf=None) -> torch.Tensor:
+    """t += c (on the visible entries, visf given), in place; nothing when c == 0: every
+    tensor this is applied to is >= +0 or NaN (no -0), so t + 0.0 is t bit for bit."""
+    return t if c == 0.0 else t.add_(_on(c, visf))
 
 
 def _nlog1m(x: torch.Tensor) -> torch.Tensor:
