@@ -172,6 +172,20 @@ def _evaluate(q3, k3, v3, do3, runs, pol, geo) -> dict:
     return out
 
 
+class _Workspace:
+    """N x N buffers of one row chunk, allocated once and reused by every run: a fresh
+    tensor of that size is a fresh mapping, whose page faults cost more than the arithmetic.
+    ws(name) is the buffer `name`; each holds one temporary at a time (see _chunk)."""
+
+    def __init__(self, shape):
+        self.shape, self.bufs = shape, {}
+
+    def __call__(self, name: str) -> torch.Tensor:
+        if name not in self.bufs:
+            self.bufs[name] = torch.empty(self.shape, dtype=torch.float64)
+        return self.bufs[name]
+
+
 def _add(acc, parts):
     return parts if acc is None else [a + c for a, c in zip(acc, parts, strict=True)]
 
@@ -181,6 +195,7 @@ def _exact(q, k, v, do, vis, pol, geo) -> dict:
     their magnitudes, P, L, dP, D, dS and the exact products that the bound's terms reuse."""
     mask = None if bool(vis.all()) else ~vis  # masked_fill under an all-false mask: a copy
     fill = (lambda x, val: x) if mask is None else (lambda x, val: x.masked_fill(mask, val))
+    fill_ = (lambda x, val: x) if mask is None else (lambda x, val: x.masked_fill_(mask, val))
     sc = abs(geo["scale"])
     A = sc * (q.abs() @ k.abs().T)
     S = geo["scale"] * (q @ k.T)
@@ -196,9 +211,11 @@ def _exact(q, k, v, do, vis, pol, geo) -> dict:
     O = P @ v
     D = (do * O).sum(-1)
     dS = P * (dP - D[:, None])
-    return dict(q=q, k=k, v=v, do=do, vis=vis, fill=fill, A=A, S=S, S_abs=S_abs, live=live,
-                m=m, smin=smin, P=P, L=L, SL=(S - L[:, None]).abs().nan_to_num(0.0),
-                visf=None if mask is None else vis.to(torch.float64), aO=aO, dP=dP, dP_abs=dP.abs(),
+    return dict(q=q, k=k, v=v, do=do, vis=vis, fill_=fill_, ws=_Workspace(S.shape), A=A, S=S,
+                S_abs=S_abs, live=live, m=m, smin=smin, P=P, L=L,
+                SL=(S - L[:, None]).abs().nan_to_num(0.0),
+                visf=None if mask is None else vis.to(torch.float64), aO=aO, dP=dP,
+                dP_abs=dP.abs(),
                 aOv=aO @ v.abs().T, O=O, O_abs=O.abs(), D=D, G=(dP - D[:, None]).abs(), dS=dS,
                 dS_abs=dS.abs(), ak=k.abs(), aq=q.abs(), PtdO=P.T @ do, dSk=dS @ k,
                 dStq=dS.T @ q)
@@ -206,7 +223,7 @@ def _exact(q, k, v, do, vis, pol, geo) -> dict:
 
 def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
     """The bound's ingredients for some query rows (see the module docstring); ex: _exact's."""
-    q, k, v, fill = ex["q"], ex["k"], ex["v"], ex["fill"]
+    q, k, v, fill, ws = ex["q"], ex["k"], ex["v"], ex["fill_"], ex["ws"]
     live, m, smin, P, L = ex["live"], ex["m"], ex["smin"], ex["P"], ex["L"]
     std = pol.structure == "standard"
     sc, bn = abs(geo["scale"]), geo["bn"]
@@ -222,9 +239,9 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
     # the dot's error is relative to A = scale |q|.|k|, the roundings of s to |s|
     a_A = (1 + u_in) ** 2 * (1 + _acc(f_qk, d, geo["sr"]) * (U["qk_acc"][0] > 0 or
                                                           U["fwd.qk_acc"][0] > 0)) - 1
-    e_s = a_A * ex["A"]
+    e_s = torch.mul(ex["A"], a_A, out=ws("e_s0"))
     # in place where a temporary is free: the same roundings, fewer N x N allocations
-    t = (ex["S_abs"] + e_s).mul_((1 + u_s) ** 3 - 1)
+    t = torch.add(ex["S_abs"], e_s, out=ws("e_s")).mul_((1 + u_s) ** 3 - 1)
     e_s = _plus_(_plus_(t.add_(e_s), 2 * U["s"][1]), 2 * U["fwd.s"][1])
     e_s = fill(e_s, 0.0)
     Es = e_s.amax(-1)
@@ -251,26 +268,28 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
         eps_L = Es + _nlog1m(theta) + 4 * x64 * (m.abs() + L.abs() + 1)
         eps_L = eps_L + U["lse"][0] * (L.abs() + eps_L) + U["lse"][1]
         u_bd = max(U["s"][0], U["lse"][0])
-        t = (ex["SL"] + e_s).add_(eps_L[:, None]).mul_(u_bd)
-        lg = _plus_(_plus_((e_s + eps_L[:, None]).add_(t), ulog(U["p"][0])), exp64)
+        t = torch.add(ex["SL"], e_s, out=ws("e_s0")).add_(eps_L[:, None]).mul_(u_bd)
+        lg = torch.add(e_s, eps_L[:, None], out=ws("lg"))
+        lg = _plus_(_plus_(lg.add_(t), ulog(U["p"][0])), exp64)
         pi = lg.expm1_()
         eta_p = 2 * U["p"][1]
-        rho = (pi + 1).mul_(1 + U["p_cast"][0]).sub_(1)
+        rho = torch.add(pi, 1, out=ws("e_s0")).mul_(1 + U["p_cast"][0]).sub_(1)
         eta_pc = 2 * (U["p"][1] + U["p_cast"][1])
     visf = ex["visf"]
-    eP0 = fill(_plus_(pi * P, eta_p, visf), 0.0)   # P as computed
-    eP = fill(_plus_(rho * P, eta_pc, visf), 0.0)  # P as it enters P^T dO
+    eP0 = fill(_plus_(torch.mul(pi, P, out=ws("eP0")), eta_p, visf), 0.0)  # P as computed
+    # P as it enters P^T dO
+    eP = fill(_plus_(torch.mul(rho, P, out=ws("eP")), eta_pc, visf), 0.0)
     aO = ex["aO"]
     aOh = aO * (1 + u_do)
 
     # -- dV: row chunk contributions (summed over chunks by the caller) --
-    dv_parts = [eP.T @ aOh + P.T @ (u_do * aO), (P + eP).T @ aOh, ex["PtdO"]]
+    dv_parts = [eP.T @ aOh + P.T @ (u_do * aO), torch.add(P, eP, out=ws("Ph")).T @ aOh, ex["PtdO"]]
 
     # -- dP and D --
     g_dp = (1 + u_do) * (1 + u_in) * (1 + _acc(pol.fmt("dp_acc"), dv, geo["sr"]) *
                                       (U["dp_acc"][0] > 0)) * (1 + U["dp"][0]) - 1
     dP_abs = ex["dP_abs"]
-    e_dP = _plus_(ex["aOv"] * g_dp, U["dp"][1])
+    e_dP = _plus_(torch.mul(ex["aOv"], g_dp, out=ws("e_dP")), U["dp"][1])
     f_delta = pol.fmt("delta")
     u_dacc = min(_u(f_delta, geo["sr"])[0], FORMATS["fp32"].u) if U["delta"][0] > 0 else 0.0
     g_delta = (1 + (dv + 1) * u_dacc / (1 - (dv + 1) * u_dacc)) * (1 + U["delta"][0]) - 1
@@ -289,8 +308,8 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
 
     # -- dS and its cast --
     u_ds = U["ds"][0]
-    Ph = P_ds + eP_ds
-    e_dS = (eP_ds * G).add_(Ph * e_G)
+    Ph = torch.add(P_ds, eP_ds, out=ws("Ph"))
+    e_dS = torch.mul(eP_ds, G, out=ws("e_dS")).add_(torch.mul(Ph, e_G, out=ws("e_s0")))
     _plus_(e_dS.add_(Ph.mul_((1 + u_ds) ** 2 - 1).mul_(e_G.add_(G))), 2 * U["ds"][1], visf)
     dS_abs = ex["dS_abs"]
     u_c = U["ds_cast"][0]
@@ -300,8 +319,9 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
         mag = sc * dS_abs + e_dSc  # >= |dS^ scaled|
         k_err = sc * dS_abs
     else:
-        e_dSc = _plus_((dS_abs + e_dS).mul_(u_c).add_(e_dS), U["ds_cast"][1], visf)
-        mag = dS_abs + e_dSc
+        e_dSc = torch.add(dS_abs, e_dS, out=ws("lg")).mul_(u_c).add_(e_dS)
+        e_dSc = _plus_(e_dSc, U["ds_cast"][1], visf)
+        mag = torch.add(dS_abs, e_dSc, out=ws("mag"))
         k_err = dS_abs
     e_dSc = fill(e_dSc, 0.0)
     mag = fill(mag, 0.0)
