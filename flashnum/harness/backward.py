@@ -15,7 +15,7 @@ precision's grid), causal, seed, forward_variant (the forward that makes O and L
 fa2, or qiu_yao for Qiu & Yao's max adjustment), orders (bwd_order: how many random dQ
 orders besides forward and reverse; 0 = none), terms (per-site bound terms), reference
 (certified, or fp64 where the certified one is too slow: large N), bound (false skips
-the a-priori bound, whose evaluation costs minutes at N = 2048), attribution (true: the
+the a-priori bound; its cost: bench/bound_backward_time.py), attribution (true: the
 case's row holds the per-site attribution table instead, flashnum.analysis.
 attribution_backward, in columns `<value>.<gradient>.<metric>.<site>`; `attribution_rows`
 gives it back tidy).
