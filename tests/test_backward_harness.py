@@ -3,6 +3,7 @@
 import json
 import math
 
+import pandas as pd
 import pytest
 
 from flashnum.harness import backward, store
@@ -39,6 +40,25 @@ def test_a_run_stores_one_row_per_case_and_resumes(tmp_path, monkeypatch):
     assert len(store.load(tmp_path / "bwd_tiny")) == 2
     summ = backward.summary(tmp_path / "bwd_tiny")
     assert list(summ.policy) == ["fa2", "naive"] and summ.held_dq.all()
+
+
+def test_rows_do_not_depend_on_how_many_processes_run_them(tmp_path, monkeypatch):
+    """Two worker processes (one task per input: seed 0, seed 1) store every value
+    bit for bit as one in-process run does; only the timing differs."""
+    conf = {"experiment": "bwd_tiny", "base": {"seq_len": 48, "head_dim": 16, "orders": 1},
+            "grid": [{"name": "t", "policy": ["fa2", "lowp"], "seed": [0, 1],
+                      "distribution": ["late_max"]}]}
+    monkeypatch.setattr(backward, "load_conf", lambda name: conf)
+    tables = []
+    for n in (1, 2):
+        root = tmp_path / f"n{n}"
+        assert backward.main(["bwd_tiny", f"store.root={root}", f"n_jobs={n}"]) == 0
+        df = store.load(root / "bwd_tiny").sort_values("case_id", ignore_index=True)
+        tables.append(df.drop(columns="wall_s"))
+        runs = json.loads((root / "bwd_tiny" / store.MANIFEST).read_text())["runs"]
+        assert runs[-1]["counts"]["run"] == 4
+    assert len(tables[0]) == 4
+    pd.testing.assert_frame_equal(tables[0], tables[1])
 
 
 def test_the_stored_backward_tables_keep_their_case_ids():

@@ -303,3 +303,20 @@ def test_ties_survive_the_engines_own_logits(precision):
     inp = make("ties", seq_len_q=200, head_dim=64)
     s = engine_logits(inp.q, inp.k, precision=precision, policy="fa2")
     assert int((s == s.amax(-1, keepdim=True)).sum(-1).min()) >= 2
+
+
+def test_dot_logits_sums_every_logit_in_the_same_fixed_order():
+    """Each logit is ((0 + q0 k0) + q1 k1) + ... + q_{d-1} k_{d-1}, then times the scale,
+    whatever the shape: the oracle sums in plain Python floats (IEEE doubles), one entry
+    at a time. 70,000 keys make the row bands of dot_logits split the 5 query rows."""
+    from flashnum.inputs.distributions import dot_logits
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 1, 5, 16, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 1, 70_000, 16, generator=g, dtype=torch.float64) * 1e3
+    s = dot_logits(q, k, 0.3)
+    for i, j in [(0, 0), (1, 3), (2, 69_999), (3, 35_000), (4, 12_345)]:
+        acc = 0.0
+        for t in range(16):
+            acc += float(q[0, 0, i, t]) * float(k[0, 0, j, t])
+        assert float(s[0, 0, i, j]) == acc * 0.3
