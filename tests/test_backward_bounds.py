@@ -55,3 +55,43 @@ def test_terms_name_a_dominant_site_and_vanish_for_exact_sites():
     assert b["terms"]["dv"]["p_cast"] > 0.0
     assert b["terms"]["dq"]["p_cast"] == 0.0 and b["terms"]["dk"]["p_cast"] == 0.0
     assert b["terms"]["dq"]["ds_cast"] > 0.0 and b["terms"]["dv"]["ds_cast"] == 0.0
+
+
+@pytest.mark.parametrize("policy", ["fa2", "naive", "lowp"])
+@pytest.mark.parametrize("magnitude", [30.0, 100.0, 300.0])
+def test_a_gradient_that_may_overflow_fp16_gets_an_infinite_bound_never_a_false_one(
+        policy, magnitude):
+    """dO and V of size `magnitude` push dP, dS and the dQ/dK accumulators toward fp16's
+    largest number 65504: at 100 lowp's dQ and dK overflow to inf, at 300 fa2's too. The
+    rounding model fl(x) = x (1 + delta) + eta fails past that number, so wherever a site may
+    overflow the bound must be inf; wherever it is finite it must hold (fp64 reference:
+    its error is ~1e-16 relative, against fp16 errors above 1e-4)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 64, 16, generator=g).half().double() for _ in range(4))
+    v, do = (v * magnitude).half().double(), (do * magnitude).half().double()
+    kw = dict(policy=policy, precision="fp16", block_m=16, block_n=16)
+    grads = attention_backward(q, k, v, do, **kw)
+    b = bound_backward(q, k, v, do, terms=False, **kw)
+    ref = reference_backward(q, k, v, do, method="fp64")
+    for name in ("dq", "dk", "dv"):
+        x, bound = getattr(grads, name), b[name]
+        assert not bool(bound.isnan().any()), name
+        assert bool(bound[~x.isfinite()].isinf().all()), name  # overflowed: no finite bound
+        fin = bound.isfinite()
+        assert bool(((x - getattr(ref, name)).abs()[fin] <= bound[fin]).all()), name
+    if magnitude == 30.0:  # far below the largest number: the check changes nothing
+        assert all(b["max"][n] < float("inf") for n in ("dq", "dk", "dv"))
+
+
+def test_an_unbounded_term_makes_the_bound_inf_never_nan():
+    """Logits of size ~300 in bf16 make some error terms of the naive bound infinite;
+    where such a term meets an exact zero (P underflowed) the product inf * 0 would be NaN:
+    the bound reports inf there, which is what an unbounded term means."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v, do = (torch.randn(1, 48, 16, generator=g) for _ in range(4))
+    q, k = q * 12, k * 12
+    q, k, v, do = (x.bfloat16().double() for x in (q, k, v, do))
+    b = bound_backward(q, k, v, do, policy="naive", precision="bf16", block_m=16, block_n=16,
+                       terms=False)
+    assert any(bool(b[n].isinf().any()) for n in ("dq", "dk", "dv"))
+    assert not any(bool(b[n].isnan().any()) for n in ("dq", "dk", "dv"))

@@ -27,6 +27,11 @@ gamma_{n+1} sum |a||b| (any order). Through the algorithm, entry by entry:
     dQ, dK      scale (e_dS |K| + gamma |dS^| |K| + input roundings) + scale and output
                 roundings
 
+Past a format's largest number the rounding model fails: wherever a value some site rounds
+may exceed it (its exact magnitude plus its error bound), every gradient the value reaches
+gets an infinite bound for that head; an unbounded term against an exact zero gives inf,
+never NaN.
+
 The bound is rigorous (the higher-order products are kept: (1 + u)^k - 1, exp(x) - 1,
 -log(1 - x)) but it is a worst case over the signs of the roundings; it is evaluated in
 float64 with the exact P, dP, D, dS of the inputs and a relative slack of 2^-30.
@@ -118,7 +123,10 @@ def bound_backward(q, k, v, do, *, policy="fa2", precision="bf16", block_m: int 
     full = parts[None]
     lead = q.shape[:-2]
     shapes = dict(dq=q.shape, dk=k.shape, dv=v.shape)
-    out = {g: (full[g] * (1 + EVAL_SLACK)).reshape(shapes[g]) for g in ("dq", "dk", "dv")}
+    # a NaN entry comes from an infinite term times 0 or minus another (inf * 0 in a GEMM of
+    # magnitudes): some term of it is unbounded, so the entry's bound is inf
+    out = {g: (full[g] * (1 + EVAL_SLACK)).nan_to_num(nan=math.inf, posinf=math.inf)
+           .reshape(shapes[g]) for g in ("dq", "dk", "dv")}
     out["max"] = {g: float(out[g].max()) if out[g].numel() else 0.0 for g in ("dq", "dk", "dv")}
     out["terms"], out["dominant_site"] = {}, {}
     if terms:
@@ -158,6 +166,7 @@ def _evaluate(q3, k3, v3, do3, runs, pol, geo) -> dict:
                      dv=torch.zeros(B, nk, dv, dtype=torch.float64)) for key in runs}
     for b in range(B):
         acc = {key: [None, None] for key in runs}
+        mags: dict = {}  # the full run's largest magnitude per site, over the chunks
         for r0 in range(0, nq, rows):
             sl = slice(r0, r0 + rows)
             ex = _exact(q3[b, sl], k3[b], v3[b], do3[b, sl], vis_all[sl], pol, geo)
@@ -166,10 +175,38 @@ def _evaluate(q3, k3, v3, do3, runs, pol, geo) -> dict:
                 out[key]["dq"][b, sl] = res["dq"]
                 acc[key][0] = _add(acc[key][0], res["dk_parts"])
                 acc[key][1] = _add(acc[key][1], res["dv_parts"])
+                _merge(mags, res["mags"])
         for key, (U, _, _) in runs.items():
-            out[key]["dk"][b] = _finish_kv(acc[key][0], "dk", pol, U, geo, nq, nk)
-            out[key]["dv"][b] = _finish_kv(acc[key][1], "dv", pol, U, geo, nq, nk)
+            out[key]["dk"][b], m_dk = _finish_kv(acc[key][0], "dk", pol, U, geo, nq, nk)
+            out[key]["dv"][b], m_dv = _finish_kv(acc[key][1], "dv", pol, U, geo, nq, nk)
+            if runs[key][2]:  # the full run (carrier): past a format's largest number, inf
+                _merge(mags, {**m_dk, **m_dv})
+                for g in _overflowing(mags, pol):
+                    out[key][g][b] = math.inf
     return out
+
+
+# which gradients a value that overflows at each site reaches (the sites of _chunk's mags)
+_REACH = {**{s: ("dq", "dk", "dv") for s in ("inputs", "do", "qk_acc", "s", "lse", "p")},
+          **{s: ("dv",) for s in ("p_cast", "dv_acc", "dv", "out.dv")},
+          **{s: ("dq", "dk") for s in ("dp_acc", "dp", "delta", "ds", "ds_cast")},
+          **{s: ("dq",) for s in ("dq_acc", "dq", "out.dq")},
+          **{s: ("dk",) for s in ("dk_acc", "dk", "out.dk")}}
+
+
+def _merge(into: dict, mags: dict) -> None:
+    for site, x in mags.items():
+        into[site] = max(into.get(site, 0.0), x)
+
+
+def _overflowing(mags: dict, pol) -> set:
+    """The gradients some of whose values may exceed their site's largest finite number."""
+    bad = set()
+    for site, x in mags.items():
+        f = pol.forward.fmt("inputs") if site == "inputs" else pol.fmt(site.split(".")[0])
+        if not x <= _fmax(f):
+            bad.update(_REACH[site])
+    return bad
 
 
 class _Workspace:
@@ -211,7 +248,7 @@ def _exact(q, k, v, do, vis, pol, geo) -> dict:
     O = P @ v
     D = (do * O).sum(-1)
     dS = P * (dP - D[:, None])
-    return dict(q=q, k=k, v=v, do=do, vis=vis, fill_=fill_, ws=_Workspace(S.shape), A=A, S=S,
+    ex = dict(q=q, k=k, v=v, do=do, vis=vis, fill_=fill_, ws=_Workspace(S.shape), A=A, S=S,
                 S_abs=S_abs, live=live, m=m, smin=smin, P=P, L=L,
                 SL=(S - L[:, None]).abs().nan_to_num(0.0),
                 visf=None if mask is None else vis.to(torch.float64), aO=aO, dP=dP,
@@ -219,6 +256,23 @@ def _exact(q, k, v, do, vis, pol, geo) -> dict:
                 aOv=aO @ v.abs().T, O=O, O_abs=O.abs(), D=D, G=(dP - D[:, None]).abs(), dS=dS,
                 dS_abs=dS.abs(), ak=k.abs(), aq=q.abs(), PtdO=P.T @ do, dSk=dS @ k,
                 dStq=dS.T @ q)
+    # the largest magnitudes, for the overflow check (every run shares them)
+    ex["top"] = dict(A=_amax(A), S=_amax(S_abs), aOv=_amax(ex["aOv"]), G=_amax(ex["G"]),
+                     dS=_amax(ex["dS_abs"]), io=max(_amax(x.abs()) for x in (q, k, v)))
+    return ex
+
+
+def _fmax(f) -> float:
+    """The largest magnitude that rounds to a finite value of format f (exact: none)."""
+    return math.inf if f is EXACT or f.p >= 53 else f.max
+
+
+def _amax(x: torch.Tensor) -> float:
+    """The largest finite entry (0 for none). A magnitude is an exact value plus an error
+    bound; where the bound is inf (or NaN) the gradient entries the value reaches get an
+    infinite bound through the evaluation already, so the overflow check needs only the
+    finite ones."""
+    return float(x.nan_to_num(nan=0.0, posinf=0.0).amax()) if x.numel() else 0.0
 
 
 def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
@@ -230,6 +284,10 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
     nk, d, dv = k.shape[0], q.shape[1], v.shape[1]
     n_kb = n_blocks(nk, bn)
     u_in, u_do = U["inputs"][0], U["do"][0]
+    # mags[site]: an upper bound of every value the site rounds (before its rounding), for
+    # the overflow check (the full run only: carrier); the model fl(x) = x (1 + delta) + eta
+    # holds only up to the format's largest number
+    mags: dict = {}
     x64 = U64 if carrier else 0.0
     exp64 = EXP64 if carrier else 0.0
 
@@ -245,6 +303,13 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
     e_s = _plus_(_plus_(t.add_(e_s), 2 * U["s"][1]), 2 * U["fwd.s"][1])
     e_s = fill(e_s, 0.0)
     Es = e_s.amax(-1)
+    if carrier:
+        top, es_max = ex["top"], _amax(Es)
+        # the dot before the scale (every partial sum) and the scaled logit
+        mags["qk_acc"] = (top["A"] + es_max) / sc if sc > 0 else math.inf
+        mags["s"] = max(mags["qk_acc"], top["S"] + es_max)
+        mags["inputs"] = top["io"]
+        mags["do"] = _amax(ex["do"].abs())
     ulog = lambda u: -math.log1p(-u) if u < 1 else math.inf  # noqa: E731
     if std:
         u_fd = max(U["fwd.s"][0], U["fwd.m"][0])
@@ -267,6 +332,8 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
         # the forward's lse in float64 (m + log l), then the lse site
         eps_L = Es + _nlog1m(theta) + 4 * x64 * (m.abs() + L.abs() + 1)
         eps_L = eps_L + U["lse"][0] * (L.abs() + eps_L) + U["lse"][1]
+        if carrier:
+            mags["lse"] = _amax(L.abs() + eps_L)
         u_bd = max(U["s"][0], U["lse"][0])
         t = torch.add(ex["SL"], e_s, out=ws("e_s0")).add_(eps_L[:, None]).mul_(u_bd)
         lg = torch.add(e_s, eps_L[:, None], out=ws("lg"))
@@ -279,6 +346,8 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
     eP0 = fill(_plus_(torch.mul(pi, P, out=ws("eP0")), eta_p, visf), 0.0)  # P as computed
     # P as it enters P^T dO
     eP = fill(_plus_(torch.mul(rho, P, out=ws("eP")), eta_pc, visf), 0.0)
+    if carrier:  # P <= 1
+        mags["p"], mags["p_cast"] = 1 + _amax(eP0), 1 + _amax(eP)
     aO = ex["aO"]
     aOh = aO * (1 + u_do)
 
@@ -290,18 +359,22 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
                                       (U["dp_acc"][0] > 0)) * (1 + U["dp"][0]) - 1
     dP_abs = ex["dP_abs"]
     e_dP = _plus_(torch.mul(ex["aOv"], g_dp, out=ws("e_dP")), U["dp"][1])
+    if carrier:  # every partial sum of dP_ij is at most sum_c |dO_ic| |V_jc|
+        mags["dp_acc"] = mags["dp"] = ex["top"]["aOv"] * (1 + g_dp) + U["dp"][1]
     f_delta = pol.fmt("delta")
     u_dacc = min(_u(f_delta, geo["sr"])[0], FORMATS["fp32"].u) if U["delta"][0] > 0 else 0.0
     g_delta = (1 + (dv + 1) * u_dacc / (1 - (dv + 1) * u_dacc)) * (1 + U["delta"][0]) - 1
     if std:
         Pc = P + eP
+        d_mag = (Pc * (dP_abs + e_dP)).sum(-1)  # every partial sum of D's terms
         e_D = ((eP * dP_abs + P * e_dP + eP * e_dP).sum(-1)
-               + (g_delta + 2 * x64 * nk) * (Pc * (dP_abs + e_dP)).sum(-1) + U["delta"][1])
+               + (g_delta + 2 * x64 * nk) * d_mag + U["delta"][1])
         P_ds, eP_ds = P, eP
     else:
         O_abs = ex["O_abs"]
+        d_mag = (aOh * (O_abs + E_O[:, None])).sum(-1)  # every partial sum of D's terms
         e_D = (aOh.sum(-1) * E_O + u_do * (aO * O_abs).sum(-1)
-               + g_delta * (aOh * (O_abs + E_O[:, None])).sum(-1) + U["delta"][1])
+               + g_delta * d_mag + U["delta"][1])
         P_ds, eP_ds = P, eP0
     G = ex["G"]
     e_G = e_dP.add_(e_D[:, None])  # e_dP is not read again
@@ -312,6 +385,9 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
     e_dS = torch.mul(eP_ds, G, out=ws("e_dS")).add_(torch.mul(Ph, e_G, out=ws("e_s0")))
     _plus_(e_dS.add_(Ph.mul_((1 + u_ds) ** 2 - 1).mul_(e_G.add_(G))), 2 * U["ds"][1], visf)
     dS_abs = ex["dS_abs"]
+    if carrier:  # e_G now holds |dP - D| + its error; dS = P (dP - D)
+        mags["delta"] = _amax(d_mag) * (1 + g_delta) + U["delta"][1]
+        mags["ds"] = max(_amax(e_G), ex["top"]["dS"] + _amax(e_dS))
     u_c = U["ds_cast"][0]
     if std:  # fl(fl(dS) * scale): the cast, the scale rounded to ds, the product
         g_sc = (1 + u_c) ** 2 * (1 + u_ds) - 1
@@ -326,27 +402,34 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
     e_dSc = fill(e_dSc, 0.0)
     mag = fill(mag, 0.0)
     ak, aq = ex["ak"], ex["aq"]
+    if carrier:
+        mags["ds_cast"] = _amax(mag)
 
     # -- dQ (complete for these rows) --
     if std:
         g_dq = _acc(pol.fmt("dq_acc"), nk, geo["sr"]) * (U["dq_acc"][0] > 0)
         X = sc * ex["dSk"]
-        e_X = e_dSc @ (ak * (1 + u_in)) + k_err @ (u_in * ak) + g_dq * (mag @ (ak * (1 + u_in)))
+        MK = mag @ (ak * (1 + u_in))  # every partial sum of dQ's magnitude
+        e_X = e_dSc @ (ak * (1 + u_in)) + k_err @ (u_in * ak) + g_dq * MK
         pre = e_X + 2 * x64 * nk * (mag @ ak)
     else:
         g_dq = (1 + _acc(pol.fmt("dq_acc"), bn, geo["sr"]) * (U["dq_acc"][0] > 0)) * (
             1 + U["dq"][0]) ** (n_kb + 1) - 1
         Xu = ex["dSk"]
-        e_X = e_dSc @ (ak * (1 + u_in)) + k_err @ (u_in * ak) + g_dq * (mag @ (ak * (1 + u_in)))
+        MK = mag @ (ak * (1 + u_in))  # every partial sum of dQ's magnitude
+        e_X = e_dSc @ (ak * (1 + u_in)) + k_err @ (u_in * ak) + g_dq * MK
         u_q = U["dq"][0]
         pre = sc * (e_X * (1 + u_q) ** 2 + ((1 + u_q) ** 2 - 1) * Xu.abs())
         X = sc * Xu
     dq = pre + U["out"][0] * (X.abs() + pre) + U["out"][1]
     dq = torch.where(live[:, None], dq, torch.zeros_like(dq))
+    if carrier:  # the accumulator (unscaled in flash), then the scaled value
+        mags["out.dq"] = _amax(X.abs() + pre)
+        mags["dq_acc"] = mags["dq"] = max(_amax(MK) * (1 + g_dq), mags["out.dq"])
     # -- dK: row chunk contributions --
     dk_parts = [e_dSc.T @ (aq * (1 + u_in)) + k_err.T @ (u_in * aq),
                 mag.T @ (aq * (1 + u_in)), ex["dStq"]]
-    return dict(dq=dq, dk_parts=dk_parts, dv_parts=dv_parts)
+    return dict(dq=dq, dk_parts=dk_parts, dv_parts=dv_parts, mags=mags)
 
 
 def _on(c: float, visf):
@@ -366,8 +449,9 @@ def _nlog1m(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x < 1, -torch.log1p(-x.clamp(max=1 - 1e-16)), torch.full_like(x, math.inf))
 
 
-def _finish_kv(parts, g: str, pol, U, geo, nq: int, nk: int) -> torch.Tensor:
-    """dK or dV from the row sums: accumulation, the scale (dK), the output rounding."""
+def _finish_kv(parts, g: str, pol, U, geo, nq: int, nk: int) -> tuple[torch.Tensor, dict]:
+    """dK or dV from the row sums: accumulation, the scale (dK), the output rounding; and
+    the largest magnitudes of its accumulator and its scaled value (the overflow check)."""
     err, mag, exact = parts
     std = pol.structure == "standard"
     sc = abs(geo["scale"])
@@ -392,4 +476,8 @@ def _finish_kv(parts, g: str, pol, U, geo, nq: int, nk: int) -> torch.Tensor:
             pre = sc * (e * (1 + u_k) ** 2 + ((1 + u_k) ** 2 - 1) * exact.abs())
     else:
         X, pre = exact, e
-    return pre + U["out"][0] * (X.abs() + pre) + U["out"][1]
+    top = _amax(X.abs() + pre)
+    # every partial sum of the accumulator is at most mag (plus its error e)
+    mags = {f"out.{g}": top, acc_site: max(_amax(mag + e), top)}
+    mags[g] = mags[acc_site]
+    return pre + U["out"][0] * (X.abs() + pre) + U["out"][1], mags
