@@ -23,19 +23,19 @@ gives it back tidy).
 
 Each case stores, per gradient g in dq, dk, dv: err_g = max|g - ref| against the
 certified reference (flashnum.reference_backward), ref_g = max|ref|, torch_err_g (torch
-autograd of standard attention on tensors of the precision, for bf16 and fp16), rule_g
-= err_g <= 2 torch_err_g (flash-attn's acceptance rule), bound_g (the a-priori bound's
-largest entry, flashnum.analysis.bounds_backward), held_g (every entry within its
-bound), dominant_g; ds_rowsum = max_i |sum_j dS_ij| and ds_abs = max_i sum_j |dS_ij| of
-the computed dS; for orders > 0, dq_spread = max |dQ(order) - dQ(forward)| over the
-orders; ref_method (the reference used) and, with a certified reference, ref64_err_g =
-max|fp64 reference - certified| (what the fp64 reference errs by, where both ran). Cases
-that share their inputs run as one task (inputs, reference and torch's gradients made
-once), tasks on n_jobs processes with one torch thread each (flashnum.harness.scheduler),
-so a row does not depend on how many run. Cases
-are keyed by a hash of their axes (reference and bound only when not at their defaults,
-so that the earlier tables keep their keys); a rerun computes only missing cases. Each
-run that writes rows appends a record to the experiment's manifest.json
+autograd of standard attention on tensors of the precision, for bf16 and fp16), rule_g =
+err_g <= 2 torch_err_g (flash-attn's acceptance rule), bound_g (the a-priori bound's
+largest entry, flashnum.analysis.bounds_backward; inf: vacuous somewhere), held_g (every
+entry within its bound), dominant_g; ds_rowsum = max_i |sum_j dS_ij| and ds_abs = max_i
+sum_j |dS_ij| of the computed dS; for orders > 0, dq_spread = max |dQ(order) -
+dQ(forward)| over the orders; ref_method (the reference used) and, with a certified
+reference, ref64_err_g = max|fp64 reference - certified| (what the fp64 reference errs
+by, where both ran). Cases that share their inputs run as one task (inputs, reference
+and torch's gradients made once), tasks on n_jobs processes with one torch thread each
+(flashnum.harness.scheduler), so a row does not depend on how many run. Cases are keyed
+by a hash of their axes (reference and bound only when not at their defaults, so that
+the earlier tables keep their keys); a rerun computes only missing cases. Each run that
+writes rows appends a record to the experiment's manifest.json
 (flashnum.harness.manifest). With several seq_len, summary=true also prints the growth
 fits (`growth`): err ~ N^alpha per policy, precision, distribution, gradient and seed.
 """
@@ -167,7 +167,9 @@ def run_case(case: dict) -> dict:
         row[f"ref64_err_{name}"] = (math.nan if ref64 is None else
                                     float((getattr(ref64, name) - r).abs().max()))
         row[f"bound_{name}"] = math.nan if b is None else b["max"][name]
-        row[f"held_{name}"] = None if b is None else bool((err <= b[name]).all())
+        # an infinite bound entry covers anything, a NaN error (inf - inf) included
+        row[f"held_{name}"] = None if b is None else bool(((err <= b[name])
+                                                           | b[name].isinf()).all())
         row[f"dominant_{name}"] = "" if b is None else b["dominant_site"].get(name, "")
         t = math.nan if base is None else float((base[name] - r).abs().max())
         row[f"torch_err_{name}"] = t
