@@ -424,6 +424,16 @@ def bwd_growth(F: Figures) -> None:
         F.num("BwdGrowthCertMaxN", int(cert.seq_len.max()) if len(cert) else 0)
         rel = max(float((cert[f"ref64_err_{g}"] / cert[f"err_{g}"]).max()) for g in grads)
         F.num("BwdGrowthRefRatio", rel)
+    # honest bound accounting per (row, gradient): finite and held, vacuous, exceeded
+    bound = np.concatenate([df[f"bound_{g}"].to_numpy(float) for g in grads])
+    held = np.concatenate([df[f"held_{g}"].to_numpy(bool) for g in grads])
+    err = np.concatenate([df[f"err_{g}"].to_numpy(float) for g in grads])
+    fin = np.isfinite(bound)
+    F.num("BwdGrowthPairs", len(bound))
+    F.num("BwdGrowthBoundHeld", int((fin & held).sum()))
+    F.num("BwdGrowthBoundVacuous", int(np.isinf(bound).sum()))
+    F.num("BwdGrowthBoundViolated", int((fin & ~held).sum()))
+    F.num("BwdGrowthOverflow", int((~np.isfinite(err)).sum()))
     F.select("bwd_growth", [f"{len(gauss)} gaussian cases", "d 64, 64x64 blocks",
                             f"median over {df.seed.nunique()} seeds"])
     F.save(fig, "bwd_growth", width=1.0)
