@@ -272,7 +272,10 @@ def _amax(x: torch.Tensor) -> float:
     bound; where the bound is inf (or NaN) the gradient entries the value reaches get an
     infinite bound through the evaluation already, so the overflow check needs only the
     finite ones."""
-    return float(x.nan_to_num(nan=0.0, posinf=0.0).amax()) if x.numel() else 0.0
+    if not x.numel():
+        return 0.0
+    top = float(x.amax())  # one read-only pass; the copy below only when some entry is not
+    return top if math.isfinite(top) else float(x.nan_to_num(nan=0.0, posinf=0.0).amax())
 
 
 def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
