@@ -249,13 +249,13 @@ def _exact(q, k, v, do, vis, pol, geo) -> dict:
     D = (do * O).sum(-1)
     dS = P * (dP - D[:, None])
     ex = dict(q=q, k=k, v=v, do=do, vis=vis, fill_=fill_, ws=_Workspace(S.shape), A=A, S=S,
-                S_abs=S_abs, live=live, m=m, smin=smin, P=P, L=L,
-                SL=(S - L[:, None]).abs().nan_to_num(0.0),
-                visf=None if mask is None else vis.to(torch.float64), aO=aO, dP=dP,
-                dP_abs=dP.abs(),
-                aOv=aO @ v.abs().T, O=O, O_abs=O.abs(), D=D, G=(dP - D[:, None]).abs(), dS=dS,
-                dS_abs=dS.abs(), ak=k.abs(), aq=q.abs(), PtdO=P.T @ do, dSk=dS @ k,
-                dStq=dS.T @ q)
+              S_abs=S_abs, live=live, m=m, smin=smin, P=P, L=L,
+              SL=(S - L[:, None]).abs().nan_to_num(0.0),
+              visf=None if mask is None else vis.to(torch.float64), aO=aO, dP=dP,
+              dP_abs=dP.abs(),
+              aOv=aO @ v.abs().T, O=O, O_abs=O.abs(), D=D, G=(dP - D[:, None]).abs(), dS=dS,
+              dS_abs=dS.abs(), ak=k.abs(), aq=q.abs(), PtdO=P.T @ do, dSk=dS @ k,
+              dStq=dS.T @ q)
     # the largest magnitudes, for the overflow check (every run shares them)
     ex["top"] = dict(A=_amax(A), S=_amax(S_abs), aOv=_amax(ex["aOv"]), G=_amax(ex["G"]),
                      dS=_amax(ex["dS_abs"]), io=max(_amax(x.abs()) for x in (q, k, v)))
