@@ -6,6 +6,9 @@
     err = (res.out - ref.out).abs().max()
     g = flashnum.attention_backward(q, k, v, do, precision="bf16", policy="fa2")
     gref = flashnum.reference_backward(q, k, v, do)   # certified dQ, dK, dV
+    with flashnum.capture("acts.safetensors") as cap:  # a model's attention inputs
+        model(x)
+    call = cap.calls[0]; flashnum.attention(*call.qkv, causal=call.causal, scale=call.scale)
 
 Layers (docs/architecture.md), each importing only from those above it in this list:
 numerics (formats, block-scaled formats, policies and sites, tiling and the causal rule),
@@ -19,6 +22,7 @@ figures (the paper's figures and numbers from the stored tables).
 
 from flashnum.engine import attention
 from flashnum.engine.backward import attention_backward
+from flashnum.inputs.capture import CapturedCall, capture, load_capture
 from flashnum.numerics.formats import FORMATS, get_format
 from flashnum.numerics.policy import SITES, Policy, make_policy
 
@@ -29,5 +33,5 @@ from flashnum.reference_backward import reference_backward  # noqa: E402  (the s
 __version__ = "0.1.0"
 __all__ = [
     "attention", "attention_backward", "reference", "reference_backward", "get_format",
-    "make_policy", "Policy", "SITES", "FORMATS",
+    "make_policy", "Policy", "SITES", "FORMATS", "capture", "load_capture", "CapturedCall",
 ]
