@@ -14,7 +14,7 @@ from scipy.stats import binom
 
 from flashnum.analysis.bounds import bound
 from flashnum.engine import attention
-from flashnum.inputs.distributions import DISTRIBUTIONS, make
+from flashnum.inputs.distributions import DISTRIBUTIONS, FROM_FILE, make
 from flashnum.reference import reference
 
 
@@ -28,7 +28,7 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-CATALOGUE = [n for n in DISTRIBUTIONS if n != "worst_case"]  # worst_case replays a file
+CATALOGUE = [n for n in DISTRIBUTIONS if n not in FROM_FILE]  # replayed from a file
 POLICIES = ("fa2", "naive", "lowp")
 PRECISIONS = ("bf16", "fp16", "fp32")
 

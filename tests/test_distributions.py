@@ -13,6 +13,7 @@ import torch
 from flashnum.inputs.distributions import (
     COMMON,
     DISTRIBUTIONS,
+    FROM_FILE,
     Inputs,
     describe,
     logits,
@@ -23,7 +24,7 @@ from flashnum.numerics.formats import get_format
 
 BF16, FP16 = get_format("bf16"), get_format("fp16")
 SHAPE = dict(batch=1, heads=2, seq_len_q=256, head_dim=64, block_n=64)
-CATALOGUE = [n for n in DISTRIBUTIONS if n != "worst_case"]
+CATALOGUE = [n for n in DISTRIBUTIONS if n not in FROM_FILE]
 
 
 def _rounded(inp: Inputs, fmt) -> Inputs:

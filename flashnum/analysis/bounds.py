@@ -765,10 +765,10 @@ def tightness_table(distributions=None, *, policies=("fa2", "naive", "lowp"),
     import pandas as pd
 
     from flashnum.engine import attention
-    from flashnum.inputs.distributions import DISTRIBUTIONS, make
+    from flashnum.inputs.distributions import DISTRIBUTIONS, FROM_FILE, make
     from flashnum.reference import reference
 
-    names = [n for n in DISTRIBUTIONS if n != "worst_case"] if distributions is None else list(
+    names = [n for n in DISTRIBUTIONS if n not in FROM_FILE] if distributions is None else list(
         distributions)
     rows = []
     for name in names:

@@ -7,7 +7,7 @@ acceptance rule, NaN/Inf, masked rows and the LSE, beside an emulated model of i
 
     python -m flashnum.audit target=torch_sdpa precision=bf16      # exit 0 pass, 1 fail, 2 bad args
 
-audit(fn, *, precision, model, alignment, budget, reference, progress):
+audit(fn, *, precision, model, alignment, budget, reference, progress, inputs):
   fn          a callable fn(q, k, v, causal=False, scale=None) -> out, or (out, lse); q, k, v
               of one dtype, shape (B, H, N, d); or a target name (flashnum.audit.targets)
   precision   fp32 bf16 fp16: the dtype of the inputs
@@ -17,6 +17,7 @@ audit(fn, *, precision, model, alignment, budget, reference, progress):
   budget      quick, default (~2 minutes for a CPU kernel on 2 cores), full
   reference   auto (default: fp64 where its proven bound cannot move a verdict, else
               certified), certified, or fp64 (flashnum.reference methods)
+  inputs      a flashnum.capture file: one case per recorded call instead of the budget's
 
 Cases come from flashnum.audit.cases, rules from flashnum.audit.rules, the report from
 flashnum.audit.report. A case whose call raises or returns garbage fails; the audit goes on.
@@ -24,7 +25,7 @@ flashnum.audit.report. A case whose call raises or returns garbage fails; the au
 
 from __future__ import annotations
 
-from flashnum.audit.cases import BUDGETS, Case, cases
+from flashnum.audit.cases import BUDGETS, Case, captured_cases, cases
 from flashnum.audit.report import Report
 from flashnum.audit.rules import ALIGNMENTS, DTYPES, REFERENCES, evaluate
 from flashnum.audit.targets import resolve
@@ -34,11 +35,12 @@ def audit(fn, *, precision: str = "bf16", model: str | None = None,
           alignment: str | None = None, budget: str = "default",
           reference: str = "auto", progress: bool = False,
           case_list: list[Case] | None = None, isolate: bool = False,
-          compare: tuple[str, ...] = ()) -> Report:
+          compare: tuple[str, ...] = (), inputs=None) -> Report:
     """Run every case of `budget` (or `case_list`) through fn; see the module docstring.
     isolate=True calls fn in a forked child per case, so that a target that corrupts
     memory or aborts fails its cases instead of ending the audit. compare: flashnum
-    policies whose emulated error is recorded beside the kernel's (<policy>_err_max)."""
+    policies whose emulated error is recorded beside the kernel's (<policy>_err_max).
+    inputs: a flashnum.capture file: its calls are the cases (a model's real Q, K, V)."""
     import pandas as pd
 
     name = fn if isinstance(fn, str) else getattr(fn, "__qualname__", repr(fn))
@@ -55,6 +57,10 @@ def audit(fn, *, precision: str = "bf16", model: str | None = None,
         raise ValueError(f"unknown alignment {alignment!r}; valid: {', '.join(ALIGNMENTS)}")
     if reference not in REFERENCES:
         raise ValueError(f"unknown reference {reference!r}; valid: {', '.join(REFERENCES)}")
+    if inputs is not None:
+        if case_list is not None:
+            raise ValueError("give inputs= (a capture file) or case_list=, not both")
+        case_list = captured_cases(inputs)
     todo = case_list if case_list is not None else cases(budget)
     it = todo
     if progress:

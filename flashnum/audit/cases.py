@@ -22,13 +22,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import asdict, dataclass, field
 
-from flashnum.inputs.distributions import DISTRIBUTIONS, Inputs, make
+from flashnum.inputs.distributions import DISTRIBUTIONS, FROM_FILE, Inputs, make
 
 BUDGETS = ("quick", "default", "full")
 SEQ_LENS = (77, 256, 600)
 FULL_SEQ_LENS = (77, 256, 600, 1024, 2048)
 # distributions that set their own mask or need a file
-_SKIP = {"worst_case"}
+_SKIP = set(FROM_FILE)
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,34 @@ def _catalogue() -> list[str]:
 def _shape_ok(name: str, nq: int, causal: bool) -> bool:
     # masked makes its own causal Nq > Nk rows; it runs in the extra cases
     return name != "masked"
+
+
+def captured_cases(path) -> list[Case]:
+    """One case per call of a flashnum.capture file, at its own shape, causal flag and scale.
+
+    Calls with an attn_mask other than causal (flashnum computes none) are left out with
+    one warning naming them.
+    """
+    import warnings
+
+    from flashnum.inputs.capture import capture_index
+
+    out, masked = [], []
+    for m in capture_index(path):
+        if m["mask_kind"] in ("bool", "additive"):
+            masked.append(m["index"])
+            continue
+        inp = make("captured", path=str(path), call=m["index"])
+        b, h, nq, d = inp.q.shape
+        out.append(Case("captured", nq, inp.k.shape[-2], d, inp.causal, b, h,
+                        params={"path": str(path), "call": m["index"]}))
+    if masked:
+        warnings.warn(f"{path}: calls {masked} have an attn_mask other than causal, which "
+                      f"flashnum's references do not compute; left out of the audit",
+                      stacklevel=3)
+    if not out:
+        raise ValueError(f"{path} holds no attention call an audit can run")
+    return out
 
 
 def cases(budget: str = "default") -> list[Case]:

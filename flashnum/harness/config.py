@@ -15,7 +15,8 @@ the valid choices.
     tiling      block_m, block_n (positive), order: forward reverse random
                 max_ascending max_descending
     backend     emulate triton mp (mp_bits for mp)
-    distribution  name and params, one of flashnum.inputs.distributions.DISTRIBUTIONS
+    distribution  name and params, one of flashnum.inputs.distributions.DISTRIBUTIONS;
+                path, call, head_ids, rows: shorthands for params.* (distribution=captured)
     shape       batch heads seq_len_q seq_len_k (null: seq_len_q) head_dim
     variant     fa2 fa1 exp2 lazy (tau) qiu_yao qiu_yao_released (beta); rounding nearest
                 stochastic
@@ -69,6 +70,15 @@ class BackendConf:
 class DistributionConf:
     name: str = "gaussian"
     params: dict[str, Any] = field(default_factory=dict)
+    # shorthands for a file's inputs (captured): distribution.path=FILE sets params.path;
+    # null leaves params as they are
+    path: str | None = None
+    call: int | None = None
+    head_ids: list[int] | None = None
+    rows: int | None = None
+
+
+SHORTHANDS = ("path", "call", "head_ids", "rows")
 
 
 @dataclass
@@ -202,7 +212,10 @@ def plain(x):
 def base_case(cfg) -> dict:
     """The config's single case, as a dict of axes (not yet canonical)."""
     return dict(
-        distribution={"name": cfg.distribution.name, "params": plain(cfg.distribution.params)},
+        distribution={"name": cfg.distribution.name, "params": {
+            **(plain(cfg.distribution.params) or {}),
+            **{k: plain(cfg.distribution.get(k)) for k in SHORTHANDS
+               if cfg.distribution.get(k) is not None}}},
         batch=cfg.shape.batch, heads=cfg.shape.heads, seq_len_q=cfg.shape.seq_len_q,
         seq_len_k=cfg.shape.seq_len_k, head_dim=cfg.shape.head_dim,
         precision=cfg.precision.name, policy=cfg.policy.name,

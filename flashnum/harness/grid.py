@@ -15,7 +15,10 @@ the union of its slices, in order, each case once. `zip` ties axes together:
 `zip: [{block_m: 32, block_n: 32}, {block_m: 128, block_n: 64}]`. A slice with
 `search: {...}` (flashnum.inputs.search.worst_case arguments, over the config's
 `search:`) makes search cases: their inputs are the worst the search finds
-(distribution "worst_case", the search's settings as its params).
+(distribution "worst_case", the search's settings as its params). A captured case
+(distribution captured, flashnum.capture's file) takes its shape and causal flag from
+the call it names and carries the file's sha256 in its params, so a changed capture is
+a different case.
 
     grid:
       - name: broad                       # a label, not an axis
@@ -46,7 +49,7 @@ from omegaconf import OmegaConf
 
 from flashnum.harness.config import base_case, check_case, plain
 from flashnum.harness.paths import CONF  # conf/ of the checkout, flashnum/conf/ when installed
-from flashnum.inputs.distributions import params
+from flashnum.inputs.distributions import captured_case, params
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,9 @@ def canonical(d: dict, base: dict, conf_dir: Path = CONF, search: dict | None = 
         dist_name = d["distribution"]["name"]
         params = {**distribution_params(dist_name, conf_dir),
                   **(d["distribution"].get("params") or {})}
+    if dist_name == "captured":  # the file names the case by content, and sets its shape
+        params, shape = captured_case(params, int(d["seed"]))
+        d.update(shape, causal=bool(d["causal"] or shape["causal"]))
     if d["seq_len_k"] is None:
         d["seq_len_k"] = d["seq_len_q"]
     if d["variant"] != "lazy":

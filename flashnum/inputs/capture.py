@@ -153,13 +153,17 @@ def row_generator(seed: int, index: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(h[:8], "little") >> 1)
 
 
-def select_rows(nq: int, nk: int, n: int | None, causal: bool, g: torch.Generator):
-    """(row indices or None, keys kept): n query rows, causal ones consecutive (docstring)."""
+def select_rows(nq: int, nk: int, n: int | None, causal: bool, g: torch.Generator,
+                offset: int = 0):
+    """(row indices or None, keys kept): n query rows, causal ones consecutive (docstring).
+
+    offset: where query 0's causal mask ends: 0 top-left (torch), nk - nq bottom-right.
+    """
     if n is None or n >= nq:
         return None, nk
-    if causal:  # rows s..s+n-1 of a top-left mask see keys 0..s+n-1: bottom-right causal
+    if causal:  # rows s..s+n-1 see keys 0..offset+s+n-1: bottom-right causal over those
         s = int(torch.randint(0, nq - n + 1, (1,), generator=g))
-        return list(range(s, s + n)), min(nk, s + n)
+        return list(range(s, s + n)), min(nk, offset + s + n)
     return sorted(torch.randperm(nq, generator=g)[:n].tolist()), nk
 
 

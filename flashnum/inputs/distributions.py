@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 import torch
 from scipy.special import stdtrit
 
+from flashnum.inputs.capture import file_sha256, load_call, select_rows
 from flashnum.inputs.io import load_inputs
 from flashnum.numerics.formats import FORMATS, Format
 from flashnum.numerics.tiling import causal_visible
@@ -685,14 +686,81 @@ def worst_case(g, sh: Shape, *, path: str = ""):
                 params=dict(path=str(path), source=meta["name"], **meta["params"]))
 
 
+def captured(g, sh: Shape, *, path: str = "", call: int = 0, head_ids: list | None = None,
+             rows: int | None = None, sha256: str = ""):
+    """A real model's attention call, recorded by flashnum.capture: its Q, K, V exactly.
+
+    path: the capture file; call: the call's index (its order in the model, as
+    flashnum.load_capture reports it); head_ids: which of its heads (None: all); rows: how
+    many query rows, drawn with `seed` (None: all; causal calls keep consecutive rows and
+    the keys they see, which is bottom-right causal attention again: see
+    flashnum.inputs.capture); sha256: the file's content hash (the harness fills it in,
+    so that a changed capture is a different case; given, it must match).
+    The scale is the one the model used; causal is the model's, in flashnum's terms
+    (torch's top-left mask with Nq < Nk sees only the first Nq keys, kept as causal
+    attention of Nq x Nq). The tensors are converted to float64 exactly; the shape
+    arguments of make() are ignored. Calls flashnum cannot compute (an attn_mask other
+    than causal, top-left causal with Nq > Nk) are refused with a ValueError.
+    """
+    _check(bool(path), "captured needs path=<file written by flashnum.capture>")
+    if sha256 and file_sha256(path) != sha256:
+        raise ValueError(f"{path} has changed: its sha256 is no longer {sha256}")
+    c = load_call(path, call)
+    c.check_plain()
+    q, k, v = (t.to(torch.float64) for t in c.qkv)  # exact: every float format fits fp64
+    causal = c.causal
+    if causal == "top_left":
+        _check(q.shape[-2] <= k.shape[-2],
+               f"captured call {call} is top-left causal with Nq = {q.shape[-2]} > Nk = "
+               f"{k.shape[-2]}, which flashnum's bottom-right causal cannot express")
+        k, v = k[..., : q.shape[-2], :], v[..., : q.shape[-2], :]  # keys no query sees
+        causal = True
+    if head_ids is not None:
+        ok = isinstance(head_ids, (list, tuple)) and all(
+            isinstance(h, int) and 0 <= h < q.shape[1] for h in head_ids)
+        _check(ok and len(head_ids) > 0, f"head_ids must be a list of head indices in "
+               f"0..{q.shape[1] - 1} of captured call {call}, got {head_ids!r}")
+        q, k, v = q[:, head_ids], k[:, head_ids], v[:, head_ids]
+    if rows is not None:
+        _check(isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1,
+               f"rows must be an int >= 1 (query rows kept), got {rows!r}")
+        nq, nk = q.shape[-2], k.shape[-2]
+        idx, nk_kept = select_rows(nq, nk, rows, bool(causal), g, offset=nk - nq)
+        if idx is not None:
+            q, k, v = q[:, :, idx], k[:, :, :nk_kept], v[:, :, :nk_kept]
+    return dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), causal=bool(causal),
+                scale=c.scale, params=dict(module=c.module, dtype=c.dtype))
+
+
+# replayed from a file, not drawn: outside the catalogue that studies and screens loop over
+FROM_FILE = ("worst_case", "captured")
+
 DISTRIBUTIONS = {
     f.__name__: f
     for f in (
         gaussian, fa3_outliers, scaled, late_max, ramp, early_max, ties, sink, flat,
         near_overflow, heavy_tail, outlier_channels, low_rank, cancellation, masked,
-        underflow, plateau, structured, worst_case,
+        underflow, plateau, structured, worst_case, captured,
     )
 }
+
+
+def captured_case(params: dict, seed: int) -> tuple[dict, dict]:
+    """(params with the file's sha256, the shape and causal flag its inputs have).
+
+    What the harness needs to name a captured case: its content, not just its path.
+    """
+    p = {**params}
+    _check(bool(p.get("path")), "distribution captured needs path=<file written by "
+           "flashnum.capture> (distribution.path=FILE)")
+    digest = file_sha256(p["path"])
+    if p.get("sha256") and p["sha256"] != digest:
+        raise ValueError(f"{p['path']} has changed: its sha256 is no longer {p['sha256']}")
+    p["sha256"] = digest
+    inp = make("captured", seed=seed, **p)
+    b, h, nq, d = inp.q.shape
+    shape = dict(batch=b, heads=h, seq_len_q=nq, seq_len_k=inp.k.shape[-2], head_dim=d)
+    return p, dict(shape, causal=inp.causal)
 
 
 def _get(name: str):

@@ -55,7 +55,7 @@ from scipy.optimize import differential_evolution
 from scipy.stats import qmc
 
 from flashnum.engine import attention
-from flashnum.inputs.distributions import DISTRIBUTIONS, Inputs, dot_logits, make
+from flashnum.inputs.distributions import DISTRIBUTIONS, FROM_FILE, Inputs, dot_logits, make
 from flashnum.inputs.io import load_inputs, save_inputs
 from flashnum.numerics.policy import make_policy
 from flashnum.reference import plain64, reference
@@ -67,7 +67,7 @@ METRICS = ("max_abs", "rmse", "max_abs_v", "max_ulp")
 FAMILY = "structured"
 DEFAULT_DIR = Path("experiments/worst_case/inputs")
 # not screened: the family itself, saved files, and shapes of their own (masked has Nk < Nq)
-SKIP_SCREEN = ("structured", "worst_case")
+SKIP_SCREEN = ("structured", *FROM_FILE)
 
 
 @dataclass
@@ -229,11 +229,17 @@ def worst_case(policy: str = "fa2", precision: str = "bf16", seq_len: int = 1024
                max_evals: int | None = None, population: int = 16,
                popsize: int | None = None, screen: bool = True,
                save: bool | str | Path = True, verify: bool = True,
-               verbose: bool = False) -> SearchResult:
+               verbose: bool = False, start: Inputs | dict | None = None) -> SearchResult:
     """Search inputs for the largest error; see the module docstring for what and how.
 
     population: members of the DE population (16). popsize: scipy's multiplier, kept
     for older configs: population = popsize x 9 when given.
+    start: inputs to start from, e.g. a real model's call: an Inputs, or the params of
+    distribution captured ({"path": file, "call": i, ...}). The search then runs at
+    their shape, causal flag and scale (seq_len, head_dim, batch, heads are ignored),
+    measures them first (the baseline, so ratio is how much worse the result is than
+    the start), skips the screen and the structured family, and spends the budget on
+    step 3 from the start, V held to the start's max|V|: the worst inputs near it.
     """
 
     if metric not in METRICS:
@@ -245,12 +251,24 @@ def worst_case(policy: str = "fa2", precision: str = "bf16", seq_len: int = 1024
     t0 = time.perf_counter()
     deadline = t0 + budget_s if budget_s > 0 else math.inf
     kw = _engine_kw(policy, precision, block_m, block_n, order, variant)
+    start_params = None
+    if isinstance(start, dict):  # a captured call, by its distribution params
+        start_params = dict(start)
+        start = make("captured", seed=seed, block_n=block_n, **start)
+    elif start is not None and not isinstance(start, Inputs):
+        raise TypeError(f"start must be an Inputs or a dict of captured params "
+                        f"(path, call, ...), got {type(start).__name__}")
+    if start is not None:
+        batch, heads, seq_len, head_dim = start.q.shape
     shape = dict(batch=batch, heads=heads, seq_len_q=seq_len, head_dim=head_dim,
                  block_n=block_n, seed=seed)
     config = dict(metric=metric, seq_len=seq_len, head_dim=head_dim, batch=batch, heads=heads,
                   seed=seed, budget_s=budget_s, max_evals=max_evals, population=population, **kw)
+    if start is not None:
+        config.update(start=start_params or {"name": start.name, **start.params},
+                      seq_len_k=start.k.shape[-2], causal=start.causal)
 
-    base = prepare(make("gaussian", **shape), precision, policy)
+    base = prepare(start if start is not None else make("gaussian", **shape), precision, policy)
     bound = float(base.v.abs().max())
     baseline = evaluate(base, kw, metric)
     best = dict(error=-math.inf, inputs=None, family=None, params=None)
@@ -280,6 +298,9 @@ def worst_case(policy: str = "fa2", precision: str = "bf16", seq_len: int = 1024
         # the screen gets at most a quarter of the budget
         stop.update(evals=math.ceil(0.25 * total) if max_evals else math.inf,
                     time=t0 + 0.25 * (deadline - t0))
+        if start is not None:  # the start is the first candidate; step 3 refines it
+            consider(start, start.name or "start", dict(start.params))
+            raise _Stop
         if screen:
             for name in DISTRIBUTIONS:
                 if name in SKIP_SCREEN:
