@@ -225,7 +225,8 @@ def attention(
     precision: fp64 fp32 tf32 fp16 bf16 fp8_e4m3 fp8_e5m2 mp, or p<bits> (2..52)
     policy:    fa2 naive lowp exact uniform, or a flashnum.numerics.policy.Policy
                or torch_cpu (flashnum.engine.torch_cpu: torch's CPU SDPA kernel, its own
-               splits)
+               splits), or triton_tutorial (flashnum.engine.triton_tutorial: the Triton
+               tutorial's fp16 kernel, its own tiles)
     order:     forward reverse random max_ascending max_descending, or a permutation
     variant:   fa2 fa1 exp2 lazy (tau) qiu_yao qiu_yao_released (beta)
     rounding:  nearest stochastic (seeded by `seed`; inputs are always rounded to nearest)
@@ -276,6 +277,11 @@ def attention(
         from flashnum.engine.torch_cpu import attention_torch_cpu
 
         return attention_torch_cpu(q, k, v, precision=precision, causal=causal, scale=scale)
+    if isinstance(policy, str) and policy == "triton_tutorial":
+        # the Triton tutorial's fp16 kernel: its own 128 x 64 tile (block sizes ignored)
+        from flashnum.engine.triton_tutorial import forward
+
+        return forward(q, k, v, causal=causal, scale=scale, precision=precision)[0]
     if backend == "mp":
         from flashnum.backends.mp import attention_mp
 

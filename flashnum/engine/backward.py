@@ -60,8 +60,9 @@ the scale, held in the s site's format: fp32 in fa2, as flashnum's exp2 forward 
 it) and L2 = fl_lse(L log2 e) (the stored LSE in log2 units, g.lse then in those units);
 dK and dQ are still multiplied by the natural scale. The flash structure only (naive is
 autograd of standard attention, which has no stored LSE). The tutorial folds log2 e into
-K itself, in the input dtype (`k * (sm_scale * RCP_LN2)`, then dQ *= ln 2): not modelled,
-nor FMA contraction.
+K itself, in the input dtype (`k * (sm_scale * RCP_LN2)`, then dQ *= ln 2): not modelled
+here (policy="triton_tutorial" models that kernel, flashnum.engine.triton_tutorial), nor
+FMA contraction.
 """
 
 from __future__ import annotations
@@ -160,7 +161,9 @@ def attention_backward(
 ) -> Gradients:
     """Gradients of sum(dO * attention(q, k, v)) with respect to q, k, v, emulated.
 
-    policy:   fa2 naive lowp exact, or a BackwardPolicy (its .forward runs the forward)
+    policy:   fa2 naive lowp exact, or a BackwardPolicy (its .forward runs the forward),
+              or triton_tutorial (flashnum.engine.triton_tutorial: the Triton tutorial's
+              fp16 kernels, their own blocks and orders; g.lse is its M in log2 units)
     order:    the forward's key-block order (flashnum.attention)
     dq_order: forward reverse random (seeded by `seed`), or a permutation of the key
               blocks: the order in which key blocks add into dQ
@@ -171,6 +174,8 @@ def attention_backward(
               when the forward runs here: it changes O and L, which the backward reads
     """
     _check(q, k, v, do, precision, block_m, block_n, dq_order, rounding, out, lse)
+    if isinstance(policy, str) and policy == "triton_tutorial":
+        return _triton_tutorial(q, k, v, do, precision, causal, scale, out)
     pol = make_backward_policy(policy, precision)
     if not isinstance(exp2, bool):
         raise TypeError(f"exp2 must be True or False, got {exp2!r}")
@@ -225,6 +230,22 @@ def attention_backward(
                   causal=causal, scale=scale, rounding=rounding, seed=seed, exp2=exp2,
                   variant=variant if out_given is None else "given"),
     )
+
+
+def _triton_tutorial(q, k, v, do, precision, causal, scale, out) -> Gradients:
+    """The Triton tutorial's fp16 kernels (flashnum.engine.triton_tutorial): its own
+    forward, whose M = m + log2(l) (log2 units) is g.lse; its own blocks and orders."""
+    from flashnum.engine import triton_tutorial as tt
+
+    if out is not None:
+        raise ValueError("policy 'triton_tutorial' runs its own forward (its backward reads "
+                         "M = m + log2 l); out= and lse= are not taken with it")
+    res, m2 = tt.forward(q, k, v, causal=causal, scale=scale, precision=precision)
+    dq, dk, dv, delta = tt.backward(q, k, v, do, res.out, m2, causal=causal, scale=scale,
+                                    precision=precision)
+    return Gradients(dq=dq, dk=dk, dv=dv, lse=m2, delta=delta, out=res.out,
+                     masked=res.masked, ds_rowsum=None,
+                     info=dict(res.info, structure="triton_tutorial", lse="log2"))
 
 
 def _stored(ar: Arith, x: torch.Tensor, fmt) -> torch.Tensor:
