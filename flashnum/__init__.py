@@ -31,6 +31,16 @@ from flashnum.reference import reference  # noqa: E402  (after engine: no cycle 
 from flashnum.reference_backward import reference_backward  # noqa: E402  (the same shadowing)
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # flashnum.audit (a module that is also callable: flashnum.audit(fn, ...)) is imported
+    # on first use, so that `import flashnum` does not load the audit's layer
+    if name == "audit":
+        import importlib
+
+        return importlib.import_module("flashnum.audit")
+    raise AttributeError(f"module 'flashnum' has no attribute {name!r}")
 __all__ = [
     "attention", "attention_backward", "reference", "reference_backward", "get_format",
     "make_policy", "Policy", "SITES", "FORMATS", "capture", "load_capture", "CapturedCall",

@@ -1,6 +1,7 @@
 """Audit a kernel from the shell; the report is written under the store.
 
     python -m flashnum.audit target=torch_sdpa precision=bf16
+    python -m flashnum.audit target=torch_sdpa precision=bf16 backward=true   # dQ, dK, dV too
     python -m flashnum.audit target=flashnum_triton precision=fp16 budget=quick
     python -m flashnum.audit target=my_pkg.attn:forward alignment=bottom_right model=fa2
     python -m flashnum.audit target=torch_sdpa budget=full store.root=/tmp/audits
@@ -8,7 +9,9 @@
     python -m flashnum.audit experiment=kernel_audit    # the runs of conf/audit/kernel_audit.yaml
 
 Exit status: 0 every case kept every rule, 1 some case broke one (the summary says
-which), 2 bad arguments (one line on stderr). The report (table, report.md, plots) goes
+which; a failing audit also names the flashnum model closest to the kernel, the
+dominant site of its error and the worst case, unless diagnose=false), 2 bad arguments
+(one line on stderr). The report (table, report.md, plots) goes
 to <store.root>/audit/<target>-<precision>-<budget>/ (flashnum.audit.report). An
 experiment (conf/audit/<name>.yaml: a list of runs, each a target, precision and budget)
 writes <store.root>/<name>/: each report, results.parquet (every row, with its target
@@ -41,6 +44,8 @@ class Args:
     reference: str = "auto"
     isolate: bool = False    # the target in a forked child per case (memory errors fail it)
     compare: str = ""        # policies whose emulated error is recorded too, e.g. "fa2,lowp"
+    backward: bool = False   # also dQ, dK, dV through autograd (flashnum.audit.gradients)
+    diagnose: bool = True    # a failing audit: the closest model, its dominant site
     experiment: str = ""     # a run list in conf/audit/<name>.yaml (target etc. then unused)
     store: StoreConf = field(default_factory=StoreConf)
 
@@ -85,7 +90,8 @@ def _experiment(cfg) -> int:
         report = audit(run.target, precision=run.precision, model=model,
                        alignment=run.alignment or None, budget=run.budget,
                        reference=run.reference, progress=True,
-                       compare=tuple(x for x in run.compare.split(",") if x))
+                       compare=tuple(x for x in run.compare.split(",") if x),
+                       backward=run.backward, diagnose=None if run.diagnose else False)
         report.save(root / f"{run.target}-{run.precision}")
         tables.append(report.table.assign(target=run.target))
         lines.append(report.summary())
@@ -112,8 +118,11 @@ def _run(cfg) -> int:
     report = audit(cfg.target, precision=cfg.precision, model=model,
                    alignment=cfg.alignment or None, budget=cfg.budget,
                    reference=cfg.reference, progress=True, isolate=cfg.isolate,
-                   compare=tuple(x for x in cfg.compare.split(",") if x))
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{cfg.target}-{cfg.precision}-{cfg.budget}")
+                   compare=tuple(x for x in cfg.compare.split(",") if x),
+                   backward=cfg.backward, diagnose=None if cfg.diagnose else False)
+    tail = "-backward" if cfg.backward else ""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_",
+                  f"{cfg.target}-{cfg.precision}-{cfg.budget}{tail}")
     out = report.save(Path(cfg.store.root) / "audit" / name)
     print(report.summary())
     print(f"report: {out / 'report.md'}")

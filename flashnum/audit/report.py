@@ -2,9 +2,17 @@
 
     report.passed          True when every case kept every rule
     report.table           pandas DataFrame, one row per case (flashnum.audit.rules)
-    report.summary()       the verdict in one screen: rules broken, by which cases
-    report.save(path)      path/table.parquet, path/table.csv, path/report.md and plots
-                           (error vs N, error by distribution, the kernel beside its model)
+    report.summary()       the verdict in one screen: the worst case (its ratio and its
+                           error from the same, named case), the model's agreement, the
+                           rules broken and by which cases, and the diagnosis
+    report.diagnosis       None, or flashnum.audit.diagnosis.diagnose's dict: the closest
+                           flashnum model (bit-for-bit shares of every candidate), the
+                           dominant site of its error, the worst case
+    report.save(path)      path/table.parquet, path/table.csv, path/report.md, audit.json,
+                           diagnosis.csv (the candidates' shares) and plots: error vs N and
+                           error against standard attention's with the 2x limit drawn (one
+                           panel per output and gradient), error by distribution, the
+                           kernel beside its model; failed cases marked in red
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from flashnum.audit.diagnosis import QUANTITIES, worst_case
+from flashnum.audit.gradients import GRADS
 from flashnum.audit.rules import RULES
 
 MAX_LINES = 12  # failing cases listed in the summary
@@ -29,6 +39,7 @@ class Report:
     budget: str
     table: pd.DataFrame
     info: dict = field(default_factory=dict)
+    diagnosis: dict | None = None
 
     @property
     def passed(self) -> bool:
@@ -46,17 +57,25 @@ class Report:
         t = self.table
         n, ok = len(t), int(t["passed"].sum()) if len(t) else 0
         verdict = "PASS" if self.passed else "FAIL"
+        what = "output and gradients" if self.info.get("backward") else "output"
         lines = [f"audit of {self.target} ({self.precision}, causal mask {self.alignment}, "
-                 f"budget {self.budget}): {verdict}, {ok}/{n} cases kept every rule"]
-        if "err_max" in t and t["err_max"].notna().any():
-            ratio = (t["err_max"] / t["fa_bound"].where(t["fa_bound"] > 0)).max()
-            lines.append(f"  worst error / flash-attn bound: {ratio:.3g} "
-                         f"(max error {t['err_max'].max():.3g}, rule: <= 2x standard "
-                         f"attention in {self.precision} + fp32 noise)")
+                 f"budget {self.budget}, {what}): {verdict}, {ok}/{n} cases kept every rule"]
+        worst = worst_case(t)
+        if worst is not None:
+            lines.append(f"  worst case {worst['id']}: {worst['quantity']} error "
+                         f"{worst['err']:.3g} = {worst['ratio']:.3g} x its limit "
+                         f"{worst['bound']:.3g} (rule: <= 2x standard attention's "
+                         f"{worst['std_err']:.3g} in {self.precision} + fp32 noise)")
         if self.model and "model_bitwise" in t and t["model_bitwise"].notna().any():
             lines.append(f"  model {self.model}: equal to the kernel bit for bit on "
                          f"{100 * t['model_bitwise'].mean():.3f}% of the elements, mean over "
                          f"cases (worst case {100 * t['model_bitwise'].min():.3f}%)")
+        for g in GRADS:
+            col = f"model_{g}_bitwise"
+            if self.model and col in t and t[col].notna().any():
+                lines.append(f"  model {self.model} {g}: error {t[f'model_{g}_err_max'].max():.3g}"
+                             f" (kernel {t[f'{g}_err_max'].max():.3g}), equal bit for bit on "
+                             f"{100 * t[col].mean():.3f}% (worst case {100 * t[col].min():.3f}%)")
         for rule, ids in self.broken().items():
             lines.append(f"  rule {rule} broken by {len(ids)} case(s):")
             for i in ids[:MAX_LINES]:
@@ -64,6 +83,7 @@ class Report:
                 lines.append(f"    {i}" + (f"  ({msg})" if isinstance(msg, str) else ""))
             if len(ids) > MAX_LINES:
                 lines.append(f"    ... and {len(ids) - MAX_LINES} more")
+        lines += _diagnosis_lines(self.diagnosis)
         return "\n".join(lines)
 
     def save(self, path) -> Path:
@@ -74,10 +94,65 @@ class Report:
         self.table.to_csv(path / "table.csv", index=False)
         plots = _plots(self.table, path, self.model)
         meta = dict(target=self.target, precision=self.precision, alignment=self.alignment,
-                    model=self.model, budget=self.budget, passed=self.passed, **self.info)
+                    model=self.model, budget=self.budget, passed=self.passed, **self.info,
+                    worst=worst_case(self.table))
+        if self.diagnosis is not None:
+            d = self.diagnosis
+            d["shares"].to_csv(path / "diagnosis.csv", index=False)
+            meta["diagnosis"] = dict(closest=d["closest"], site=d["site"],
+                                     candidates=d["candidates"])
         (path / "audit.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
         (path / "report.md").write_text(_markdown(self, plots))
         return path
+
+
+def _diagnosis_lines(d) -> list[str]:
+    if d is None:
+        return []
+    best = d["closest"]
+    if best is None:
+        return ["  diagnosis: no flashnum model could be run on these cases"]
+    shares = d["shares"]
+    qty = ", ".join(f"{q} {100 * best[f'{q}_bitwise']:.2f}%" for q in QUANTITIES
+                    if f"{q}_bitwise" in best and best[f"{q}_bitwise"] == best[f"{q}_bitwise"])
+    lines = [f"  diagnosis: closest flashnum model {best['model']}: equal to the kernel bit for "
+             f"bit on {100 * best['bitwise']:.2f}% of the values ({qty}; {best['cases']} "
+             f"cases)"]
+    others = [f"{r.model} {100 * r.bitwise:.1f}%" for r in shares.itertuples()
+              if r.model != best["model"] and r.bitwise == r.bitwise][:6]
+    if others:
+        lines.append("    next: " + ", ".join(others))
+    site = d["site"]
+    if site is not None:
+        lines.append(f"    dominant site of {best['model']}'s {site['quantity']} error: "
+                     f"{site['site']} ({site['format']}; alone {site['err_only']:.3g} of the "
+                     f"model's {site['total']:.3g}, on {site['case']})")
+        kernel = site.get("kernel_err")
+        if kernel is not None and site["total"] > 0 and kernel > 2 * site["total"]:
+            lines.append(f"    there the kernel errs by {kernel:.3g}, "
+                         f"{kernel / site['total']:.3g}x the model: more than the model's "
+                         "roundings explain")
+    return lines
+
+
+def _limit_panel(ax, t: pd.DataFrame, qty: str) -> None:
+    """Kernel error against standard attention's, the 2x limit drawn, failures in red."""
+    e, b, s = QUANTITIES[qty]
+    d = t[[e, b, s, "failed"]].dropna(subset=[e, s])
+    failed = d["failed"].astype(str).str.contains(
+        "fa_rule" if qty == "out" else f"{qty}_rule", regex=False)
+    ax.scatter(d.loc[~failed, s], d.loc[~failed, e], s=12, label="kept")
+    ax.scatter(d.loc[failed, s], d.loc[failed, e], s=24, marker="x", color="red",
+               label="failed")
+    pos = d[s][d[s] > 0]
+    if len(pos):
+        xs = [float(pos.min()) / 1.5, float(pos.max()) * 1.5]
+        ax.plot(xs, [2 * x for x in xs], lw=0.8, ls="--", color="k",
+                label="limit 2x (+ fp32 noise)")
+        ax.plot(xs, xs, lw=0.5, color="0.6", label="equal")
+        ax.set(xscale="log", yscale="log")
+    ax.set(xlabel=f"standard attention: max |{qty} - ref|", ylabel=f"kernel: max |{qty} - ref|")
+    ax.legend(fontsize=6)
 
 
 def _plots(t: pd.DataFrame, path: Path, model) -> list[str]:
@@ -89,19 +164,35 @@ def _plots(t: pd.DataFrame, path: Path, model) -> list[str]:
     names = []
     if "err_max" not in t or not t["err_max"].notna().any():
         return names
+    failed = t["failed"].astype(str) != ""
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.scatter(t["nk"], t["err_max"], s=12, label="kernel")
     ax.scatter(t["nk"], t["std_err_max"], s=12, marker="x", label="standard attention")
+    ax.scatter(t["nk"], t["fa_bound"], s=14, marker="_", color="k",
+               label="limit: 2x standard + fp32 noise")
+    ax.scatter(t.loc[failed, "nk"], t.loc[failed, "err_max"], s=60, facecolors="none",
+               edgecolors="red", label="failed case")
     ax.set(xscale="log", yscale="log", xlabel="Nk", ylabel="max |out - ref|")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path / "error_vs_n.png", dpi=120)
     plt.close(fig)
     names.append("error_vs_n.png")
+    qtys = [q for q in QUANTITIES if QUANTITIES[q][0] in t and t[QUANTITIES[q][0]].notna().any()]
+    fig, axes = plt.subplots(1, len(qtys), figsize=(3.6 * len(qtys), 3.4), squeeze=False)
+    for ax, q in zip(axes[0], qtys, strict=True):
+        _limit_panel(ax, t, q)
+    fig.tight_layout()
+    fig.savefig(path / "error_vs_limit.png", dpi=120)
+    plt.close(fig)
+    names.append("error_vs_limit.png")
     by = t.groupby("distribution")[["err_max", "std_err_max"]].max().sort_values("err_max")
+    bad = t[failed].groupby("distribution").size()
     fig, ax = plt.subplots(figsize=(6, 0.25 * len(by) + 1.2))
-    ax.barh(by.index, by["err_max"], label="kernel")
+    colors = ["red" if bad.get(n, 0) else "C0" for n in by.index]
+    ax.barh(by.index, by["err_max"], color=colors, label="kernel (red: a case failed)")
     ax.scatter(by["std_err_max"], by.index, color="k", s=10, label="standard attention")
+    ax.scatter(2 * by["std_err_max"], by.index, color="k", marker="|", s=40, label="2x limit")
     ax.set(xscale="log", xlabel="max |out - ref|")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -111,6 +202,8 @@ def _plots(t: pd.DataFrame, path: Path, model) -> list[str]:
     if model and "model_err_max" in t and t["model_err_max"].notna().any():
         fig, ax = plt.subplots(figsize=(4, 4))
         ax.scatter(t["model_err_max"], t["err_max"], s=12)
+        ax.scatter(t.loc[failed, "model_err_max"], t.loc[failed, "err_max"], s=24, marker="x",
+                   color="red", label="failed case")
         lo = min(t["err_max"].min(), t["model_err_max"].min())
         hi = max(t["err_max"].max(), t["model_err_max"].max())
         if lo > 0:
@@ -126,14 +219,21 @@ def _plots(t: pd.DataFrame, path: Path, model) -> list[str]:
 
 def _markdown(rep: Report, plots: list[str]) -> str:
     cols = [c for c in ("id", "err_max", "fa_bound", "std_err_max", "model_err_max",
-                        "model_bitwise", "lse_err_max", "failed") if c in rep.table]
+                        "model_bitwise", "lse_err_max", "dq_err_max", "dq_bound", "dk_err_max",
+                        "dk_bound", "dv_err_max", "dv_bound", "failed") if c in rep.table]
     body = rep.table[cols].to_markdown(index=False, floatfmt=".3g") if _has_tabulate() else (
         rep.table[cols].to_csv(index=False))
     rules = "\n".join(f"- `{r}`" for r in RULES)
     pics = "\n".join(f"![{p}]({p})" for p in plots)
+    diag = ""
+    if rep.diagnosis is not None and len(rep.diagnosis["shares"]):
+        sh = rep.diagnosis["shares"]
+        diag = ("## Diagnosis: every candidate model, bit-for-bit shares\n\n" + (
+            sh.to_markdown(index=False, floatfmt=".4f") if _has_tabulate() else sh.to_csv(
+                index=False)) + "\n\n")
     return (f"# Audit of {rep.target}\n\n```\n{rep.summary()}\n```\n\n"
-            f"Rules checked on every case:\n{rules}\n\n(see flashnum/audit/rules.py)\n\n"
-            f"{pics}\n\n## Cases\n\n{body}\n")
+            f"Rules checked on every case:\n{rules}\n\n(see flashnum/audit/rules.py and "
+            f"flashnum/audit/gradients.py)\n\n{pics}\n\n{diag}## Cases\n\n{body}\n")
 
 
 def _has_tabulate() -> bool:

@@ -27,6 +27,10 @@ the certified one, else certified (certified costs up to a minute per case at N 
 on this machine; the bound and the method used are in the table). The model
 (`model=`, a flashnum policy such as "torch_cpu" or "fa2") is reported beside the kernel:
 its own error, and how many elements the kernel and the model share bit for bit.
+With backward=True the same call is differentiated through autograd and the gradient
+rules of flashnum.audit.gradients (grad_crash, grad_nonfinite, grad_masked, dq_rule,
+dk_rule, dv_rule) join these; the model's gradients (flashnum.attention_backward) sit
+beside the kernel's.
 """
 
 from __future__ import annotations
@@ -36,11 +40,13 @@ import time
 
 import torch
 
+from flashnum.audit import gradients, models
 from flashnum.reference import reference
 
 ALIGNMENTS = ("top_left", "bottom_right")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-RULES = ("crash", "nonfinite", "masked", "fa_rule", "lse")
+RULES = ("crash", "nonfinite", "masked", "fa_rule", "lse", "grad_crash", "grad_nonfinite",
+         "grad_masked", "dq_rule", "dk_rule", "dv_rule")
 REFERENCES = ("auto", "certified", "fp64")
 AUTO_SLACK = 1e-3  # "auto" keeps the fp64 reference when its proven bound is this small
 U32 = 2.0**-24
@@ -54,19 +60,26 @@ def visible(nq: int, nk: int, alignment: str) -> torch.Tensor:
     return j <= i if alignment == "top_left" else j <= i + (nk - nq)
 
 
-def standard_attention(q, k, v, *, causal=False, alignment="top_left", scale=None):
+def standard_attention(q, k, v, *, causal=False, alignment="top_left", scale=None,
+                       softmax_in_dtype=False):
     """Standard attention in the inputs' dtype, plain torch (flash-attn's attention_ref
     with upcast=False): S rounded to the dtype, softmax in fp32 then rounded, P V in the
-    dtype. Rows that see no key give 0."""
+    dtype. Rows that see no key give 0, and differentiate to 0 (no NaN).
+    softmax_in_dtype: torch.softmax on the dtype's S itself, as attention_ref writes it
+    (fp32 inside; its backward then reads the rounded P, as flash-attn's dq_pt does; the
+    forward values differ from the fp32 softmax rounded afterwards in the last bit of a
+    few outputs): the gradients' standard (flashnum.audit.gradients)."""
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
     if causal:
         vis = visible(q.shape[-2], k.shape[-2], alignment)
-        s = s.masked_fill(~vis, -math.inf)
-    p = torch.softmax(s.float(), dim=-1)
-    p = torch.nan_to_num(p, nan=0.0).to(q.dtype)
-    return torch.matmul(p, v)
+        dead = ~vis.any(-1, keepdim=True)  # rows that see no key: logits 0, then P 0 (no
+        s = s.masked_fill(~vis, -math.inf).masked_fill(dead, 0.0)  # NaN to differentiate)
+    p = torch.softmax(s if softmax_in_dtype else s.float(), dim=-1)
+    if causal:
+        p = p.masked_fill(dead, 0.0)
+    return torch.matmul(p.to(q.dtype), v)
 
 
 def standard_lse(q, k, *, causal=False, alignment="top_left", scale=None):
@@ -105,14 +118,8 @@ def _vmax(x: torch.Tensor) -> float:
     return float(torch.nan_to_num(x, nan=math.inf).max()) if x.numel() else 0.0
 
 
-def _call(fn, q, k, v, causal, scale):
-    """(out, lse or None, error message or None)."""
-    want = tuple(q.shape[:-1]) + (v.shape[-1],)
-    try:
-        got = fn(q, k, v, causal=causal, scale=scale)
-    except Exception as e:  # a crashing target is a failed case
-        first = str(e).splitlines()[0][:120] if str(e) else ""
-        return None, None, f"raised {type(e).__name__}: {first}"
+def _check_output(got, q, want):
+    """(out, lse or None, error message or None) of what a target returned."""
     lse = None
     if isinstance(got, (tuple, list)):
         got, lse = (got[0], got[1]) if len(got) > 1 else (got[0], None)
@@ -125,13 +132,27 @@ def _call(fn, q, k, v, causal, scale):
     if lse is not None and (not isinstance(lse, torch.Tensor)
                             or tuple(lse.shape) != tuple(q.shape[:-1])):
         lse = None  # not the (..., Nq) log-sum-exp: not checked
+    return got, lse, None
+
+
+def _call(fn, q, k, v, causal, scale):
+    """(out, lse or None, error message or None)."""
+    want = tuple(q.shape[:-1]) + (v.shape[-1],)
+    try:
+        got = fn(q, k, v, causal=causal, scale=scale)
+    except Exception as e:  # a crashing target is a failed case
+        first = str(e).splitlines()[0][:120] if str(e) else ""
+        return None, None, f"raised {type(e).__name__}: {first}"
+    got, lse, why = _check_output(got, q, want)
+    if why is not None:
+        return None, None, why
     return got.detach().to("cpu"), None if lse is None else lse.detach().to("cpu"), None
 
 
-def _call_isolated(fn, q, k, v, causal, scale):
-    """_call in a forked child: its (out, lse, message) come back through a pipe; a child
-    that dies (a signal, an abort on a corrupted heap) or exits without an answer gives
-    the message that says so. POSIX only (fork)."""
+def _call_isolated(thunk, failed):
+    """thunk() in a forked child: its answer comes back through a pipe; a child that dies
+    (a signal, an abort on a corrupted heap) or exits without an answer gives
+    failed(message that says so). POSIX only (fork)."""
     import os
     import pickle
 
@@ -147,7 +168,7 @@ def _call_isolated(fn, q, k, v, causal, scale):
             faulthandler.disable()
             os.close(r)
             with os.fdopen(w, "wb") as f:
-                pickle.dump(_call(fn, q, k, v, causal, scale), f)
+                pickle.dump(thunk(), f)
             code = 0
         finally:
             os._exit(code)
@@ -161,20 +182,15 @@ def _call_isolated(fn, q, k, v, causal, scale):
         except Exception:  # a truncated answer: the child died while writing it
             pass
     if os.WIFSIGNALED(status):
-        return None, None, f"killed its process (signal {os.WTERMSIG(status)})"
-    return None, None, f"its process exited with status {os.WEXITSTATUS(status)} and no result"
+        return failed(f"killed its process (signal {os.WTERMSIG(status)})")
+    return failed(f"its process exited with status {os.WEXITSTATUS(status)} and no result")
 
 
 def _model_out(model, q, k, v, precision, causal, alignment, scale):
-    """The model's output (float64) or None; a bottom-right model cannot model a top-left
-    kernel's Nq != Nk causal case (and back): then None."""
-    from flashnum.engine import attention
-
-    own = "top_left" if model == "torch_cpu" else "bottom_right"
-    if causal and alignment != own and q.shape[-2] != k.shape[-2]:
-        return None
-    return attention(q, k, v, precision=precision, policy=model, causal=causal,
-                     scale=scale).out
+    """The model's output (float64) or None where it cannot take the kernel's causal mask
+    (flashnum.audit.models)."""
+    return models.forward(models.Candidate(model), q, k, v, precision=precision,
+                          causal=causal, alignment=alignment, scale=scale)
 
 
 def _check_out(row, fails, o, ref, finite_ref, masked_rows):
@@ -214,12 +230,16 @@ def _bound(std, ref_out, finite_ref) -> tuple[float, float]:
 
 
 def evaluate(fn, case, *, precision="bf16", alignment="top_left", model=None,
-             reference_method="auto", isolate=False, compare=()) -> dict:
+             reference_method="auto", isolate=False, compare=(), backward=False,
+             keep=None) -> dict:
     """One row of the audit's table: the case, the measurements and the verdict per rule.
     isolate: the target runs in a forked child process (a target that corrupts memory
     or aborts then fails its case instead of ending the audit). compare: flashnum
     policies (e.g. fa2, lowp) whose emulated error on the same case is recorded as
-    <policy>_err_max, for comparison only (no rule reads it)."""
+    <policy>_err_max, for comparison only (no rule reads it). backward: differentiate fn
+    through autograd and judge dQ, dK, dV too (flashnum.audit.gradients). keep: a dict
+    that receives keep[case.id] = (out, (dq, dk, dv) or None), the kernel's answers, for
+    the diagnosis (flashnum.audit.diagnosis)."""
     t0 = time.perf_counter()
     inp = case.inputs()
     q, k, v = (x.to(DTYPES[precision]) for x in (inp.q, inp.k, inp.v))
@@ -238,7 +258,20 @@ def evaluate(fn, case, *, precision="bf16", alignment="top_left", model=None,
                                 method=method)
         row["std_err_max"], row["fa_bound"] = _bound(std, ref.out, finite_ref)
     row["reference"], row["ref_err_bound"] = method, _vmax(ref.err_bound)
-    out, lse, why = (_call_isolated if isolate else _call)(fn, q, k, v, causal, scale)
+    grads, gwhy, do = None, None, None
+    if backward:
+        do = gradients.draw_do(case, (*q.shape[:-1], v.shape[-1]), q.dtype)
+        if isolate:
+            out, lse, grads, why, gwhy = _call_isolated(
+                lambda: gradients.call(fn, q, k, v, do, causal, scale),
+                lambda m: (None, None, None, m, None))
+        else:
+            out, lse, grads, why, gwhy = gradients.call(fn, q, k, v, do, causal, scale)
+    elif isolate:
+        out, lse, why = _call_isolated(lambda: _call(fn, q, k, v, causal, scale),
+                                       lambda m: (None, None, m))
+    else:
+        out, lse, why = _call(fn, q, k, v, causal, scale)
     fails = []
     if why is not None:
         fails.append("crash")
@@ -247,6 +280,24 @@ def evaluate(fn, case, *, precision="bf16", alignment="top_left", model=None,
         _check_out(row, fails, out.double(), ref, finite_ref, masked_rows)
         if lse is not None:
             _check_lse(row, fails, lse, ref, q, k, causal, alignment, scale)
+    gref = None
+    if backward:
+        gmethod = "fp64" if reference_method == "auto" else reference_method
+        gref = gradients.reference_gradients(*qkv, do.double(), causal=causal,
+                                             alignment=alignment, scale=scale, method=gmethod)
+        row["grad_reference"] = gmethod
+        gstd = gradients.standard_gradients(q, k, v, do, causal=causal, alignment=alignment,
+                                            scale=scale)
+        if gwhy is not None:
+            fails.append("grad_crash")
+            row["message"] = gwhy
+        if grads is not None:
+            gradients.check(row, fails, grads, gref, gstd, masked_rows)
+        else:  # the limit is still recorded (for the plots and the worst case)
+            for name, r, s_ in zip(gradients.GRADS, gref, gstd, strict=True):
+                row[f"{name}_std_err_max"], row[f"{name}_bound"] = gradients.bound(s_, r)
+    if keep is not None and out is not None:
+        keep[case.id] = (out, grads)
     mo = None
     if model is not None:
         try:
@@ -259,6 +310,14 @@ def evaluate(fn, case, *, precision="bf16", alignment="top_left", model=None,
             o = out.double()
             row["model_bitwise"] = float(((o == mo) | (o.isnan() & mo.isnan())).float().mean())
             row["model_max_diff"] = _vmax((o - mo).abs())
+    if model is not None and backward:
+        try:
+            mg = models.backward(models.Candidate(model), q, k, v, do, precision=precision,
+                                 causal=causal, alignment=alignment, scale=scale)
+        except (ValueError, NotImplementedError):  # no backward of this model here
+            mg = None
+        if mg is not None:
+            gradients.model_columns(row, mg, gref, grads)
     for pol in compare:
         try:
             po = _model_out(pol, q, k, v, precision, causal, alignment, scale)

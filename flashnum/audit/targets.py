@@ -11,8 +11,14 @@ of one dtype and shape (B, H, N, d) and out in that dtype.
                    modelled by policy torch_cpu
   torch_flash_cpu  the same CPU kernel through its op, returning the log-sum-exp too
   flashnum_triton  flashnum's own Triton kernel (flashnum.backends.triton; the CPU
-                   interpreter without a GPU), fa2 policy, bottom-right alignment
+                   interpreter without a GPU), fa2 policy, bottom-right alignment; its
+                   backward is flashnum.backends.triton_backward's kernels (64 x 64 blocks,
+                   the emulated attention_backward's default, so that fa2 models it)
   flash_attn       flash_attn.flash_attn_func (if installed; bottom-right since 2.1)
+
+Every target is differentiable through autograd (audit(..., backward=True)): torch's SDPA
+and its CPU op through torch's own backward, flash_attn through its own, flashnum_triton
+through the autograd.Function below.
   pkg.mod:func     any importable callable with the signature above (alignment
                    top_left unless told)
 """
@@ -37,13 +43,41 @@ def torch_flash_cpu(q, k, v, causal=False, scale=None):
     return out, lse
 
 
-def flashnum_triton(q, k, v, causal=False, scale=None):
-    from flashnum.engine import attention
+BWD_BLOCK = 64  # the Triton backward's block_m = block_n: attention_backward's default
 
-    precision = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype]
-    res = attention(q, k, v, precision=precision, policy="fa2", backend="triton",
-                    causal=causal, scale=scale)
-    return res.out.to(q.dtype), res.lse.float()
+
+class _TritonAttention(torch.autograd.Function):
+    """flashnum's Triton forward, and its Triton backward kernels for dQ, dK, dV."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        from flashnum.engine import attention
+
+        precision = _PRECISION[q.dtype]
+        res = attention(q, k, v, precision=precision, policy="fa2", backend="triton",
+                        causal=causal, scale=scale)
+        ctx.save_for_backward(q, k, v, res.out, res.lse)
+        ctx.causal, ctx.scale, ctx.precision = causal, scale, precision
+        lse = res.lse.float()
+        ctx.mark_non_differentiable(lse)
+        return res.out.to(q.dtype), lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        from flashnum.backends.triton_backward import attention_backward_triton
+
+        q, k, v, out, lse = ctx.saved_tensors
+        g = attention_backward_triton(q, k, v, do, precision=ctx.precision,
+                                      block_m=BWD_BLOCK, block_n=BWD_BLOCK, causal=ctx.causal,
+                                      scale=ctx.scale, out=out, lse=lse)
+        return g.dq.to(q.dtype), g.dk.to(k.dtype), g.dv.to(v.dtype), None, None
+
+
+_PRECISION = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def flashnum_triton(q, k, v, causal=False, scale=None):
+    return _TritonAttention.apply(q, k, v, causal, scale)
 
 
 def flash_attn(q, k, v, causal=False, scale=None):
