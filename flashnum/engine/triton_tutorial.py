@@ -115,6 +115,10 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None,
     return res, M.double()
 
 
+def _f32(x: float) -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.float64).float()  # a float64 number rounded once
+
+
 def _exp2(ar: Arith, x: torch.Tensor) -> torch.Tensor:
     return ar.exp(x, FP32, base2=True)  # correctly rounded exp2 into fp32
 
@@ -134,13 +138,22 @@ def _accumulate(acc: torch.Tensor, products: torch.Tensor) -> torch.Tensor:
     return acc
 
 
-def _dkdv_rows(ar, k_blk, v_blk, q16, do16, M, D, rows: slice, step: int, vis):
+def _seen(queries: slice, keys: slice, n: int, causal: bool) -> torch.Tensor:
+    """(queries, keys) bool: the key exists, the query exists, and (causal) sees it; the
+    tutorial's mask `offs_m >= offs_n` (L299, L352) where N is a multiple of 128."""
+    i = torch.arange(queries.start, queries.stop)[:, None]
+    j = torch.arange(keys.start, keys.stop)[None, :]
+    seen = (i < n) & (j < n)
+    return seen & visible(i, j, n, n) if causal else seen
+
+
+def _dkdv_rows(ar, k_blk, v_blk, q16, do16, M, D, rows: slice, step: int, seenT):
     """`_attn_bwd_dkdv` (L281-317) over query rows `rows` in steps of `step`: the fp32
     products dS^T Q and fp16(P^T) dO of each step, (B, steps, BLOCK_N1, d)."""
     q_r, do_r = q16[:, rows], do16[:, rows]
     qkT = k_blk @ q_r.transpose(-1, -2)  # L295: fp32 accumulation of fp16 values
     pT = _exp2(ar, qkT - M[:, None, rows])  # L296
-    pT = torch.where(vis[..., rows], pT, 0.0)  # L298-300 (no-op off the diagonal)
+    pT = torch.where(seenT, pT, 0.0)  # L298-300 (no-op off the diagonal)
     ppT = pT.half().float()  # L303-304
     dv = _steps(ppT, step, 2) @ _steps(do_r, step, 1)  # L305, per step
     dpT = v_blk @ do_r.transpose(-1, -2)  # L309
@@ -149,13 +162,13 @@ def _dkdv_rows(ar, k_blk, v_blk, q16, do16, M, D, rows: slice, step: int, vis):
     return dk, dv
 
 
-def _dq_cols(ar, q_blk, do_blk, m_blk, d_blk, k16, v16, cols: slice, step: int, vis):
+def _dq_cols(ar, q_blk, do_blk, m_blk, d_blk, k16, v16, cols: slice, step: int, seen):
     """`_attn_bwd_dq` (L333-365) over keys `cols` in steps of `step`: the fp32 products
     dS K of each step, (B, steps, BLOCK_M2, d)."""
     k_c, v_c = k16[:, cols], v16[:, cols]
     qk = q_blk @ k_c.transpose(-1, -2)  # L347
     p = _exp2(ar, qk - m_blk[..., None])  # L348
-    p = torch.where(vis[..., cols], p, 0.0)  # L350-353
+    p = torch.where(seen, p, 0.0)  # L350-353
     dp = do_blk @ v_c.transpose(-1, -2)  # L355
     ds = (p * (dp - d_blk[..., None])).half().float()  # L356-357
     return _steps(ds, step, 2) @ _steps(k_c, step, 1)  # L360
@@ -171,7 +184,7 @@ def backward(q, k, v, do, o, M, *, causal: bool = False, scale: float | None = N
     ar = Arith(make_policy("fa2", "fp16"), "nearest", 0, torch.float32)
     q16, k16, v16, do16, o16 = (_fp16(x) for x in (q, k, v, do, o))
     # host, L602-604: fp16 k times the float64 constant, as torch does (fp32, then fp16)
-    c32 = torch.tensor(scale * RCP_LN2, dtype=torch.float64).float()
+    c32 = _f32(scale * RCP_LN2)
     k16 = (k16 * c32).half().float()
     M = M.detach().to("cpu", torch.float64).reshape(-1, n).float()
     # preprocess, L260-262: fp16 o widened to fp32 times fp32 do, summed in fp32
@@ -179,47 +192,43 @@ def backward(q, k, v, do, o, M, *, causal: bool = False, scale: float | None = N
     npad = -(-n // BLOCK_N1) * BLOCK_N1
     q16, k16, v16, do16 = (_pad(x, npad) for x in (q16, k16, v16, do16))
     M, D = _pad(M, npad), _pad(D, npad)
-    pos = torch.arange(npad)
-    vis = (pos[:, None] < n) & (pos[None, :] < n)  # (query, key): the padding never counts
-    if causal:
-        vis = vis & visible(pos[:, None], pos[None, :], n, n)
-    vis = vis[None]
     B = q16.shape[0]
     dq, dk, dv = (torch.zeros(B, npad, x.shape[-1]) for x in (q16, k16, v16))
     diag = BLOCK_M1 // BLK_SLICE_FACTOR  # MASK_BLOCK_M1 (L419)
     for start_n in range(0, npad, BLOCK_N1):  # one program per key block (L416)
         keys = slice(start_n, start_n + BLOCK_N1)
-        k_blk, v_blk, visT = k16[:, keys], v16[:, keys], vis[:, :, keys].transpose(-1, -2)
+        k_blk, v_blk = k16[:, keys], v16[:, keys]
         acc_k, acc_v = torch.zeros(B, BLOCK_N1, d), torch.zeros(B, BLOCK_N1, v16.shape[-1])
         start_m = 0
         if causal:  # L429-443: the diagonal in steps of 16 rows, masked
             rows = slice(start_n, start_n + BLOCK_N1)
-            tk, tv = _dkdv_rows(ar, k_blk, v_blk, q16, do16, M, D, rows, diag, visT)
+            tk, tv = _dkdv_rows(ar, k_blk, v_blk, q16, do16, M, D, rows, diag,
+                                _seen(rows, keys, n, causal).T)
             acc_k, acc_v = _accumulate(acc_k, tk), _accumulate(acc_v, tv)
             start_m = start_n + BLOCK_N1
         if start_m < npad:  # L446-457: the rest in steps of 32
             rows = slice(start_m, npad)
-            tk, tv = _dkdv_rows(ar, k_blk, v_blk, q16, do16, M, D, rows, BLOCK_M1, visT)
+            tk, tv = _dkdv_rows(ar, k_blk, v_blk, q16, do16, M, D, rows, BLOCK_M1,
+                                _seen(rows, keys, n, causal).T)
             acc_k, acc_v = _accumulate(acc_k, tk), _accumulate(acc_v, tv)
         dv[:, keys] = acc_v  # L459-460
-        dk[:, keys] = acc_k * torch.tensor(scale).float()  # L463: fp32 sm_scale
+        dk[:, keys] = acc_k * _f32(scale)  # L463: sm_scale, an fp32 kernel argument
     diag = BLOCK_N2 // BLK_SLICE_FACTOR  # MASK_BLOCK_N2 (L472)
     for start_m in range(0, npad, BLOCK_M2):  # the same program's second part (L468)
         qs = slice(start_m, start_m + BLOCK_M2)
-        q_blk, do_blk, m_blk, d_blk, vis_q = q16[:, qs], do16[:, qs], M[:, qs], D[:, qs], \
-            vis[:, qs]
+        q_blk, do_blk, m_blk, d_blk = q16[:, qs], do16[:, qs], M[:, qs], D[:, qs]
         acc = torch.zeros(B, BLOCK_M2, d)
         if causal:  # L482-498: the diagonal's keys in steps of 16, masked, then the rest
             cols = slice(start_m, start_m + BLOCK_M2)  # to its left from the left (L500-510)
             acc = _accumulate(acc, _dq_cols(ar, q_blk, do_blk, m_blk, d_blk, k16, v16, cols,
-                                            diag, vis_q))
+                                            diag, _seen(qs, cols, n, causal)))
             cols = slice(0, start_m)
         else:
             cols = slice(0, npad)
         if cols.stop > 0:
             acc = _accumulate(acc, _dq_cols(ar, q_blk, do_blk, m_blk, d_blk, k16, v16, cols,
-                                            BLOCK_N2, vis_q))
-        dq[:, qs] = acc * torch.tensor(LN2).float()  # L513: fp32 ln 2
+                                            BLOCK_N2, _seen(qs, cols, n, causal)))
+        dq[:, qs] = acc * _f32(LN2)  # L513: the fp32 constexpr ln 2
     # stores: fp32 accumulators into fp16 tensors, round to nearest even
     dq, dk, dv = (x[:, :n].half().double() for x in (dq, dk, dv))
     return (dq.reshape(*lead, n, d), dk.reshape(*lead, n, d),
