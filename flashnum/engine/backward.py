@@ -164,6 +164,8 @@ def attention_backward(
     policy:   fa2 naive lowp exact, or a BackwardPolicy (its .forward runs the forward),
               or triton_tutorial (flashnum.engine.triton_tutorial: the Triton tutorial's
               fp16 kernels, their own blocks and orders; g.lse is its M in log2 units)
+              or torch_cpu (flashnum.engine.torch_cpu_backward: torch's CPU SDPA backward
+              kernel, its own splits; causal top-left as torch's is_causal)
     order:    the forward's key-block order (flashnum.attention)
     dq_order: forward reverse random (seeded by `seed`), or a permutation of the key
               blocks: the order in which key blocks add into dQ
@@ -176,6 +178,16 @@ def attention_backward(
     _check(q, k, v, do, precision, block_m, block_n, dq_order, rounding, out, lse)
     if isinstance(policy, str) and policy == "triton_tutorial":
         return _triton_tutorial(q, k, v, do, precision, causal, scale, out)
+    if isinstance(policy, str) and policy == "torch_cpu":
+        # a model of one real kernel: its own splits, exp and casts (block sizes ignored)
+        if exp2 or rounding != "nearest":
+            raise ValueError("policy torch_cpu models one kernel: exp2=False and "
+                             f"rounding='nearest' only, got exp2={exp2!r}, rounding={rounding!r}")
+        from flashnum.engine.torch_cpu_backward import attention_backward_torch_cpu
+
+        return attention_backward_torch_cpu(q, k, v, do, precision=precision, causal=causal,
+                                            scale=scale, out=out, lse=lse,
+                                            measure_ds=measure_ds)
     pol = make_backward_policy(policy, precision)
     if not isinstance(exp2, bool):
         raise TypeError(f"exp2 must be True or False, got {exp2!r}")

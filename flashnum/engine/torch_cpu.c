@@ -267,3 +267,44 @@ void tc_finish(const float *o, const float *m, const float *l, int64_t rows, int
         nonfinite[r] = bad;
     }
 }
+
+/* ---------------------------------------------------------------------------------------
+   The backward's exp (flashnum/engine/torch_cpu_backward.py). cpu_flash_attention_backward
+   restores P with vec::map and Vectorized<float>::exp(), which on the AVX-512 build is
+   SLEEF's Sleef_expf16_u10 on every column (vec::map loads a partial last vector, so no
+   scalar tail): q = rint(d / ln 2); s = d - q ln2 in two fmas (ln 2 split in L2U + L2L);
+   a degree-5 polynomial by fma; u = 1 + fma(s * s, u, s); u * 2^(q >> 1) * 2^(q - (q >> 1));
+   0 below -104, inf above 100. */
+static float sleef_expf_u10(float d) {
+    const float r_ln2 = 1.442695040888963407359924681001892137426645954152985934135449406931f;
+    const float l2u = 0.693145751953125f, l2l = 1.428606765330187045e-06f;
+    /* outside [-104, 100] the result is fixed below; the clamp only keeps the conversion
+       to int defined (NaN: any value, NaN is returned) */
+    float dc = d < -110.0f ? -110.0f : (d > 110.0f ? 110.0f : d);
+    dc = d == d ? dc : 0.0f;
+    int32_t q = (int32_t)rintf(dc * r_ln2);  /* cvtps2dq: nearest, ties to even */
+    float qf = (float)q;
+    float s = fmaf(qf, -l2u, dc);
+    s = fmaf(qf, -l2l, s);
+    float u = 0.000198527617612853646278381f;
+    u = fmaf(u, s, 0.00139304355252534151077271f);
+    u = fmaf(u, s, 0.00833336077630519866943359f);
+    u = fmaf(u, s, 0.0416664853692054748535156f);
+    u = fmaf(u, s, 0.166666671633720397949219f);
+    u = fmaf(u, s, 0.5f);
+    u = 1.0f + fmaf(s * s, u, s);
+    int32_t h = q >> 1;  /* arithmetic shift, as vsra */
+    u = (u * bits_f((uint32_t)(h + 127) << 23)) * bits_f((uint32_t)(q - h + 127) << 23);
+    u = d < -104.0f ? 0.0f : u;
+    u = 100.0f < d ? INFINITY : u;
+    return d == d ? u : d;
+}
+
+/* a (rows x n, fp32) <- exp(a - lse[row]) in place. */
+void tc_exp_rows(float *a, int64_t rows, int64_t n, const float *lse) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *ar = a + r * n;
+        const float x = lse[r];
+        for (int64_t j = 0; j < n; j++) ar[j] = sleef_expf_u10(ar[j] - x);
+    }
+}
