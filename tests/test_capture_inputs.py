@@ -5,6 +5,7 @@ Oracles outside flashnum: torch's own SDPA on the tensors the test passed to the
 a float64 softmax attention written here (bottom-right causal mask), and torch autograd.
 """
 
+import json
 import math
 import subprocess
 import sys
@@ -166,3 +167,26 @@ def test_the_search_can_start_from_a_captured_call(calls):
     assert res.error >= res.baseline and res.inputs.q.shape == (1, 2, 24, 8)
     assert res.inputs.causal and res.config["start"]["call"] == 1
     assert torch.equal(res.inputs.q, q)  # the search moves V only
+
+
+def test_the_backward_runner_uses_the_calls_own_do(calls, tmp_path, monkeypatch):
+    from flashnum.harness import backward
+
+    path, x, kv, cap, _ = calls
+    conf = {"experiment": "bwd_cap", "base": {"block": 16, "bound": False},
+            "grid": [{"name": "c", "distribution": ["captured"], "policy": ["fa2"],
+                      "capture": [{"path": str(path), "call": 1}]}]}
+    monkeypatch.setattr(backward, "load_conf", lambda name: conf)
+    (case,) = backward.expand(conf)
+    assert (case["seq_len"], case["head_dim"], case["causal"]) == (24, 8, True)
+    assert backward.main(["bwd_cap", f"store.root={tmp_path}"]) == 0
+    row = store.load(tmp_path / "bwd_cap").iloc[0]
+    # torch autograd in float64 of the bf16-rounded call with its bf16-rounded dO
+    q, k, v = (t.detach().bfloat16().double().requires_grad_() for t in x)
+    do = cap.calls[1].do.bfloat16().double()
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.2)
+    dq, = torch.autograd.grad(out, q, do)
+    assert row.ref_dq == pytest.approx(float(dq.abs().max()), rel=1e-12)
+    assert row.err_dq > 0 and json.loads(row.capture)["sha256"]
+    with pytest.raises(ValueError, match="capture is for distribution captured"):
+        backward.expand({"grid": [{"capture": [{"path": str(path)}]}]})

@@ -12,14 +12,16 @@ An experiment file has `experiment`, `description`, a `base` case and `grid`: a 
 slices, each mapping axes to lists of values (the product of the lists; other axes from
 `base`). Axes: policy, precision, seq_len (Nq = Nk), head_dim, block (block_m =
 block_n), dq_order, distribution (flashnum.inputs.distributions, drawn on the
-precision's grid), causal, seed, forward_variant (the forward that makes O and LSE:
-fa2, or qiu_yao for Qiu & Yao's max adjustment), orders (bwd_order: how many random dQ
-orders besides forward and reverse; 0 = none), terms (per-site bound terms), reference
-(certified, or fp64 where the certified one is too slow: large N), bound (false skips
-the a-priori bound; its cost: bench/bound_backward_time.py), attribution (true: the
-case's row holds the per-site attribution table instead, flashnum.analysis.
-attribution_backward, in columns `<value>.<gradient>.<metric>.<site>`; `attribution_rows`
-gives it back tidy).
+precision's grid; `captured` takes `capture: {path: FILE, call: i}`, a flashnum.capture
+call whose shape, causal flag and recorded dO replace seq_len (then Nq), head_dim and
+the Gaussian dO, its file's sha256 in the case's key), causal, seed, forward_variant
+(the forward that makes O and LSE: fa2, or qiu_yao for Qiu & Yao's max adjustment),
+orders (bwd_order: how many random dQ orders besides forward and reverse; 0 = none),
+terms (per-site bound terms), reference (certified, or fp64 where the certified one is
+too slow: large N), bound (false skips the a-priori bound; its cost:
+bench/bound_backward_time.py), attribution (true: the case's row holds the per-site
+attribution table instead, flashnum.analysis.attribution_backward, in columns
+`<value>.<gradient>.<metric>.<site>`; `attribution_rows` gives it back tidy).
 
 Each case stores, per gradient g in dq, dk, dv: err_g = max|g - ref| against the
 certified reference (flashnum.reference_backward), ref_g = max|ref|, torch_err_g (torch
@@ -64,12 +66,13 @@ from flashnum.reference_backward import reference_backward
 CONF = CONF_ROOT / "experiment"
 AXES = ("policy", "precision", "seq_len", "head_dim", "block", "dq_order", "distribution",
         "causal", "seed", "forward_variant", "orders", "terms", "reference", "bound",
-        "attribution")
+        "attribution", "capture")
 DEFAULT = dict(policy="fa2", precision="bf16", seq_len=64, head_dim=32, block=16,
                dq_order="forward", distribution="gaussian", causal=False, seed=0,
                forward_variant="fa2", orders=0, terms=False, reference="certified", bound=True,
-               attribution=False)
-LATER_AXES = ("reference", "bound", "attribution")  # in a case's key only when not at their default
+               attribution=False, capture="")
+# in a case's key (and row) only when not at their default
+LATER_AXES = ("reference", "bound", "attribution", "capture")
 GRADS = ("dq", "dk", "dv")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -96,6 +99,7 @@ def expand(conf: dict) -> list[dict]:
                              f"valid: {', '.join(AXES)}")
         for values in itertools.product(*axes.values()):
             case = {**base, **dict(zip(axes, values, strict=True)), "slice": sl.get("name", "")}
+            _captured(case)
             if case["policy"] == "naive":  # autograd of standard attention: no blocks, order
                 case.update(block=base["block"], dq_order="forward")
             cid = case_id(case)
@@ -105,21 +109,53 @@ def expand(conf: dict) -> list[dict]:
     return cases
 
 
+def _captured(case: dict) -> None:
+    """distribution captured: `capture` (the distribution's params: path, call, head_ids,
+    rows) as canonical JSON with the file's sha256; seq_len (Nq), head_dim and causal from
+    the call (flashnum.inputs.distributions.captured_case)."""
+    from flashnum.inputs.distributions import captured_case
+
+    cap = case["capture"]
+    if case["distribution"] != "captured":
+        if cap:
+            raise ValueError(f"capture is for distribution captured, not "
+                             f"{case['distribution']!r}")
+        return
+    if not isinstance(cap, (dict, str)) or not cap:
+        raise ValueError(f"distribution captured needs capture: {{path: FILE, call: i}}, got "
+                         f"{cap!r}")
+    params, shape = captured_case(json.loads(cap) if isinstance(cap, str) else dict(cap),
+                                  case["seed"])
+    case.update(capture=json.dumps(params, sort_keys=True), seq_len=shape["seq_len_q"],
+                head_dim=shape["head_dim"], causal=bool(case["causal"] or shape["causal"]))
+
+
 def case_id(case: dict) -> str:
     key = {a: case[a] for a in AXES if a not in LATER_AXES or case[a] != DEFAULT[a]}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def inputs(case: dict):
-    """q, k, v from the catalogue and dO Gaussian, all on the precision's grid."""
-    grid = case["precision"] if case["precision"] in ("bf16", "fp16", "fp32") else "none"
-    inp = make(case["distribution"], seq_len_q=case["seq_len"], head_dim=case["head_dim"],
-               block_n=case["block"], seed=case["seed"], **_grid_kw(case["distribution"], grid))
-    g = torch.Generator().manual_seed(10_000 + case["seed"])
-    do = torch.randn(inp.q.shape[:-1] + inp.v.shape[-1:], generator=g, dtype=torch.float64)
-    if grid != "none":
-        from flashnum.numerics.formats import get_format
+    """q, k, v from the catalogue and dO Gaussian, all on the precision's grid; a captured
+    call's own q, k, v and (when recorded) dO, rounded to that grid."""
+    from flashnum.numerics.formats import get_format
 
+    grid = case["precision"] if case["precision"] in ("bf16", "fp16", "fp32") else "none"
+    if case["distribution"] == "captured":
+        inp = make("captured", block_n=case["block"], seed=case["seed"],
+                   **json.loads(case["capture"]))
+        if grid != "none":  # what the kernel stores: the reference sees the same numbers
+            fmt = get_format(grid)
+            inp.q, inp.k, inp.v = fmt.round(inp.q), fmt.round(inp.k), fmt.round(inp.v)
+    else:
+        inp = make(case["distribution"], seq_len_q=case["seq_len"], head_dim=case["head_dim"],
+                   block_n=case["block"], seed=case["seed"],
+                   **_grid_kw(case["distribution"], grid))
+    do = inp.do
+    if do is None:
+        g = torch.Generator().manual_seed(10_000 + case["seed"])
+        do = torch.randn(inp.q.shape[:-1] + inp.v.shape[-1:], generator=g, dtype=torch.float64)
+    if grid != "none":
         do = get_format(grid).round(do)
     return inp, do
 
@@ -155,7 +191,7 @@ def run_case(case: dict) -> dict:
     g = attention_backward(q, k, v, do, dq_order=case["dq_order"], measure_ds=True, **kw,
                            **given)
     b = bound_backward(q, k, v, do, terms=case["terms"], **kw) if case["bound"] else None
-    row = {**{a: case[a] for a in AXES}, "slice": case["slice"], "case_id": case["case_id"],
+    row = {**_axes(case), "slice": case["slice"], "case_id": case["case_id"],
            "causal_effective": causal, "ref_uncertain": ref.info.get("uncertain", 0),
            "ref_method": ref.method}
     base = _torch_autograd(q, k, v, do, causal, inp.scale, case["precision"], _input_key(case))
@@ -180,6 +216,12 @@ def run_case(case: dict) -> dict:
     return row
 
 
+def _axes(case: dict) -> dict:
+    """The case's axes for its row: capture only where set (tables before it keep their
+    columns)."""
+    return {a: case[a] for a in AXES if a != "capture" or case[a]}
+
+
 ATTRIBUTION_VALUES = ("format", "err_only", "err_without", "total", "share", "saved",
                       "bound_term", "bound_share")
 
@@ -197,7 +239,7 @@ def run_attribution(case: dict) -> dict:
                            policy=case["policy"], ref=ref, bound_terms=case["bound"],
                            block_m=case["block"], block_n=case["block"], causal=causal,
                            scale=inp.scale, dq_order=case["dq_order"])
-    row = {**{a: case[a] for a in AXES}, "slice": case["slice"], "case_id": case["case_id"],
+    row = {**_axes(case), "slice": case["slice"], "case_id": case["case_id"],
            "ref_method": ref.method, "ref_uncertain": ref.info.get("uncertain", 0)}
     for r in t.to_dict("records"):
         for val in ATTRIBUTION_VALUES:
@@ -226,7 +268,7 @@ def attribution_rows(df):
 
 def _spread(q, k, v, do, g, kw, given, case) -> float:
     """max |dQ(order) - dQ(forward)| over reverse and `orders` seeded random orders."""
-    n_kb = max(1, math.ceil(case["seq_len"] / case["block"]))
+    n_kb = max(1, math.ceil(k.shape[-2] / case["block"]))  # key blocks
     ref = attention_backward(q, k, v, do, dq_order="forward", **kw, **given).dq
     spread = 0.0
     perms = ["reverse"] + [torch.randperm(n_kb, generator=torch.Generator().manual_seed(s))
@@ -253,7 +295,7 @@ def _inputs_once(case: dict):
 def _input_key(case: dict) -> tuple:
     """The axes the inputs (and torch's autograd of them) depend on."""
     return tuple(case[a] for a in ("precision", "seq_len", "head_dim", "block", "distribution",
-                                   "causal", "seed"))
+                                   "causal", "seed", "capture"))
 
 
 _TORCH_LAST: dict = {}  # the last input's torch gradients: the policies of one input share them

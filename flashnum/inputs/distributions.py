@@ -75,6 +75,7 @@ class Inputs:
     scale: float | None = None  # None: 1/sqrt(d)
     seed: int = 0
     block_n: int = 64
+    do: torch.Tensor | None = None  # (batch, heads, Nq, dv) float64: a captured call's dO
 
     @property
     def softmax_scale(self) -> float:
@@ -700,7 +701,8 @@ def captured(g, sh: Shape, *, path: str = "", call: int = 0, head_ids: list | No
     (torch's top-left mask with Nq < Nk sees only the first Nq keys, kept as causal
     attention of Nq x Nq). The tensors are converted to float64 exactly; the shape
     arguments of make() are ignored. Calls flashnum cannot compute (an attn_mask other
-    than causal, top-left causal with Nq > Nk) are refused with a ValueError.
+    than causal, top-left causal with Nq > Nk) are refused with a ValueError. With a dO
+    recorded (capture(backward=True)), Inputs.do holds it, selected like Q.
     """
     _check(bool(path), "captured needs path=<file written by flashnum.capture>")
     if sha256 and file_sha256(path) != sha256:
@@ -708,6 +710,7 @@ def captured(g, sh: Shape, *, path: str = "", call: int = 0, head_ids: list | No
     c = load_call(path, call)
     c.check_plain()
     q, k, v = (t.to(torch.float64) for t in c.qkv)  # exact: every float format fits fp64
+    do = c.do.to(torch.float64) if c.do is not None else None
     causal = c.causal
     if causal == "top_left":
         _check(q.shape[-2] <= k.shape[-2],
@@ -721,6 +724,7 @@ def captured(g, sh: Shape, *, path: str = "", call: int = 0, head_ids: list | No
         _check(ok and len(head_ids) > 0, f"head_ids must be a list of head indices in "
                f"0..{q.shape[1] - 1} of captured call {call}, got {head_ids!r}")
         q, k, v = q[:, head_ids], k[:, head_ids], v[:, head_ids]
+        do = do[:, head_ids] if do is not None else None
     if rows is not None:
         _check(isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1,
                f"rows must be an int >= 1 (query rows kept), got {rows!r}")
@@ -728,8 +732,10 @@ def captured(g, sh: Shape, *, path: str = "", call: int = 0, head_ids: list | No
         idx, nk_kept = select_rows(nq, nk, rows, bool(causal), g, offset=nk - nq)
         if idx is not None:
             q, k, v = q[:, :, idx], k[:, :, :nk_kept], v[:, :, :nk_kept]
+            do = do[:, :, idx] if do is not None else None
     return dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), causal=bool(causal),
-                scale=c.scale, params=dict(module=c.module, dtype=c.dtype))
+                scale=c.scale, do=do.contiguous() if do is not None else None,
+                params=dict(module=c.module, dtype=c.dtype))
 
 
 # replayed from a file, not drawn: outside the catalogue that studies and screens loop over
@@ -812,5 +818,5 @@ def make(name: str, *, batch: int = 1, heads: int = 1, seq_len_q: int = 256,
     resolved = {**defaults, **kw, **out.get("params", {})}
     return Inputs(
         q=out["q"], k=out["k"], v=out["v"], causal=bool(out.get("causal", False)), name=name,
-        params=resolved, scale=out.get("scale"), seed=seed, block_n=block_n,
+        params=resolved, scale=out.get("scale"), seed=seed, block_n=block_n, do=out.get("do"),
     )
