@@ -244,3 +244,19 @@ def test_the_file_loads_without_pickle_and_the_function_is_restored(tmp_path):
         warnings.simplefilter("error")
         (call,) = flashnum.load_capture(tmp_path / "c.safetensors")
     assert torch.equal(call.q, q)
+
+
+def test_nested_captures_each_record_the_call_once_and_an_error_writes_nothing(tmp_path):
+    q = torch.randn(1, 1, 3, 4)
+    with flashnum.capture(None) as outer:
+        F.scaled_dot_product_attention(q, q, q)
+        with flashnum.capture(None) as inner:
+            F.scaled_dot_product_attention(q, 2 * q, q)
+    assert [c.index for c in outer.calls] == [0, 1] and len(inner.calls) == 1
+    assert torch.equal(inner.calls[0].k, outer.calls[1].k)
+    with pytest.raises(RuntimeError, match="model failed"):
+        with flashnum.capture(tmp_path / "x.safetensors"):
+            F.scaled_dot_product_attention(q, q, q)
+            raise RuntimeError("model failed")
+    assert not (tmp_path / "x.safetensors").exists()
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention

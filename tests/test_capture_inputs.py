@@ -121,17 +121,20 @@ def test_a_captured_case_is_named_by_the_files_content(calls, tmp_path):
     path = tmp_path / "c.safetensors"
     path.write_bytes(calls[0].read_bytes())
 
-    def case():
+    def case(*more):
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = compose("config", overrides=["distribution=captured",
                                                f"distribution.path={path}",
-                                               "distribution.call=0", "shape.seq_len_q=7"])
+                                               "distribution.call=0", "shape.seq_len_q=7",
+                                               *more])
         check(cfg)
         (c,) = expand(cfg)
         return c
 
     a = case()
     assert (a.seq_len_q, a.seq_len_k, a.heads, a.causal) == (24, 24, 2, False)
+    some = case("distribution.head_ids=[1]", "distribution.rows=5", "seed=2")
+    assert (some.seq_len_q, some.heads, some.params["rows"]) == (5, 1, 5)
     assert a.params["sha256"] and a.params["call"] == 0
     with flashnum.capture(path):  # the same path, other content
         F.scaled_dot_product_attention(*(torch.ones(1, 2, 24, 8) for _ in range(3)))
@@ -190,3 +193,21 @@ def test_the_backward_runner_uses_the_calls_own_do(calls, tmp_path, monkeypatch)
     assert row.err_dq > 0 and json.loads(row.capture)["sha256"]
     with pytest.raises(ValueError, match="capture is for distribution captured"):
         backward.expand({"grid": [{"capture": [{"path": str(path)}]}]})
+
+
+def test_the_gradient_audit_sends_each_call_its_own_do(calls):
+    from flashnum.audit import audit
+
+    path, x, kv, cap, _ = calls
+    seen = []
+
+    def sdpa(q, k, v, causal=False, scale=None):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        if out.requires_grad:
+            out.register_hook(lambda g: seen.append(g.detach().clone()))
+        return out
+
+    rep = audit(sdpa, inputs=path, precision="fp32", reference="fp64", backward=True)
+    assert len(rep.table) == 3 and len(seen) == 3
+    for g, call in zip(seen, cap.calls, strict=True):
+        assert torch.equal(g, call.do.float())

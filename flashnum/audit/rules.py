@@ -260,7 +260,9 @@ def evaluate(fn, case, *, precision="bf16", alignment="top_left", model=None,
     row["reference"], row["ref_err_bound"] = method, _vmax(ref.err_bound)
     grads, gwhy, do = None, None, None
     if backward:
-        do = gradients.draw_do(case, (*q.shape[:-1], v.shape[-1]), q.dtype)
+        # a captured call brings the dO its model sent it (flashnum.capture)
+        do = inp.do.to(q.dtype) if inp.do is not None else gradients.draw_do(
+            case, (*q.shape[:-1], v.shape[-1]), q.dtype)
         if isolate:
             out, lse, grads, why, gwhy = _call_isolated(
                 lambda: gradients.call(fn, q, k, v, do, causal, scale),
