@@ -46,11 +46,13 @@ to the accumulator (`tl.dot(a, b, acc)` as the interpreter runs it: matmul, then
 row sums by torch's fp32 sum. A GPU's ex2.approx, its MMA's accumulation order and the
 interpreter's numpy exp2 and np.sum are other arithmetic: docs/audit.md measures them.
 
-Where the tutorial stops, the model goes on by masking: its backward asserts
-N % 128 == 0 (its forward would write M past the end), here a ragged N is padded and the
-padding masked (P = 0), as a bounds-checked kernel would. The tutorial takes one sequence
-length (Nq = Nk) and fp16 only; so does this model (ValueError otherwise). block_m,
-block_n, order and variant of the public calls do not apply (the kernel's own blocks).
+Where the tutorial stops, the model goes on by masking (no kernel to compare with there):
+its backward asserts N % 128 == 0 (its forward would write M past the end), here a ragged
+N is padded and the padding masked (P = 0), as a bounds-checked kernel would; it takes one
+sequence length, here Nq != Nk runs with flashnum's bottom-right causal mask, every block
+visited in the plain steps (no diagonal stage), rows that see no key giving zero
+gradients. fp16 only and scale > 0 (ValueError otherwise). block_m, block_n, order and
+variant of the public calls do not apply (the kernel's own blocks).
 """
 
 from __future__ import annotations
@@ -76,17 +78,23 @@ PRECISIONS = ("fp16",)
 FP16, FP32 = FORMATS["fp16"], FORMATS["fp32"]
 
 
-def check(q, k, precision: str, scale: float) -> None:
-    """What the tutorial's kernels take: fp16, one sequence length, a positive scale."""
+def check(q, k, precision: str, scale: float, causal) -> bool:
+    """What the tutorial's kernels take: fp16 and a positive scale; the mask as a bool.
+    causal: True or "bottom_right" (flashnum's alignment), False, or "top_left" where
+    Nq == Nk (the same mask then; the tutorial has one sequence length)."""
     if precision not in PRECISIONS:
         raise ValueError(f"policy 'triton_tutorial' models the fp16 kernels; precision "
                          f"{precision!r} is not valid; valid: {', '.join(PRECISIONS)}")
-    if q.shape[-2] != k.shape[-2]:
-        raise ValueError(f"policy 'triton_tutorial' takes one sequence length (N_CTX): Nq "
-                         f"{q.shape[-2]} != Nk {k.shape[-2]}; valid: Nq == Nk")
     if not scale > 0:
         raise ValueError(f"policy 'triton_tutorial' needs scale > 0 (the kernel takes the "
                          f"row max before scaling), got {scale!r}")
+    if isinstance(causal, str):
+        if causal == "bottom_right" or (causal == "top_left" and q.shape[-2] == k.shape[-2]):
+            return True
+        raise ValueError(f"policy 'triton_tutorial' takes causal {causal!r} only where Nq "
+                         f"== Nk (here {q.shape[-2]}, {k.shape[-2]}); valid: False, True, "
+                         "'bottom_right'")
+    return bool(causal)
 
 
 def _fp16(x: torch.Tensor) -> torch.Tensor:
@@ -101,7 +109,7 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None,
             precision: str = "fp16") -> tuple[Result, torch.Tensor]:
     """The tutorial's forward: (Result, M) with M = m + log2(l), (..., N) fp32 values."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    check(q, k, precision, scale)
+    causal = check(q, k, precision, scale, causal)
     res = flash(q, k, v, make_policy("fa2", "fp16"), block_m=BLOCK_M, block_n=BLOCK_N,
                 order="forward", variant="exp2", causal=causal, scale=scale,
                 rounding="nearest", seed=0, trace=False, tau=8.0, beta=2.0,
@@ -138,15 +146,6 @@ def _accumulate(acc: torch.Tensor, products: torch.Tensor) -> torch.Tensor:
     return acc
 
 
-def _seen(queries: slice, keys: slice, n: int, causal: bool) -> torch.Tensor:
-    """(queries, keys) bool: the key exists, the query exists, and (causal) sees it; the
-    tutorial's mask `offs_m >= offs_n` (L299, L352) where N is a multiple of 128."""
-    i = torch.arange(queries.start, queries.stop)[:, None]
-    j = torch.arange(keys.start, keys.stop)[None, :]
-    seen = (i < n) & (j < n)
-    return seen & visible(i, j, n, n) if causal else seen
-
-
 def _dkdv_rows(ar, k_blk, v_blk, q16, do16, M, D, rows: slice, step: int, seenT):
     """`_attn_bwd_dkdv` (L281-317) over query rows `rows` in steps of `step`: the fp32
     products dS^T Q and fp16(P^T) dO of each step, (B, steps, BLOCK_N1, d)."""
@@ -179,60 +178,69 @@ def backward(q, k, v, do, o, M, *, causal: bool = False, scale: float | None = N
     """The tutorial's backward from a forward's o (fp16 values) and M (log2 units, fp32
     values): (dq, dk, dv, delta), float64 tensors holding fp16 (fp32 for delta) values."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    check(q, k, precision, scale)
-    lead, n, d = q.shape[:-2], q.shape[-2], q.shape[-1]
+    causal = check(q, k, precision, scale, causal)
+    lead, nq, nk, d, dv_ = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     ar = Arith(make_policy("fa2", "fp16"), "nearest", 0, torch.float32)
     q16, k16, v16, do16, o16 = (_fp16(x) for x in (q, k, v, do, o))
     # host, L602-604: fp16 k times the float64 constant, as torch does (fp32, then fp16)
-    c32 = _f32(scale * RCP_LN2)
-    k16 = (k16 * c32).half().float()
-    M = M.detach().to("cpu", torch.float64).reshape(-1, n).float()
+    k16 = (k16 * _f32(scale * RCP_LN2)).half().float()
+    M = M.detach().to("cpu", torch.float64).reshape(-1, nq).float()
     # preprocess, L260-262: fp16 o widened to fp32 times fp32 do, summed in fp32
     D = (o16 * do16).sum(-1)
-    npad = -(-n // BLOCK_N1) * BLOCK_N1
-    q16, k16, v16, do16 = (_pad(x, npad) for x in (q16, k16, v16, do16))
-    M, D = _pad(M, npad), _pad(D, npad)
+    nq_pad, nk_pad = (-(-x // BLOCK_N1) * BLOCK_N1 for x in (nq, nk))
+    q16, do16, M, D = (_pad(x, nq_pad) for x in (q16, do16, M, D))
+    k16, v16 = _pad(k16, nk_pad), _pad(v16, nk_pad)
     B = q16.shape[0]
-    dq, dk, dv = (torch.zeros(B, npad, x.shape[-1]) for x in (q16, k16, v16))
+    # the kernel's causal stages need its one N_CTX; for Nq != Nk every block is visited
+    # in the plain steps under the mask (an extension: no kernel to compare with)
+    stages = causal and nq == nk
+
+    def seen(queries: slice, keys: slice) -> torch.Tensor:
+        """(queries, keys): the key exists, the query exists, and (causal) sees it; the
+        tutorial's mask `offs_m >= offs_n` (L299, L352) where N is a multiple of 128."""
+        i = torch.arange(queries.start, queries.stop)[:, None]
+        j = torch.arange(keys.start, keys.stop)[None, :]
+        ok = (i < nq) & (j < nk)
+        return ok & visible(i, j, nq, nk) if causal else ok
+
+    dk, dv = torch.zeros(B, nk_pad, d), torch.zeros(B, nk_pad, dv_)
     diag = BLOCK_M1 // BLK_SLICE_FACTOR  # MASK_BLOCK_M1 (L419)
-    for start_n in range(0, npad, BLOCK_N1):  # one program per key block (L416)
+    for start_n in range(0, nk_pad, BLOCK_N1):  # one program per key block (L416)
         keys = slice(start_n, start_n + BLOCK_N1)
         k_blk, v_blk = k16[:, keys], v16[:, keys]
-        acc_k, acc_v = torch.zeros(B, BLOCK_N1, d), torch.zeros(B, BLOCK_N1, v16.shape[-1])
+        acc_k, acc_v = torch.zeros(B, BLOCK_N1, d), torch.zeros(B, BLOCK_N1, dv_)
         start_m = 0
-        if causal:  # L429-443: the diagonal in steps of 16 rows, masked
+        if stages:  # L429-443: the diagonal in steps of 16 rows, masked
             rows = slice(start_n, start_n + BLOCK_N1)
             tk, tv = _dkdv_rows(ar, k_blk, v_blk, q16, do16, M, D, rows, diag,
-                                _seen(rows, keys, n, causal).T)
+                                seen(rows, keys).T)
             acc_k, acc_v = _accumulate(acc_k, tk), _accumulate(acc_v, tv)
             start_m = start_n + BLOCK_N1
-        if start_m < npad:  # L446-457: the rest in steps of 32
-            rows = slice(start_m, npad)
+        if start_m < nq_pad:  # L446-457: the rest in steps of 32
+            rows = slice(start_m, nq_pad)
             tk, tv = _dkdv_rows(ar, k_blk, v_blk, q16, do16, M, D, rows, BLOCK_M1,
-                                _seen(rows, keys, n, causal).T)
+                                seen(rows, keys).T)
             acc_k, acc_v = _accumulate(acc_k, tk), _accumulate(acc_v, tv)
         dv[:, keys] = acc_v  # L459-460
         dk[:, keys] = acc_k * _f32(scale)  # L463: sm_scale, an fp32 kernel argument
+    dq = torch.zeros(B, nq_pad, d)
     diag = BLOCK_N2 // BLK_SLICE_FACTOR  # MASK_BLOCK_N2 (L472)
-    for start_m in range(0, npad, BLOCK_M2):  # the same program's second part (L468)
+    for start_m in range(0, nq_pad, BLOCK_M2):  # the same program's second part (L468)
         qs = slice(start_m, start_m + BLOCK_M2)
-        q_blk, do_blk, m_blk, d_blk = q16[:, qs], do16[:, qs], M[:, qs], D[:, qs]
+        blk = (q16[:, qs], do16[:, qs], M[:, qs], D[:, qs], k16, v16)
         acc = torch.zeros(B, BLOCK_M2, d)
-        if causal:  # L482-498: the diagonal's keys in steps of 16, masked, then the rest
+        cols = slice(0, nk_pad)
+        if stages:  # L482-498: the diagonal's keys in steps of 16, masked, then the keys
             cols = slice(start_m, start_m + BLOCK_M2)  # to its left from the left (L500-510)
-            acc = _accumulate(acc, _dq_cols(ar, q_blk, do_blk, m_blk, d_blk, k16, v16, cols,
-                                            diag, _seen(qs, cols, n, causal)))
+            acc = _accumulate(acc, _dq_cols(ar, *blk, cols, diag, seen(qs, cols)))
             cols = slice(0, start_m)
-        else:
-            cols = slice(0, npad)
         if cols.stop > 0:
-            acc = _accumulate(acc, _dq_cols(ar, q_blk, do_blk, m_blk, d_blk, k16, v16, cols,
-                                            BLOCK_N2, _seen(qs, cols, n, causal)))
+            acc = _accumulate(acc, _dq_cols(ar, *blk, cols, BLOCK_N2, seen(qs, cols)))
         dq[:, qs] = acc * _f32(LN2)  # L513: the fp32 constexpr ln 2
     # stores: fp32 accumulators into fp16 tensors, round to nearest even
-    dq, dk, dv = (x[:, :n].half().double() for x in (dq, dk, dv))
-    return (dq.reshape(*lead, n, d), dk.reshape(*lead, n, d),
-            dv.reshape(*lead, n, v.shape[-1]), D[:, :n].double().reshape(*lead, n))
+    dq, dk, dv = (x.half().double() for x in (dq[:, :nq], dk[:, :nk], dv[:, :nk]))
+    return (dq.reshape(*lead, nq, d), dk.reshape(*lead, nk, d), dv.reshape(*lead, nk, dv_),
+            D[:, :nq].double().reshape(*lead, nq))
 
 
 def _pad(x: torch.Tensor, n: int) -> torch.Tensor:
