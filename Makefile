@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV_FLAGS) $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(if $(TORCH),$(BIN)/python -m pip install -q "$(TORCH)")
-	$(BIN)/python -m pip install -q -e ".[test,triton,slurm,hf]"
+	$(BIN)/python -m pip install -q -e ".[test,triton,slurm,hf,kernels]"
 	touch $@
 
 run: setup

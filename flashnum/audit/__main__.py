@@ -7,6 +7,7 @@
     python -m flashnum.audit target=torch_sdpa budget=full store.root=/tmp/audits
     python -m flashnum.audit target=my_pkg.attn:forward isolate=true  # one child per case
     python -m flashnum.audit experiment=kernel_audit    # the runs of conf/audit/kernel_audit.yaml
+    python -m flashnum.audit experiment=kernel_table    # every kernel (audit.kernel_table)
 
 Exit status: 0 every case kept every rule, 1 some case broke one (the summary says
 which; a failing audit also names the flashnum model closest to the kernel, the
@@ -58,7 +59,18 @@ def _runs(name: str) -> list[dict]:
     return list(OmegaConf.to_container(OmegaConf.load(path))["runs"])
 
 
+def _is_table(name: str) -> bool:
+    """A table experiment (conf/audit/<name>.yaml lists targets and precisions:
+    flashnum.audit.kernel_table) rather than a list of runs."""
+    path = CONF / "audit" / f"{name}.yaml"
+    return path.is_file() and "targets" in OmegaConf.load(path)
+
+
 def _check(cfg) -> None:
+    if cfg.experiment and _is_table(cfg.experiment):
+        from flashnum.audit import kernel_table
+
+        return kernel_table.check(cfg)
     if cfg.experiment:
         for r in _runs(cfg.experiment):
             _check(OmegaConf.merge(cfg, {**r, "experiment": ""}))
@@ -112,6 +124,10 @@ def _experiment(cfg) -> int:
 
 
 def _run(cfg) -> int:
+    if cfg.experiment and _is_table(cfg.experiment):
+        from flashnum.audit import kernel_table
+
+        return kernel_table.run(cfg)
     if cfg.experiment:
         return _experiment(cfg)
     model = None if cfg.model == "none" else (cfg.model or resolve(cfg.target)[2])

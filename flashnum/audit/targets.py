@@ -15,12 +15,22 @@ of one dtype and shape (B, H, N, d) and out in that dtype.
                    backward is flashnum.backends.triton_backward's kernels (64 x 64 blocks,
                    the emulated attention_backward's default, so that fa2 models it)
   flash_attn       flash_attn.flash_attn_func (if installed; bottom-right since 2.1)
-
-Every target is differentiable through autograd (audit(..., backward=True)): torch's SDPA
-and its CPU op through torch's own backward, flash_attn through its own, flashnum_triton
-through the autograd.Function below.
+  torch_math       torch's SDPA on its math backend (flashnum.audit.targets_torch)
+  hf_eager         transformers' eager_attention_forward (flashnum.audit.targets_torch)
+  jax_xla          jax.nn.dot_product_attention, implementation="xla"
+                   (flashnum.audit.targets_jax; needs the [kernels] extra)
+  jax_pallas       Pallas's FlashAttention kernel mha (flashnum.audit.targets_jax; [kernels])
+  ort_attention    ONNX Attention (opset 23) on ONNX Runtime's CPU provider
+                   (flashnum.audit.targets_ort; [kernels])
+  ort_mha          com.microsoft.MultiHeadAttention on ONNX Runtime ([kernels])
   pkg.mod:func     any importable callable with the signature above (alignment
                    top_left unless told)
+
+Every target but ort_attention and ort_mha (inference kernels) is differentiable through
+autograd (audit(..., backward=True)): torch's SDPA and its CPU op through torch's own
+backward, flash_attn through its own, flashnum_triton through the autograd.Function below,
+torch_math and hf_eager through torch's, the JAX ones through jax.vjp (XLA's autodiff;
+Pallas's own backward kernels).
 """
 
 from __future__ import annotations
@@ -29,7 +39,21 @@ import importlib
 
 import torch
 
-NAMES = ("torch_sdpa", "torch_flash_cpu", "flashnum_triton", "flash_attn")
+NAMES = ("torch_sdpa", "torch_flash_cpu", "flashnum_triton", "flash_attn", "torch_math",
+         "hf_eager", "jax_xla", "jax_pallas", "ort_attention", "ort_mha")
+# target -> (module, the packages it imports, causal alignment, model): the targets of
+# other libraries, each in its own module; a missing package is named with the extra
+# that installs it. The model is the flashnum policy that reproduces the kernel most
+# closely (docs/audit.md, measured by experiment=kernel_table).
+LIBRARY_TARGETS = {
+    "torch_math": ("targets_torch", (), "top_left", "torch_math"),
+    "hf_eager": ("targets_torch", (), "bottom_right", "naive"),
+    "jax_xla": ("targets_jax", ("jax",), "top_left", "jax_xla"),
+    "jax_pallas": ("targets_jax", ("jax",), "top_left", "fa2"),
+    "ort_attention": ("targets_ort", ("onnx", "onnxruntime"), "top_left", "ort_cpu"),
+    "ort_mha": ("targets_ort", ("onnx", "onnxruntime"), "top_left", "torch_math"),
+}
+EXTRA = "kernels"  # pip install 'flashnum[kernels]': jax, onnx, onnxruntime
 
 
 def torch_sdpa(q, k, v, causal=False, scale=None):
@@ -100,6 +124,14 @@ def resolve(target: str):
         if importlib.util.find_spec("flash_attn") is None:
             raise ValueError("target flash_attn: the flash_attn package is not installed")
         return flash_attn, "bottom_right", "fa2"
+    if target in LIBRARY_TARGETS:
+        mod, needs, alignment, model = LIBRARY_TARGETS[target]
+        for pkg in needs:
+            if importlib.util.find_spec(pkg) is None:
+                raise ValueError(f"target {target} needs the {pkg} package: "
+                                 f"pip install 'flashnum[{EXTRA}]'")
+        fn = getattr(importlib.import_module(f"flashnum.audit.{mod}"), target)
+        return fn, alignment, model
     if ":" in target:
         mod, _, name = target.partition(":")
         try:

@@ -73,6 +73,7 @@ import numpy as np
 import torch
 
 from flashnum.engine.flash import flash
+from flashnum.engine.kernel_models import KERNEL_MODELS
 from flashnum.engine.recurrence import STEPS
 from flashnum.engine.result import Result
 from flashnum.engine.standard import standard
@@ -226,7 +227,8 @@ def attention(
     policy:    fa2 naive lowp exact uniform, or a flashnum.numerics.policy.Policy
                or torch_cpu (flashnum.engine.torch_cpu: torch's CPU SDPA kernel, its own
                splits), or triton_tutorial (flashnum.engine.triton_tutorial: the Triton
-               tutorial's fp16 kernel, its own tiles)
+               tutorial's fp16 kernel, its own tiles), or jax_xla, torch_math, ort_cpu
+               (flashnum.engine.kernel_models: library kernels that form S)
     order:     forward reverse random max_ascending max_descending, or a permutation
     variant:   fa2 fa1 exp2 lazy (tau) qiu_yao qiu_yao_released (beta)
     rounding:  nearest stochastic (seeded by `seed`; inputs are always rounded to nearest)
@@ -282,6 +284,12 @@ def attention(
         from flashnum.engine.triton_tutorial import forward
 
         return forward(q, k, v, causal=causal, scale=scale, precision=precision)[0]
+    if isinstance(policy, str) and policy in KERNEL_MODELS:
+        # models of library kernels that form S (flashnum.engine.kernel_models)
+        from flashnum.engine.kernel_models import attention_kernel_model
+
+        return attention_kernel_model(q, k, v, policy, precision=precision, causal=causal,
+                                      scale=scale)
     if backend == "mp":
         from flashnum.backends.mp import attention_mp
 

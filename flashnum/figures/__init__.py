@@ -49,6 +49,9 @@ What each figure shows (the selection is also written into its \\Sel macro):
                         the low-precision measurements (flashnum.figures.lowprec)
     tab_kernel_audit    kernel_audit: real kernels audited, beside standard attention and
                         the emulated fa2/lowp, and their models' bitwise agreement
+    tab_kernel_table    kernel_table: every kernel this machine runs, per dtype: verdicts,
+                        error over the bound and over standard attention, its model's
+                        bitwise and within-1-ulp shares, time per call; GPU-only rows
     qiu_yao_clamp       repro_qiu_yao: out / ref of Qiu & Yao's released fix vs the max
                         logit, the derived clamp collapse dashed
 
@@ -72,7 +75,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashnum.figures.audit import qiu_yao_clamp, tab_kernel_audit
+from flashnum.figures.audit import qiu_yao_clamp, tab_kernel_audit, tab_kernel_table
 from flashnum.figures.context import Figures, Unplottable
 from flashnum.figures.lowprec import (
     fp8_offset,
@@ -111,7 +114,7 @@ OUT = REPO / "paper" / "figures"
 FIGURES = (error_vs_n, error_vs_block_n, error_by_order, heatmap, attribution,
            kernel_vs_emulator, precision_bits, bwd_error, bwd_order, bwd_growth, tab_tightness,
            tab_worst_case, tab_presets, pcast_threshold, fp8_offset, tab_block_scaled,
-           tab_splitkv_decode, tab_kernel_audit, qiu_yao_clamp)
+           tab_splitkv_decode, tab_kernel_audit, tab_kernel_table, qiu_yao_clamp)
 PLOTS = tuple(f.__name__ for f in FIGURES if not f.__name__.startswith("tab_"))
 # the experiment each figure reads (for messages; tab_tightness reads all three sweeps)
 SOURCES = {"error_vs_n": "seqlen_growth", "error_vs_block_n": "block_size",
@@ -124,6 +127,7 @@ SOURCES = {"error_vs_n": "seqlen_growth", "error_vs_block_n": "block_size",
            "pcast_threshold": "repro_pcast_threshold", "fp8_offset": "repro_fp8_offset",
            "tab_block_scaled": "repro_block_scaled",
            "tab_splitkv_decode": "repro_splitkv_decode", "tab_kernel_audit": "kernel_audit",
+           "tab_kernel_table": "kernel_table",
            "qiu_yao_clamp": "repro_qiu_yao"}
 
 REPROS = tuple(REPRO)  # the reproductions' tables, after the figures (prose.py)

@@ -94,3 +94,60 @@ def qiu_yao_clamp(F: Figures) -> None:
     ax.set_ylabel("output / reference")
     ax.legend(loc="lower left")
     F.save(fig, "qiu_yao_clamp")
+
+
+# -- experiments/kernel_table ------------------------------------------------------------
+
+_TABLE_COLS = ["kernel", "dtype", "cases kept", "rules broken", "worst err / bound",
+               "err / standard (median)", "model", "bitwise", "within 1 ulp", "ms per call"]
+
+
+def _pct(x) -> str:
+    return "--" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.2f}%"
+
+
+def kernel_table_rows(df: pd.DataFrame) -> list[list[str]]:
+    """The rows of the kernel table (plain text cells), from experiments/kernel_table:
+    one per kernel and dtype that ran or was refused, then the kernels that need a GPU
+    (flashnum.audit.kernel_table.GPU_ONLY) with the command that adds them."""
+    from flashnum.audit.kernel_table import GPU_COMMAND, GPU_ONLY
+
+    rows = []
+    for _, r in df.iterrows():
+        if r.status != "ran":
+            if not str(r.status).startswith("needs a GPU"):
+                rows.append([r.target, r.precision, str(r.status).split(":")[0]]
+                            + ["--"] * (len(_TABLE_COLS) - 3))
+            continue
+        broken = ", ".join(f"{rule} {int(r[c])}" for c in r.index if c.startswith("broken_")
+                           and (rule := c[len("broken_"):]) and r[c] > 0) or "none"
+        rows.append([r.target, r.precision, f"{int(r.kept)}/{int(r.cases)}", broken,
+                     f"{r.worst_ratio:.2f}", f"{r.ratio_std_median:.2f}", str(r.model),
+                     _pct(r.model_bitwise), _pct(r.model_ulp1), f"{1e3 * r.time_s:.2g}"])
+    for name, what in GPU_ONLY.items():
+        rows.append([name, "--", f"needs a GPU: {GPU_COMMAND}", what]
+                    + ["--"] * (len(_TABLE_COLS) - 4))
+    return rows
+
+
+def kernel_table_markdown(df: pd.DataFrame) -> str:
+    """The table as README and docs/audit.md quote it (tests/test_claims.py compares)."""
+    lines = ["| " + " | ".join(_TABLE_COLS) + " |", "|" + "---|" * len(_TABLE_COLS)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |"
+              for row in kernel_table_rows(df)]
+    return "\n".join(lines)
+
+
+def tab_kernel_table(F: Figures) -> None:
+    df = F.table("kernel_table")
+    if df is None:
+        return F.placeholder("tab_kernel_table", "kernel_table")
+    rows = [[tex_word(c) for c in row] for row in kernel_table_rows(df)]
+    F.write_table("tab_kernel_table", tabular(_TABLE_COLS, rows, "llllrrlrrr"))
+    ran = df[df.status == "ran"]
+    F.num("KernelTableKernels", str(ran.target.nunique()))
+    F.num("KernelTableRows", str(len(ran)))
+    F.num("KernelTableWorst", float(ran.worst_ratio.max()) if len(ran) else math.nan)
+    low = ran[ran.precision != "fp32"]
+    F.num("KernelTableLowpModelMin",
+          100 * float(low.model_bitwise.min()) if len(low) else math.nan, 4)

@@ -42,6 +42,7 @@ EXPERIMENTS = {
     "repro_block_scaled": _REPRO.format("block_scaled"),
     "repro_splitkv_decode": _REPRO.format("splitkv_decode"),
     "kernel_audit": "python -m flashnum.audit experiment=kernel_audit",
+    "kernel_table": "python -m flashnum.audit experiment=kernel_table",
 }
 
 # every number the text may quote: macro name -> what it is
@@ -162,6 +163,11 @@ NUMBERS = {
     "AuditBfOverStd": "kernel_audit: median torch bf16 error / standard attention's in bf16",
     "AuditBfOverFa": "kernel_audit: median torch bf16 error / emulated fa2's",
     "AuditBfOverLowp": "kernel_audit: median torch bf16 error / emulated lowp's",
+    "KernelTableKernels": "kernel_table: kernels that ran on this machine",
+    "KernelTableRows": "kernel_table: (kernel, dtype) rows that ran",
+    "KernelTableWorst": "kernel_table: largest error / flash-attn's bound over every row",
+    "KernelTableLowpModelMin": "kernel_table: smallest bf16/fp16 % where a kernel's model "
+                               "equals it bit for bit",
     "QiuYaoReleasedErr": "repro_qiu_yao: mean signed error of their released fix, ties, lowp",
     "QiuYaoOnset": "repro_qiu_yao: derived max logit where the released clamp acts, ln(2/1e-10)",
     "QiuYaoOnsetMeasured": "repro_qiu_yao: first max logit of the sweep with out/ref < 0.99",

@@ -387,10 +387,24 @@ def _hydra_main(cfg) -> None:
     _go(cfg, cases, None)
 
 
+def _audit_table(argv: list[str]) -> bool:
+    """Whether argv names an experiment that conf/audit/ holds and conf/experiment/ does not
+    (experiment=kernel_table: flashnum.audit.kernel_table)."""
+    from flashnum.harness.paths import CONF
+
+    names = [a.split("=", 1)[1] for a in argv if a.startswith("experiment=")]
+    return bool(names) and (CONF / "audit" / f"{names[0]}.yaml").is_file() and not (
+        CONF / "experiment" / f"{names[0]}.yaml").is_file()
+
+
 def main(argv: list[str] | None = None) -> int:
     """python -m flashnum.run [key=value ...]: one run composes conf/ once and runs it;
     -m (multirun) and Hydra's own flags (--help, --cfg, --info) go through hydra.main."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if _audit_table(argv):  # an audit table (conf/audit/<name>.yaml): flashnum.audit runs it
+        from flashnum.audit.__main__ import main as audit_main
+
+        return audit_main(argv)
     args = cli.hydra_args(argv)
     if args.help or args.hydra_help or args.info or args.shell_completion or args.cfg:
         _hydra_main()

@@ -1,0 +1,293 @@
+"""The accuracy table of every attention kernel this machine runs (experiment kernel_table).
+
+    python -m flashnum.audit experiment=kernel_table        # -> experiments/kernel_table/
+    python -m flashnum.run experiment=kernel_table          # the same (dispatched here)
+
+conf/audit/kernel_table.yaml names the targets (flashnum.audit.targets), the precisions
+and the budget. For every (target, precision) one row:
+
+  status            ran; or "not installed" (the package and the extra that installs it);
+                    or "unsupported" (every case raised: the message)
+  cases, kept       the audit's cases and how many kept every rule
+  broken_<rule>     how many cases broke each rule (flashnum.audit.rules.RULES)
+  worst_ratio       the largest err_max / fa_bound, with worst_case and worst_err: where
+  ratio_std_median  median over cases of err_max / std_err_max: the kernel's error over
+  ratio_std_max     standard attention's in the same dtype (and the largest)
+  model             the flashnum model of the kernel (MODELS below), model_bitwise and
+                    model_ulp1: the share of output elements equal to the kernel's bit for
+                    bit and within one ulp of the dtype, over the cases it can model (rows
+                    that see no key left out: the masked rule judges those)
+  closest           the candidate (CANDIDATES) with the largest bitwise share, its
+                    closest_bitwise and closest_ulp1
+  time_s            the median wall time of one call (B 1, H 2, N 256, d 64, not causal,
+                    after one warm-up call; three calls), on this machine
+  lse_checked       whether the kernel returned a log-sum-exp the audit checked
+
+Only the forward is audited here; the gradients of the differentiable targets are
+audited by `python -m flashnum.audit target=<name> backward=true` where that is
+available. results.parquet holds the rows; cases.parquet every audited case (the
+audit's table with target and precision); the manifest records every package version.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import statistics
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from flashnum.audit.rules import DTYPES, RULES, visible
+from flashnum.engine.kernel_models import KERNEL_MODELS, attention_kernel_model
+
+# the flashnum model of each target: a policy, or a policy with variant and block_n
+MODELS = {
+    "torch_sdpa": "torch_cpu", "torch_flash_cpu": "torch_cpu", "flashnum_triton": "fa2",
+    "flash_attn": "fa2", "torch_math": "torch_math", "hf_eager": "naive",
+    "jax_xla": "jax_xla", "jax_pallas": "fa2:exp2:128", "ort_attention": "ort_cpu",
+    "ort_mha": "torch_math",
+}
+# the candidates a kernel is compared with; "policy[:variant[:block_n]]"
+CANDIDATES = ("naive", "fa2", "fa2:fa2:128", "fa2:exp2", "fa2:exp2:128", "lowp", "torch_cpu",
+              "jax_xla", "torch_math", "ort_cpu")
+# packages whose versions the manifest records beside flashnum.harness.manifest.versions()
+PACKAGES = ("jax", "jaxlib", "onnx", "onnxruntime", "transformers", "ml_dtypes", "triton",
+            "flash_attn")
+GPU_ONLY = {  # kernels that need a CUDA GPU: the table lists them with the command that adds them
+    "flash_attn": "flash-attn 2 (flash_attn_func)",
+    "cudnn": "cuDNN SDPA (torch SDPBackend.CUDNN_ATTENTION)",
+    "fa3": "FlashAttention-3 (flash_attn_interface, Hopper)",
+    "fa4": "FlashAttention-4 (flash_attn.cute, Blackwell)",
+    "sage": "SageAttention (sageattention.sageattn)",
+}
+GPU_COMMAND = "python bench/audit_gpu.py"
+
+
+def model_kwargs(spec: str) -> dict:
+    """flashnum.attention keyword arguments of a model spec 'policy[:variant[:block_n]]'."""
+    policy, *rest = spec.split(":")
+    kw = dict(policy=policy)
+    if rest:
+        kw["variant"] = rest[0]
+    if len(rest) > 1:
+        kw["block_n"] = int(rest[1])
+    return kw
+
+
+def model_label(spec: str) -> str:
+    """'fa2:exp2:128' -> 'fa2, variant exp2, block_n 128'."""
+    kw = model_kwargs(spec)
+    out = kw["policy"]
+    if kw.get("variant", "fa2") != "fa2":
+        out += f", variant {kw['variant']}"
+    if "block_n" in kw:
+        out += f", block_n {kw['block_n']}"
+    return out
+
+
+def model_out(spec, q, k, v, *, precision, causal, alignment, scale):
+    """The model's output (float64), or None where it cannot take the kernel's mask (a
+    bottom-right flashnum preset and a top-left kernel with Nq != Nk)."""
+    from flashnum.engine import attention
+
+    kw = model_kwargs(spec)
+    if kw["policy"] in KERNEL_MODELS:  # these take either alignment
+        return attention_kernel_model(q, k, v, kw["policy"], precision=precision,
+                                      causal=alignment if causal else False, scale=scale).out
+    if causal and q.shape[-2] != k.shape[-2]:
+        own = "top_left" if kw["policy"] == "torch_cpu" else "bottom_right"
+        if own != alignment:
+            return None
+    return attention(q, k, v, precision=precision, causal=causal, scale=scale, **kw).out
+
+
+def ulp_key(x: torch.Tensor, dtype) -> torch.Tensor:
+    """Integers ordered as the floats of `dtype` are, one apart for neighbours (x is
+    representable in dtype; +0 and -0 both 0)."""
+    bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+    b = x.to(dtype).view(bits[dtype]).long()
+    mag = (1 << 31) - 1 if dtype == torch.float32 else (1 << 15) - 1
+    return torch.where(b < 0, -(b & mag), b)
+
+
+def agreement(o: torch.Tensor, mo: torch.Tensor, dtype) -> tuple[int, int, int]:
+    """(equal bit for bit, within one ulp of dtype, elements) of kernel o and model mo."""
+    both = torch.isfinite(o) & torch.isfinite(mo)
+    eq = (o == mo) | (o.isnan() & mo.isnan())
+    near = eq | (both & ((ulp_key(torch.where(both, o, 0), dtype)
+                          - ulp_key(torch.where(both, mo, 0), dtype)).abs() <= 1))
+    return int(eq.sum()), int(near.sum()), o.numel()
+
+
+def missing(target: str) -> str | None:
+    """The one line naming what a target lacks here, or None when it can run."""
+    from flashnum.audit.targets import EXTRA, LIBRARY_TARGETS
+
+    if target == "flash_attn" and importlib.util.find_spec("flash_attn") is None:
+        return "needs a GPU and flash-attn"
+    for pkg in LIBRARY_TARGETS.get(target, (None, ()))[1]:
+        if importlib.util.find_spec(pkg) is None:
+            return f"not installed: {pkg} (pip install 'flashnum[{EXTRA}]')"
+    return None
+
+
+def package_versions() -> dict:
+    out = {}
+    for pkg in PACKAGES:
+        try:
+            out[pkg] = version(pkg.replace("_", "-"))
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _time_call(fn, precision) -> float:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 256, 64, generator=g).to(DTYPES[precision]) for _ in range(3))
+    fn(q, k, v, causal=False, scale=None)
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn(q, k, v, causal=False, scale=None)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _agreements(fn, case_list, precision, alignment, specs) -> dict[str, tuple[int, int, int]]:
+    """spec -> (bitwise, within 1 ulp, elements) summed over the cases each can model."""
+    dtype = DTYPES[precision]
+    tot = {s: [0, 0, 0] for s in specs}
+    for c in case_list:
+        inp = c.inputs()
+        q, k, v = (x.to(dtype) for x in (inp.q, inp.k, inp.v))
+        try:
+            got = fn(q, k, v, causal=c.causal, scale=inp.scale)
+        except Exception:
+            continue  # the audit's crash rule reports it
+        o = (got[0] if isinstance(got, (tuple, list)) else got).detach().double()
+        # rows that see no key are the masked rule's business, not a rounding: left out
+        seen = visible(q.shape[-2], k.shape[-2], alignment).any(-1) if c.causal else None
+        for s in specs:
+            try:
+                mo = model_out(s, q, k, v, precision=precision, causal=c.causal,
+                               alignment=alignment, scale=inp.scale)
+            except ValueError:
+                mo = None
+            if mo is None:
+                continue
+            if seen is not None:
+                o_s, mo = o[..., seen, :], mo[..., seen, :]
+            for i, n in enumerate(agreement(o if seen is None else o_s, mo, dtype)):
+                tot[s][i] += n
+    return {s: tuple(t) for s, t in tot.items()}
+
+
+def _share(t) -> float:
+    return t[0] / t[2] if t[2] else math.nan
+
+
+def table_row(target: str, precision: str, budget: str) -> tuple[dict, pd.DataFrame | None]:
+    """One row of the table (see the module docstring) and the audit's case table."""
+    from flashnum.audit import audit
+    from flashnum.audit.cases import cases
+    from flashnum.audit.targets import resolve
+
+    row = dict(case_id=f"{target}/{precision}", target=target, precision=precision,
+               budget=budget)
+    why = missing(target)
+    if why is not None:
+        return dict(row, status=why), None
+    fn, alignment, _ = resolve(target)
+    case_list = cases(budget)
+    t0 = time.perf_counter()
+    rep = audit(fn, precision=precision, alignment=alignment, budget=budget, model=None,
+                case_list=case_list)
+    t = rep.table
+    row.update(alignment=alignment, audit_s=time.perf_counter() - t0)
+    crashed = t["failed"].str.contains("crash")
+    if crashed.all():
+        msg = str(t["message"].dropna().iloc[0]) if "message" in t else "every case raised"
+        return dict(row, status=f"unsupported: {msg[:160]}", cases=len(t), kept=0), t
+    row.update(status="ran", cases=len(t), kept=int(t["passed"].sum()))
+    for rule in RULES:
+        row[f"broken_{rule}"] = int(sum(rule in str(f).split(",") for f in t["failed"]))
+    ratio = t["err_max"] / t["fa_bound"]
+    i = ratio.idxmax()
+    row.update(worst_ratio=float(ratio.max()), worst_case=t.loc[i, "id"],
+               worst_err=float(t.loc[i, "err_max"]))
+    r_std = (t["err_max"] / t["std_err_max"]).replace([math.inf, -math.inf], math.nan).dropna()
+    row.update(ratio_std_median=float(r_std.median()) if len(r_std) else math.nan,
+               ratio_std_max=float(r_std.max()) if len(r_std) else math.nan,
+               lse_checked=bool("lse_err_max" in t and t["lse_err_max"].notna().any()))
+    model = MODELS.get(target)
+    specs = tuple(dict.fromkeys(((model,) if model else ()) + CANDIDATES))
+    agree = _agreements(fn, case_list, precision, alignment, specs)
+    if model:
+        m = agree[model]
+        row.update(model=model_label(model), model_bitwise=_share(m),
+                   model_ulp1=m[1] / m[2] if m[2] else math.nan, model_elements=m[2])
+    best = max((s for s in specs if agree[s][2]), key=lambda s: _share(agree[s]))
+    b = agree[best]
+    row.update(closest=model_label(best), closest_bitwise=_share(b), closest_ulp1=b[1] / b[2])
+    row["time_s"] = _time_call(fn, precision)
+    return row, t
+
+
+def run(cfg) -> int:
+    """The experiment: every (target, precision) of conf/audit/<experiment>.yaml, stored."""
+    from omegaconf import OmegaConf
+
+    from flashnum.harness import manifest, store
+    from flashnum.harness.paths import CONF
+
+    spec = OmegaConf.to_container(OmegaConf.load(CONF / "audit" / f"{cfg.experiment}.yaml"))
+    if not torch.cuda.is_available():  # flashnum_triton's CPU interpreter must be chosen
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any import of triton.language
+    started, t0 = manifest.now(), time.perf_counter()
+    rows, tables = [], []
+    for target in spec["targets"]:
+        for precision in spec["precisions"]:
+            print(f"{cfg.experiment}: {target} {precision}", flush=True)
+            row, t = table_row(target, precision, spec["budget"])
+            rows.append(row)
+            if t is not None:
+                tables.append(t.assign(target=target))
+            print("  " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                   for k, v in row.items() if k != "case_id"), flush=True)
+    df = pd.DataFrame(rows)
+    rec = manifest.record("flashnum.audit", [f"experiment={cfg.experiment}"], config=spec,
+                          shard=0, num_shards=1, n_workers=1, start_time=started,
+                          end_time=manifest.now(), wall_s=time.perf_counter() - t0,
+                          counts=dict(grid=len(df), run=int((df.status == "ran").sum()),
+                                      failed=0),
+                          kernel_versions=package_versions())
+    folder = store.replace(cfg.experiment, df, rec, root=cfg.store.root)
+    if tables:
+        pd.concat(tables, ignore_index=True).astype({"params": str}).to_parquet(
+            Path(folder) / "cases.parquet")
+    ran = df[df.status == "ran"]
+    return 0 if len(ran) and bool((ran.kept == ran.cases).all()) else 1
+
+
+def check(cfg) -> None:
+    """Bad experiment files raise one ValueError (the CLI's exit 2)."""
+    from omegaconf import OmegaConf
+
+    from flashnum.audit.cases import BUDGETS
+    from flashnum.audit.targets import NAMES
+    from flashnum.harness.paths import CONF
+
+    spec = OmegaConf.to_container(OmegaConf.load(CONF / "audit" / f"{cfg.experiment}.yaml"))
+    for t in spec["targets"]:
+        if t not in NAMES:
+            raise ValueError(f"unknown target {t!r} in {cfg.experiment}; valid: {', '.join(NAMES)}")
+    for p in spec["precisions"]:
+        if p not in DTYPES:
+            raise ValueError(f"unknown precision {p!r}; valid: {', '.join(DTYPES)}")
+    if spec["budget"] not in BUDGETS:
+        raise ValueError(f"unknown budget {spec['budget']!r}; valid: {', '.join(BUDGETS)}")

@@ -1,0 +1,74 @@
+"""torch's math SDPA and the Hugging Face eager-attention pattern as audit targets.
+
+    from flashnum.audit.targets_torch import torch_math, hf_eager
+    out = torch_math(q, k, v, causal=True)           # (B, H, N, d) in and out
+
+  torch_math  torch.nn.functional.scaled_dot_product_attention under
+              torch.nn.attention.sdpa_kernel(SDPBackend.MATH): ATen's
+              _scaled_dot_product_attention_math (on CPU, bf16 and fp16 inputs are
+              computed in fp32 and the output cast back; Q and K are each multiplied by
+              sqrt(scale) before Q K^T). is_causal is top-left.
+  hf_eager    transformers' eager_attention_forward (models/llama/modeling_llama.py):
+              S = (Q K^T) * scaling in the dtype, plus an additive mask, softmax with
+              dtype=float32 cast back to the dtype, then P V in the dtype. The installed
+              function is called where transformers is present (with the two module
+              attributes it reads: num_key_value_groups = 1, training = False), else
+              the same lines in plain torch. The causal mask is additive,
+              torch.finfo(dtype).min where masked (transformers' masking_utils), and
+              bottom-right aligned: with a KV cache the queries are the last positions.
+
+Both are differentiable through torch autograd.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from types import SimpleNamespace
+
+import torch
+
+
+def torch_math(q, k, v, causal=False, scale=None):
+    """SDPA restricted to the math backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                scale=scale)
+
+
+def _eager_plain(module, query, key, value, attention_mask, scaling, dropout=0.0):
+    """transformers' eager_attention_forward without the KV-group repeat (groups = 1)."""
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = torch.nn.functional.softmax(attn_weights, dim=-1,
+                                               dtype=torch.float32).to(query.dtype)
+    attn_weights = torch.nn.functional.dropout(attn_weights, p=dropout,
+                                               training=module.training)
+    attn_output = torch.matmul(attn_weights, value)
+    return attn_output.transpose(1, 2).contiguous(), attn_weights
+
+
+def _eager():
+    if importlib.util.find_spec("transformers") is None:
+        return _eager_plain
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    return eager_attention_forward
+
+
+def hf_eager(q, k, v, causal=False, scale=None):
+    """The eager attention of transformers, (B, H, N, d) in and out."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    scaling = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    mask = None
+    if causal:
+        i = torch.arange(nq)[:, None]
+        j = torch.arange(nk)[None, :]
+        mask = torch.zeros(nq, nk, dtype=q.dtype).masked_fill(
+            j > i + (nk - nq), torch.finfo(q.dtype).min)[None, None]
+    module = SimpleNamespace(num_key_value_groups=1, training=False)
+    out, _ = _eager()(module, q, k, v, mask, scaling)
+    return out.transpose(1, 2)
