@@ -2,6 +2,7 @@
 
     python -m flashnum.search precision=bf16 seq_len=1024 budget=100
     python -m flashnum.search policy=lowp max_evals=200 screen=false store.root=/tmp/x
+    python -m flashnum.search start=acts.safetensors start_call=1 max_evals=50
 
 Runs flashnum.inputs.search.worst_case, saves the worst inputs under
 <store.root>/worst_case/inputs/ (flashnum.inputs.io: tensors + JSON, loaded without
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from flashnum.harness.cli import main_of
 from flashnum.harness.config import StoreConf
+from flashnum.inputs.capture import load_call
 from flashnum.inputs.search import METRICS, worst_case
 from flashnum.numerics.policy import POLICIES
 
@@ -41,6 +43,8 @@ class Args:
     screen: bool = True  # screen the catalogue distributions first
     quiet: bool = False
     out: str = ""  # where the inputs go (default: <store.root>/worst_case/inputs)
+    start: str = ""  # a flashnum.capture file: refine its call start_call (docs/capture.md)
+    start_call: int = 0
     store: StoreConf = field(default_factory=StoreConf)
 
 
@@ -49,13 +53,18 @@ def _check(a) -> None:
         raise ValueError(f"unknown metric {a.metric!r}; valid: {', '.join(METRICS)}")
     if a.policy not in POLICIES:
         raise ValueError(f"unknown policy {a.policy!r}; valid: {', '.join(POLICIES)}")
+    if a.start:
+        if not Path(a.start).is_file():
+            raise ValueError(f"start={a.start!r} is not a file (a flashnum.capture file)")
+        load_call(a.start, a.start_call)  # one line naming the calls it holds, if not there
 
 
 def _run(a) -> int:
     out = a.out or str(Path(a.store.root) / "worst_case" / "inputs")
     res = worst_case(a.policy, a.precision, a.seq_len, a.head_dim, a.block_n, a.block_m,
                      a.order, a.metric, a.budget, a.seed, variant=a.variant,
-                     max_evals=a.max_evals, screen=a.screen, save=out, verbose=not a.quiet)
+                     max_evals=a.max_evals, screen=a.screen, save=out, verbose=not a.quiet,
+                     start={"path": a.start, "call": a.start_call} if a.start else None)
     print(json.dumps(res.summary(), default=str))
     return 0
 

@@ -211,3 +211,16 @@ def test_the_gradient_audit_sends_each_call_its_own_do(calls):
     assert len(rep.table) == 3 and len(seen) == 3
     for g, call in zip(seen, cap.calls, strict=True):
         assert torch.equal(g, call.do.float())
+
+
+def test_the_search_command_starts_from_a_captured_call(calls, tmp_path, capsys):
+    from flashnum import search
+
+    path = str(calls[0])
+    assert search.main([f"start={path}", "start_call=1", "max_evals=3", "budget=0",
+                        "quiet=true", f"store.root={tmp_path}"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["config"]["start"] == {"path": path, "call": 1} and out["family"] == "captured"
+    with pytest.raises(SystemExit) as e:
+        search.main([f"start={path}", "start_call=7", f"store.root={tmp_path}"])
+    assert e.value.code == 2 and "holds no call 7; valid: 0-2" in capsys.readouterr().err
