@@ -21,7 +21,7 @@ where a key is not seen, L74-78) give the same values as the masked loop: a posi
 keeps the row max, and exp2 of -1.0e6 - m is 0 as exp2(-inf) is. The epilogue stores
 M = m + log2(l) in fp32, log2 units (L243): what the backward reads.
 
-Backward (`_attn_backward.backward`, L590-630; `_attn_bwd` L368-514):
+Backward (`_attention.backward`, L589-630; `_attn_bwd` L368-514):
   host      arg_k = k * (sm_scale * RCP_LN2), an fp16 tensor (L602-604): torch multiplies
             in fp32 and rounds to fp16, so K carries sm_scale log2(e) and its rounding
   delta     D = rowsum(o * do): fp16 o times fp32 do, summed in fp32 (L250-264)
