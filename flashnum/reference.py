@@ -221,7 +221,12 @@ def _load(key: str) -> Reference | None:
     path = os.path.join(d, key + ".pt")
     if not os.path.exists(path):
         return None
-    return Reference(**torch.load(path, weights_only=True))
+    try:
+        return Reference(**torch.load(path, weights_only=True))
+    except Exception as e:  # truncated, garbage, another format: compute it again
+        warnings.warn(f"reference cache entry {path} is unreadable "
+                      f"({type(e).__name__}); recomputing it", stacklevel=3)
+        return None
 
 
 def _store(key: str, ref: Reference) -> None:

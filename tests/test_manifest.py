@@ -58,21 +58,34 @@ def test_runs_that_write_rows_append_records_and_a_run_that_writes_none_changes_
     assert path.read_bytes() == before
 
 
-def test_a_run_whose_every_case_fails_restores_the_manifest_or_leaves_none(tmp_path):
+def test_a_run_whose_every_case_fails_takes_its_own_record_out_and_nothing_else(tmp_path):
     path = tmp_path / "manifest.json"
     rec = manifest.record("flashnum.run", ["experiment=x"], counts={})
-    prior = manifest.begin(path, "x", rec)
-    assert prior is None and manifest.runs(path)[0]["end_time"] is None  # visible while it runs
-    manifest.finish(path, "x", rec, prior, wrote_rows=False)
+    manifest.begin(path, "x", rec)
+    assert manifest.runs(path)[0]["end_time"] is None  # visible while it runs
+    manifest.finish(path, "x", rec, wrote_rows=False)
     assert not path.exists()
 
     manifest.append(path, "x", manifest.record("flashnum.run", ["experiment=x"]))
     before = path.read_bytes()
     rec = manifest.record("flashnum.run", ["experiment=x"])
-    prior = manifest.begin(path, "x", rec)
+    manifest.begin(path, "x", rec)
     assert len(manifest.runs(path)) == 2
-    manifest.finish(path, "x", rec, prior, wrote_rows=False)
+    manifest.finish(path, "x", rec, wrote_rows=False)
     assert path.read_bytes() == before
+
+
+def test_a_failed_run_overlapping_a_successful_one_keeps_the_other_record(tmp_path):
+    # the failing run starts first; the other begins and finishes while it runs
+    path = tmp_path / "manifest.json"
+    failing = manifest.record("flashnum.run", ["experiment=x", "seed=9"])
+    manifest.begin(path, "x", failing)
+    other = manifest.record("flashnum.run", ["experiment=x"], counts=dict(run=3))
+    manifest.begin(path, "x", other)
+    manifest.finish(path, "x", other, wrote_rows=True)
+    manifest.finish(path, "x", failing, wrote_rows=False)
+    assert [r["run_id"] for r in manifest.runs(path)] == [other["run_id"]]
+    assert manifest.runs(path)[0]["end_time"] is not None
 
 
 def test_git_state_hashes_the_code_that_differs_from_the_commit_and_nothing_else(tmp_path):

@@ -48,6 +48,7 @@ import hashlib
 import itertools
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -55,7 +56,7 @@ import torch
 
 from flashnum.analysis.bounds_backward import bound_backward
 from flashnum.engine.backward import attention_backward
-from flashnum.harness import manifest, store
+from flashnum.harness import manifest, owners, store
 from flashnum.harness.config import StoreConf
 from flashnum.harness.paths import CONF as CONF_ROOT
 from flashnum.harness.scheduler import execute, n_workers
@@ -471,10 +472,11 @@ def _run(cfg) -> int:
         return 0
     torch.set_num_threads(1)  # small cases: one thread is fastest on a shared machine
     cases = expand(conf)
+    grid = [c["case_id"] for c in cases]
     exp_dir = store.experiment_dir(conf["experiment"], root)
-    exp_dir.mkdir(parents=True, exist_ok=True)
-    store.write_grid(exp_dir, [c["case_id"] for c in cases])
-    done = store.done_ids(exp_dir)
+    for line in store.tidy(exp_dir):  # what a killed run left: its files, its record
+        print(line, flush=True)
+    done = store.done_ids(exp_dir) if store._files(exp_dir) else set()
     where = _where(cfg.where)
     cases = [c for c in cases if all(str(c[a]) == v for a, v in where.items())] if where \
         else cases
@@ -486,21 +488,38 @@ def _run(cfg) -> int:
     print(f"{conf['experiment']}: {len(cases)} cases, {len(todo)} to run", flush=True)
     if not todo:  # a run that writes no rows leaves the manifest as it was
         return 0
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    store.write_grid(exp_dir, grid)
     mpath = exp_dir / store.MANIFEST
     overrides = [f"experiment={cfg.experiment}"] + ([f"limit={cfg.limit}"] if cfg.limit else []) \
         + ([f"where={cfg.where}"] if cfg.where else [])
     rec = manifest.record("flashnum.harness.backward", overrides, config=dict(conf),
                           counts=dict(grid=len(cases), done_before=len(done), run=0))
-    prior = manifest.begin(mpath, conf["experiment"], rec)
+    heartbeat = owners.register(exp_dir, rec["run_id"])
     t0 = time.perf_counter()
     try:
+        manifest.begin(mpath, conf["experiment"], rec)
         tasks = [(_run_task, t) for t in _tasks(todo)]
-        execute(tasks, (str(exp_dir), cfg.batch), n_workers(cfg), progress=True)
+        out = execute(tasks, (str(exp_dir), cfg.batch, rec["run_id"]), n_workers(cfg),
+                      progress=True)
+        rec.update(wall_s=time.perf_counter() - t0, counts={**rec["counts"], "run": out["rows"]})
+        manifest.finish(mpath, conf["experiment"], rec, wrote_rows=out["rows"] > 0)
+    except BaseException:  # stopped: its record says what it stored
+        try:
+            store.reconcile(exp_dir, run_ids={rec["run_id"]},
+                            why="stopped before the end (interrupted, or an error)")
+        except Exception:
+            pass  # the next run reconciles it
+        raise
     finally:
-        written = len(store.done_ids(exp_dir) - done)  # the rows on disk, however it ended
-        rec.update(wall_s=time.perf_counter() - t0, counts={**rec["counts"], "run": written})
-        manifest.finish(mpath, conf["experiment"], rec, prior, wrote_rows=written > 0)
-    store.compact(exp_dir)
+        owners.unregister(exp_dir, rec["run_id"], heartbeat)
+    if out["skipped"]:
+        print(f"{len(out['skipped'])} cases were in flight in another run and left to it",
+              flush=True)
+    try:
+        store.compact(exp_dir)
+    except store.StoreFull as e:
+        print(f"flashnum.harness.backward: warning: {e}", file=sys.stderr, flush=True)
     return 0
 
 
@@ -512,15 +531,25 @@ def _tasks(todo: list[dict]) -> list[list[dict]]:
     return list(groups.values())
 
 
-def _run_task(cases: list[dict], exp_dir: str, batch: int) -> dict:
-    """Run one task's cases in turn, storing a part every `batch` rows and at its end."""
+def _run_task(cases: list[dict], exp_dir: str, batch: int, run_id: str | None = None) -> dict:
+    """Run one task's cases in turn, storing a part every `batch` rows and at its end.
+    Only the cases it claims (flashnum.harness.owners): another run may have the rest."""
+    mine = set(owners.claim(exp_dir, [c["case_id"] for c in cases], run_id)) if run_id \
+        else {c["case_id"] for c in cases}
+    busy = [c["case_id"] for c in cases if c["case_id"] not in mine]
+    done = store.done_ids(exp_dir) if run_id and mine else set()
+    todo = [c for c in cases if c["case_id"] in mine - done]
     rows, n = [], 0
-    for i, case in enumerate(cases, 1):
-        rows.append(run_case(case))
-        if len(rows) >= batch or i == len(cases):
-            store.write_part(exp_dir, rows)
-            n, rows = n + len(rows), []
-    return {"n": n, "failures": []}
+    try:
+        for i, case in enumerate(todo, 1):
+            rows.append(run_case(case))
+            if len(rows) >= batch or i == len(todo):
+                store.write_part(exp_dir, rows, run_id)
+                owners.release(exp_dir, [r["case_id"] for r in rows] if run_id else [])
+                n, rows = n + len(rows), []
+    finally:
+        owners.release(exp_dir, mine if run_id else [])
+    return {"n": len(cases), "rows": n, "failures": [], "skipped": busy}
 
 
 def main(argv=None) -> int:

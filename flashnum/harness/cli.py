@@ -20,10 +20,17 @@ A command other than run declares its options as a dataclass and calls main_of:
 `python -m flashnum.reproduce fa3_table3 quick=true` then calls _run(cfg) with the
 composed config (a bare first word is the `positional` key); `--help` lists the keys
 with their defaults. `run` itself composes conf/ (flashnum.harness.run.main).
+
+Stopping: SIGTERM (`kill`, a batch system's time limit) is handled as Ctrl-C is: the
+command stops its workers, says how to resume and exits with 143 (Ctrl-C: 130), the
+finished work stored. A store that cannot be read or written (flashnum.harness.files.
+StoreError: a corrupt file, a read-only folder, a full disk) is one line on stderr.
 """
 
 from __future__ import annotations
 
+import errno
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass
@@ -36,6 +43,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from flashnum.harness.config import Config
+from flashnum.harness.files import StoreError
 from flashnum.harness.paths import CONF
 from flashnum.inputs.distributions import DISTRIBUTIONS
 
@@ -44,6 +52,37 @@ OPEN_MAPPINGS = ("sites", "params", "search")  # config keys whose entries are f
 
 class ConfigError(ValueError):
     """A bad command line or config; its text is the one line the user sees."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, so that it stops as Ctrl-C stops it."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
+def handle_sigterm() -> None:
+    """Make SIGTERM raise Terminated in the main thread (a command's, never a worker's)."""
+    signal.signal(signal.SIGTERM, _terminate)
+
+
+def stopped(prog: str, e: KeyboardInterrupt, what: str):
+    """The one line of a command stopped by Ctrl-C (exit 130) or SIGTERM (exit 143)."""
+    how = "terminated" if isinstance(e, Terminated) else "interrupted"
+    fail(prog, f"{how}: {what}", 143 if isinstance(e, Terminated) else 130)
+
+
+WRITE_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+
+
+def store_failed(prog: str, e: Exception):
+    """The one line of a store that cannot be read or written; exit status 2."""
+    if isinstance(e, StoreError):
+        fail(prog, str(e))
+    where = f" {e.filename}" if getattr(e, "filename", None) else ""
+    fail(prog, f"cannot write{where}: {e.strerror or e} (a read-only or full store: "
+         f"give a writable one with store.root=DIR)")
 
 
 def fail(prog: str, msg: str, code: int = 2):
@@ -182,7 +221,14 @@ def main_of(prog: str, schema, run: Callable, argv: list[str] | None = None, *,
             check(cfg)
         except ValueError as e:
             fail(prog, str(e))
+    handle_sigterm()
     try:
         return int(run(cfg) or 0)
-    except KeyboardInterrupt:
-        fail(prog, "interrupted: what finished is stored; run the same command to go on", 130)
+    except KeyboardInterrupt as e:
+        stopped(prog, e, "what finished is stored; run the same command to go on")
+    except StoreError as e:
+        store_failed(prog, e)
+    except OSError as e:
+        if e.errno not in WRITE_ERRORS:
+            raise
+        store_failed(prog, e)

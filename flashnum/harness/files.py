@@ -5,22 +5,33 @@
 
 The content goes to a temporary name in the same folder, is flushed to disk, then
 renamed over `path` (os.replace is atomic on POSIX). A killed writer leaves at most a
-stray `.tmp-*` file, which nothing reads. The store and the manifests write through here.
+stray `.tmp-*` file, which nothing reads; its name says which process wrote it
+(flashnum.harness.owners.tag), so the store removes it once that process is dead and never
+one still being written. The store and the manifests write through here.
+
+StoreError is the one exception of a store that cannot be read or written: its text is
+the one line a command prints (the file, what is wrong, the command that repairs it).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import uuid
 from pathlib import Path
 
+from flashnum.harness import faults, owners
 
-def atomic_write(path: Path, write) -> None:
-    """write(tmp_path), fsync, then rename over `path`."""
+
+class StoreError(Exception):
+    """A store file that cannot be read or written; str() is one line for the user."""
+
+
+def atomic_write(path: Path, write, point: str | None = None) -> None:
+    """write(tmp_path), fsync, then rename over `path`. point: its name for
+    flashnum.harness.faults (the tests stop a process there)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".tmp-{uuid.uuid4().hex}-{path.name}"
+    tmp = path.parent / f".tmp-{owners.tag()}-{path.name}"
     try:
         write(tmp)
         fd = os.open(tmp, os.O_RDONLY)
@@ -28,13 +39,15 @@ def atomic_write(path: Path, write) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+        if point:
+            faults.reached(point)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
 
 
-def write_json(path: Path, obj: dict) -> None:
+def write_json(path: Path, obj: dict, point: str | None = None) -> None:
     """obj as indented JSON (keys in their order; str() for what JSON lacks), atomically."""
     text = json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
-    atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text))
+    atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text), point)

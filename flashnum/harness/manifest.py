@@ -2,16 +2,22 @@
 
     from flashnum.harness import manifest
     rec = manifest.record("flashnum.run", ["experiment=bf16_sweep"], config=cfg_dict)
-    prior = manifest.begin(path, "bf16_sweep", rec)   # a run about to write rows
+    manifest.begin(path, "bf16_sweep", rec)            # a run about to write rows
     ...                                                # the rows are written
-    manifest.finish(path, rec, prior, wrote_rows=n > 0)
+    manifest.finish(path, "bf16_sweep", rec, wrote_rows=n > 0)
     manifest.runs(path)[-1]["git"]                      # the latest run's code
 
 experiments/<name>/manifest.json is {"experiment": name, "runs": [record, ...]}, oldest
-first, one record per run that wrote rows. A run that writes none (every case already
-stored, or every case failed) leaves the file byte for byte as it was, so a rerun on
-another machine never claims rows it did not compute. A record is appended when the run
-starts (end_time null: a run killed there says so) and completed when it ends.
+first, one record per run that wrote rows. A record is appended when the run starts
+(end_time null while it runs) and completed when it ends. A run that writes no row (every
+case already stored, or every case failed) takes its own record out again, so a rerun on
+another machine never claims rows it did not compute; the file is then byte for byte as
+it was unless another run changed it meanwhile. Every change is a read-modify-write under
+the store's lock (flashnum.harness.owners.locked) that touches one record only: no run
+removes or overwrites another's. A run killed before completing its record is reconciled
+by the next one (flashnum.harness.store.reconcile): counts.run becomes the rows its parts
+hold, and "reconciled" says when and why. An unreadable manifest raises StoreError naming
+the file and `python -m flashnum.store repair`.
 
 A record says how to rerun it and what ran:
 
@@ -38,7 +44,8 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
-from flashnum.harness.files import atomic_write, write_json
+from flashnum.harness import owners
+from flashnum.harness.files import StoreError, write_json
 from flashnum.harness.paths import CONF
 
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -48,6 +55,11 @@ CODE_PATHS = ("flashnum", "conf", "pyproject.toml")  # what a stored row's numbe
 
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def iso(t: float) -> str:
+    """A POSIX time (a file's mtime) as now() writes times."""
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
 
 
 def _git(*args: str, repo: Path) -> bytes | None:
@@ -164,41 +176,73 @@ def _legacy(old: dict) -> dict:
 
 
 def load(path) -> dict:
-    """The manifest at `path` as {experiment, runs}; {} when there is none."""
+    """The manifest at `path` as {experiment, runs}; {} when there is none.
+    StoreError (one line naming the file and the repair) when it cannot be read."""
     path = Path(path)
-    if not path.exists():
+    try:
+        man = json.loads(path.read_text())
+    except FileNotFoundError:
         return {}
-    man = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise StoreError(unreadable(path, e)) from None
+    if not isinstance(man, dict) or not isinstance(man.get("runs", man.get("history", [])),
+                                                   list):
+        raise StoreError(unreadable(path, "not a manifest"))
     return _legacy(man) if "runs" not in man else man
+
+
+def unreadable(path: Path, why) -> str:
+    """The one line for an unreadable store file: which, why, and the command that repairs."""
+    path = Path(path)
+    exp_dir = path.parent.parent if path.parent.name == "parts" else path.parent
+    why = why if isinstance(why, str) else f"{type(why).__name__}: {why}".splitlines()[0]
+    return (f"{path} is unreadable ({why}); repair the store with: python -m flashnum.store "
+            f"repair {exp_dir.name} store.root={exp_dir.parent}")
 
 
 def runs(path) -> list[dict]:
     return load(path).get("runs", [])
 
 
+def update(path, experiment: str, change) -> None:
+    """change(runs) -> runs, read-modify-write under the store's lock; a manifest left with
+    no run and nothing else is removed."""
+    path = Path(path)
+    with owners.locked(path.parent):
+        man = load(path) or dict(experiment=experiment, runs=[])
+        new = change(list(man["runs"]))
+        if new == man["runs"] and path.exists():
+            return
+        man["runs"] = new
+        if not new and set(man) <= {"experiment", "runs"}:
+            path.unlink(missing_ok=True)
+        else:
+            write_json(path, man, point="manifest")
+
+
 def append(path, experiment: str, rec: dict) -> None:
-    """Add rec as the newest run, or replace the run with the same run_id."""
-    path = Path(path)
-    man = load(path) or dict(experiment=experiment, runs=[])
-    man["runs"] = [r for r in man["runs"] if r.get("run_id") != rec.get("run_id")] + [rec]
-    write_json(path, man)
+    """Add rec as the newest run, or replace the run with the same run_id in its place."""
+    def change(rs):
+        ids = [r.get("run_id") for r in rs]
+        if rec.get("run_id") in ids:
+            rs[ids.index(rec["run_id"])] = rec
+            return rs
+        return rs + [rec]
+
+    update(path, experiment, change)
 
 
-def begin(path, experiment: str, rec: dict) -> bytes | None:
-    """Append rec (end_time None) before any row is written; returns the file's earlier bytes."""
-    path = Path(path)
-    prior = path.read_bytes() if path.exists() else None
+def begin(path, experiment: str, rec: dict) -> None:
+    """Append rec (end_time None) before any row is written; it names its process
+    (rec["owner"], flashnum.harness.owners.me) so that the next run can tell it died."""
+    rec.setdefault("owner", owners.me(rec["run_id"]))
     append(path, experiment, rec)
-    return prior
 
 
-def finish(path, experiment: str, rec: dict, prior: bytes | None, wrote_rows: bool) -> None:
-    """Complete rec (end_time now) if the run wrote rows; else restore the earlier bytes."""
-    path = Path(path)
+def finish(path, experiment: str, rec: dict, wrote_rows: bool) -> None:
+    """Complete rec (end_time now) if the run wrote rows; else take rec out again."""
     if wrote_rows:
         rec["end_time"] = rec.get("end_time") or now()
         append(path, experiment, rec)
-    elif prior is None:
-        path.unlink(missing_ok=True)
     else:
-        atomic_write(path, lambda tmp: Path(tmp).write_bytes(prior))
+        update(path, experiment, lambda rs: [r for r in rs if r.get("run_id") != rec["run_id"]])

@@ -52,7 +52,7 @@ from omegaconf import OmegaConf
 from flashnum.analysis import bounds, metrics
 from flashnum.analysis.invariants import invariants
 from flashnum.engine import attention
-from flashnum.harness import cli, compare, manifest, scheduler, store, summary
+from flashnum.harness import cli, compare, manifest, owners, scheduler, store, summary
 from flashnum.harness.cli import ConfigError
 from flashnum.harness.config import check, register
 from flashnum.harness.grid import CASE_FIELDS, CONF, Case, columns, expand, select
@@ -191,18 +191,40 @@ def _ref_of(opts: dict):
     return ref_of
 
 
+def claimed(cases: list, exp_dir: str, opts: dict, key=lambda c: c.case_id):
+    """(the cases this process now owns, the case_ids another live run has in flight).
+
+    Claims first, then the stored rows read again: a case another run finished since this
+    run started is not computed twice (its claim is released only after its part is
+    renamed into place); recompute=true computes them again all the same. Without a
+    run_id (a run without a manifest) no claims.
+    """
+    if not opts.get("run_id"):
+        return cases, []
+    mine = set(owners.claim(exp_dir, [key(c) for c in cases], opts["run_id"]))
+    busy = [key(c) for c in cases if key(c) not in mine]
+    done = store.done_ids(exp_dir) if mine and not opts.get("recompute") else set()
+    owners.release(exp_dir, mine & done)
+    return [c for c in cases if key(c) in mine - done], busy
+
+
 def run_group(cases: list[Case], experiment: str, exp_dir: str, opts: dict) -> dict:
     """Run cases that share their inputs; append their rows as one part. In a worker."""
     torch.set_num_threads(1)
     rows, failures, cache = [], [], {}
     t0 = time.perf_counter()
-    for case in cases:
-        try:
-            rows.append(run_case(case, _inputs(case, cache), _ref_of(opts), experiment, opts))
-        except Exception as e:  # one bad case must not sink the sweep: report it
-            failures.append((case.case_id, f"{type(e).__name__}: {e}".splitlines()[0]))
-    store.write_part(exp_dir, rows)
-    return dict(n=len(cases), rows=len(rows), failures=failures,
+    todo, busy = claimed(cases, exp_dir, opts)
+    try:
+        for case in todo:
+            try:
+                rows.append(run_case(case, _inputs(case, cache), _ref_of(opts), experiment,
+                                     opts))
+            except Exception as e:  # one bad case must not sink the sweep: report it
+                failures.append((case.case_id, f"{type(e).__name__}: {e}".splitlines()[0]))
+        store.write_part(exp_dir, rows, opts.get("run_id"))
+    finally:
+        owners.release(exp_dir, [c.case_id for c in todo] if opts.get("run_id") else [])
+    return dict(n=len(cases), rows=len(rows), failures=failures, skipped=busy,
                 seconds=time.perf_counter() - t0)
 
 
@@ -215,7 +237,8 @@ def run_search_group(cases: list[Case], experiment: str, exp_dir: str, opts: dic
     torch.set_num_threads(1)
     rows, failures = [], []
     t0 = time.perf_counter()
-    for case in cases:
+    todo, busy = claimed(cases, exp_dir, opts)
+    for case in todo:
         try:
             search = dict(case.params["search"])
             eng_prec, pol = policy_of(case)
@@ -236,8 +259,11 @@ def run_search_group(cases: list[Case], experiment: str, exp_dir: str, opts: dic
             rows.append(row)
         except Exception as e:
             failures.append((case.case_id, f"{type(e).__name__}: {e}".splitlines()[0]))
-    store.write_part(exp_dir, rows)
-    return dict(n=len(cases), rows=len(rows), failures=failures,
+    try:
+        store.write_part(exp_dir, rows, opts.get("run_id"))
+    finally:
+        owners.release(exp_dir, [c.case_id for c in todo] if opts.get("run_id") else [])
+    return dict(n=len(cases), rows=len(rows), failures=failures, skipped=busy,
                 seconds=time.perf_counter() - t0)
 
 
@@ -290,6 +316,8 @@ def run(cfg, cases: list[Case] | None = None, overrides: list[str] | None = None
     if cfg.max_cases is not None:
         cases = cases[: cfg.max_cases]
     exp_dir = root_dir(cfg) / cfg.experiment
+    for line in store.tidy(exp_dir):  # what a killed run left: its files, its record
+        print(line, flush=True)
     done = set() if cfg.recompute else store.done_ids(exp_dir)
     todo = [c for c in cases if c.case_id not in done]
     n_workers = max(1, min(scheduler.n_workers(cfg), len(todo)))
@@ -304,29 +332,57 @@ def run(cfg, cases: list[Case] | None = None, overrides: list[str] | None = None
     mpath = _manifest_path(exp_dir, cfg)
     exp_dir.mkdir(parents=True, exist_ok=True)
     # a record only for a run that computes: one that finds every case stored (or whose
-    # every case fails) leaves the manifest byte for byte as it was
+    # every case fails) leaves the manifest as it was
     rec = manifest.record("flashnum.run", _overrides(overrides), shard=cfg.shard,
                           num_shards=cfg.num_shards, n_workers=n_workers, start_time=started,
                           counts=counts, config=OmegaConf.to_container(cfg, resolve=True)
                           ) if todo else None
-    prior = manifest.begin(mpath, cfg.experiment, rec) if rec else None
-    store.write_grid(exp_dir, [c.case_id for c in cases_all])
-
-    opts = dict(trace=cfg.checks.trace, naive_ratio=cfg.checks.naive_ratio, bound=cfg.checks.bound,
-                bound_prob=cfg.checks.bound_prob,
-                certified_max_logits=cfg.reference.certified_max_logits, bits=cfg.reference.bits,
-                ok_ratio=cfg.reference.ok_ratio, columns=columns(cases_all))
-    tasks = [(run_search_group if t[0].is_search else run_group, t)
-             for t in scheduler.tasks_of(todo, n_workers)]
-    failures = scheduler.execute(tasks, (cfg.experiment, str(exp_dir), opts), n_workers,
-                                 cfg.progress)
-    counts.update(run=len(todo) - len(failures), failed=len(failures))
-    wall = time.perf_counter() - t_start
-    if cfg.num_shards == 1:
-        store.compact(exp_dir)  # shards leave their parts: one compaction, after all of them
-    if rec:
-        rec.update(wall_s=wall, counts=counts)
-        manifest.finish(mpath, cfg.experiment, rec, prior, wrote_rows=counts["run"] > 0)
+    heartbeat = owners.register(exp_dir, rec["run_id"]) if rec else None
+    failures, skipped = [], []
+    try:
+        if rec:
+            manifest.begin(mpath, cfg.experiment, rec)
+        store.write_grid(exp_dir, [c.case_id for c in cases_all])
+        opts = dict(trace=cfg.checks.trace, naive_ratio=cfg.checks.naive_ratio,
+                    bound=cfg.checks.bound, bound_prob=cfg.checks.bound_prob,
+                    certified_max_logits=cfg.reference.certified_max_logits,
+                    bits=cfg.reference.bits, ok_ratio=cfg.reference.ok_ratio,
+                    columns=columns(cases_all), run_id=rec["run_id"] if rec else None,
+                    recompute=cfg.recompute)
+        tasks = [(run_search_group if t[0].is_search else run_group, t)
+                 for t in scheduler.tasks_of(todo, n_workers)]
+        out = scheduler.execute(tasks, (cfg.experiment, str(exp_dir), opts), n_workers,
+                                cfg.progress)
+        failures, skipped = out["failures"], out["skipped"]
+        counts.update(run=out["rows"], failed=len(failures), in_flight_elsewhere=len(skipped))
+        wall = time.perf_counter() - t_start
+        if rec:  # completed before the compaction: a kill there leaves a true record
+            rec.update(wall_s=wall, counts=counts)
+            manifest.finish(mpath, cfg.experiment, rec, wrote_rows=counts["run"] > 0)
+    except BaseException:
+        if rec:  # stopped (Ctrl-C, SIGTERM, a full disk): its record says what it stored
+            try:
+                store.reconcile(exp_dir, run_ids={rec["run_id"]},
+                                why="stopped before the end (interrupted, or an error)")
+            except Exception:
+                pass  # the next run reconciles it
+        raise
+    finally:
+        if rec:
+            owners.unregister(exp_dir, rec["run_id"], heartbeat)
+    if skipped:
+        print(f"{len(skipped)} cases were in flight in another run and left to it",
+              flush=True)
+    if cfg.num_shards == 1:  # shards leave their parts: one compaction, after all of them
+        try:
+            store.compact(exp_dir)
+        except store.StoreFull as e:
+            print(f"{PROG}: warning: {e}", file=sys.stderr, flush=True)
+        except OSError as e:
+            if e.errno not in cli.WRITE_ERRORS:
+                raise
+            print(f"{PROG}: warning: not compacted ({e.strerror}: {e.filename}); the rows "
+                  f"stay in parts/", file=sys.stderr, flush=True)
     ids = {c.case_id for c in cases}
     df = store.load(exp_dir, all_rows=True) if store._files(exp_dir) else None
     df = df[df["case_id"].isin(ids)].reset_index(drop=True) if df is not None else None
@@ -370,11 +426,17 @@ def _checked(cfg) -> list[Case]:
 
 
 def _go(cfg, cases, overrides) -> dict:
+    cli.handle_sigterm()
     try:
         return run(cfg, cases, overrides)
-    except KeyboardInterrupt:
-        cli.fail(PROG, "interrupted: finished cases are stored; run the same command to resume",
-                 130)
+    except KeyboardInterrupt as e:
+        cli.stopped(PROG, e, "finished cases are stored; run the same command to resume")
+    except store.StoreError as e:
+        cli.store_failed(PROG, e)
+    except OSError as e:
+        if e.errno not in cli.WRITE_ERRORS:
+            raise
+        cli.store_failed(PROG, e)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")

@@ -1,23 +1,32 @@
 """The scheduler: cases into tasks, tasks onto worker processes, Ctrl-C stops them.
 
     groups = tasks_of(cases, n_workers)      # lists of cases; search cases alone, first
-    failures = execute([(fn, group), ...], (experiment, exp_dir, opts), n_workers, progress)
+    out = execute([(fn, group), ...], (experiment, exp_dir, opts), n_workers, progress)
+    out["failures"], out["rows"], out["skipped"]  # summed over the tasks
 
 Cases that share their inputs go into one task (each reference is computed once); big
 groups are split so that every worker has work, and tasks run largest first. Workers
 are spawned processes with one torch thread each, so a result does not depend on how
-many run; each task is `fn(cases, *args)` returning {"n", "rows", "failures", ...}.
-Ctrl-C (KeyboardInterrupt in the parent) terminates the workers at once: a task's rows
-are written whole or not at all, so the store keeps every finished task.
+many run; each task is `fn(cases, *args)` returning {"n", "rows", "failures", ...}
+(and "skipped": cases another run has in flight).
+Ctrl-C or SIGTERM (KeyboardInterrupt in the parent, flashnum.harness.cli.Terminated)
+terminates the workers at once and waits for them: a task's rows are written whole or not
+at all, so the store keeps every finished task. Workers die with their parent: a worker
+asks the kernel for SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG, Linux) and
+watches its parent's pid besides (elsewhere, or a parent that died before the prctl), so
+a runner killed by SIGKILL or the OOM killer leaves no worker computing or writing.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import multiprocessing
 import os
 import signal
 import sys
+import threading
+import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -66,15 +75,45 @@ def n_workers(cfg) -> int:
     return n
 
 
-def _init_worker() -> None:
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL this process when `parent` dies: the kernel's parent-death signal, and a
+    thread that polls the parent's pid every 0.5 s (other systems; a parent gone before)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)  # no clean-up: nothing may be written now
+
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, daemon=True, name="flashnum-parent-watch").start()
+
+
+def _init_worker(parent: int) -> None:
+    _die_with(parent)
     torch.set_num_threads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
 
-def execute(tasks, args: tuple, n_workers: int, progress: bool) -> list:
-    """Run (fn, cases) tasks as fn(cases, *args) on n_workers processes; the failures."""
+def _add(out: dict, r: dict) -> None:
+    out["failures"] += r["failures"]
+    out["rows"] += r.get("rows", r["n"] - len(r["failures"]))
+    out["skipped"] += r.get("skipped", [])
+
+
+def execute(tasks, args: tuple, n_workers: int, progress: bool) -> dict:
+    """Run (fn, cases) tasks as fn(cases, *args) on n_workers processes.
+    Returns {"failures", "rows", "skipped"} summed over the tasks."""
     total = sum(len(t) for _, t in tasks)
-    failures: list = []
+    out: dict = dict(failures=[], rows=0, skipped=[])
     # a terminal gets a live bar; a log file one line every 30 s
     bar = tqdm(total=total, unit="case", disable=not progress or total == 0, file=sys.stderr,
                dynamic_ncols=True, smoothing=0.05,
@@ -84,32 +123,37 @@ def execute(tasks, args: tuple, n_workers: int, progress: bool) -> list:
         try:
             for fn, t in tasks:
                 r = fn(t, *args)
-                failures += r["failures"]
+                _add(out, r)
                 bar.update(r["n"])
         finally:
             torch.set_num_threads(n_threads)
             bar.close()
-        return failures
+        return out
     # spawn, not fork: a forked torch may hang in its thread pool; children inherit the env
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(n_workers, mp_context=ctx, initializer=_init_worker)
+    pool = ProcessPoolExecutor(n_workers, mp_context=ctx, initializer=_init_worker,
+                               initargs=(os.getpid(),))
     finished = False
     try:
         futures = [pool.submit(fn, t, *args) for fn, t in tasks]
         for f in as_completed(futures):
             r = f.result()
-            failures += r["failures"]
+            _add(out, r)
             bar.update(r["n"])
-            if failures:
-                bar.set_postfix(failed=len(failures))
+            if out["failures"]:
+                bar.set_postfix(failed=len(out["failures"]))
         finished = True
     finally:
         if not finished:
-            # interrupted: stop the workers now (a part is written whole or not at all);
-            # otherwise they would finish every queued task before the process can exit
-            for proc in list(getattr(pool, "_processes", {}).values()):
+            # stopped: end the workers now (a part is written whole or not at all) and wait
+            # for them, so that nothing is written after this returns; otherwise they would
+            # finish every queued task before the process can exit
+            procs = list(getattr(pool, "_processes", {}).values())
+            for proc in procs:
                 proc.terminate()
+            for proc in procs:
+                proc.join(timeout=10)
         pool.shutdown(wait=finished, cancel_futures=True)
         bar.close()
-    return failures
+    return out

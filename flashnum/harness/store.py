@@ -4,33 +4,53 @@
     df = flashnum.harness.store.load("bf16_sweep")        # or a path to the folder
     flashnum.harness.store.compact("bf16_sweep")          # merge the parts into results.parquet
     python -m flashnum.store bf16_sweep           # print size and columns; compact=true
+    python -m flashnum.store check bf16_sweep     # read every file; exit status 2 if one fails
+    python -m flashnum.store repair bf16_sweep    # unreadable files to quarantine/, recount
     flashnum.harness.store.replace("repro_x", df, record)  # a table recomputed whole
 
 Layout of experiments/<name>/:
 
     results.parquet       the compacted table, one row per case, sorted by case_id
     parts/part-*.parquet  rows written since the last compaction (one per batch of
-                          finished cases; every worker and every shard writes its own)
+                          finished cases; every worker and every shard writes its own;
+                          part-<time>-<pid>-<run_id>-<random>: the run that wrote it)
     manifest.json         one record per run that wrote rows: the command, the code (git
                           commit, dirty flag and diff hash), versions, machine, times,
                           counts (flashnum.harness.manifest; manifest.shard-i-of-n.json
                           for a shard of a sharded run)
     grid.json             the case_ids of the grid last run (every shard writes the same)
+    .lock, .runs/, claims/  who writes now (flashnum.harness.owners)
+    quarantine/           files `repair` found unreadable, moved aside, never deleted
 
-Why it never corrupts: every file is written whole to a temporary name in the same
-folder, flushed to disk, then renamed over its final name (os.replace is atomic on
-POSIX), so a reader sees either the old file or the new one. A killed run leaves
-at most a stray `.tmp-*` file, which nothing reads. Rows are only ever added; a case
-computed twice (recompute=true, or a compaction killed between its rename and its
-clean-up) keeps its latest row: parts are named by the time they were written and
-read in that order after results.parquet, and `load` keeps the last row per case_id.
+What it guarantees (each measured by tests/test_faults*.py and tests/test_store.py):
+
+- Kill: a run killed at any moment (SIGKILL, SIGTERM, SIGINT, the OOM killer) loses at
+  most the cases in flight. Every file is written whole to a temporary name in the same
+  folder, flushed, then renamed over its final name (os.replace is atomic on POSIX), so a
+  reader sees the old file or the new one. Rows are only ever added; a case computed
+  twice (recompute=true, or a compaction killed between its rename and its clean-up)
+  keeps its latest row: parts are read in the order they were written, after
+  results.parquet, and `load` keeps the last row per case_id. Workers die with their
+  runner (flashnum.harness.scheduler). The next run removes the temporary files, claims
+  and marks of dead processes and reconciles a dead run's manifest record (`reconcile`).
+- Concurrency: any number of runs and shards may write one store at once. Case claims
+  keep a case from being computed twice while it is in flight; manifest changes and
+  compactions hold the store's lock; a compaction merges no part of a run still in
+  flight, and a reader that loses a race against a compaction reads again.
+- Full disk: a write that fails leaves the files as they were. A compaction that finds
+  no space keeps the parts (the table stays whole) and says so in one line; a part that
+  cannot be written stops the run with one line, its finished cases stored.
+- Corruption: an unreadable file raises StoreError, one line naming it and the command
+  that repairs it (exit status 2 from a command); `repair` moves unreadable files to
+  quarantine/ and recounts, deleting nothing readable. Reading needs no write access.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import socket
+import shutil
 import sys
 import time
 import uuid
@@ -41,16 +61,22 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flashnum.harness import cli, manifest
+from flashnum.harness import cli, faults, manifest, owners
 from flashnum.harness.config import StoreConf
-from flashnum.harness.files import atomic_write, write_json
+from flashnum.harness.files import StoreError, atomic_write, write_json
 
 RESULTS = "results.parquet"
 PARTS = "parts"
 MANIFEST = "manifest.json"
 GRID = "grid.json"
-LOCK = ".compact.lock"
+QUARANTINE = "quarantine"
+LOCK = owners.LOCK
 REPO = Path(__file__).resolve().parents[2]
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class StoreFull(StoreError):
+    """No space left on the store's device; what is stored stays whole."""
 
 
 def experiment_dir(name_or_path, root=None) -> Path:
@@ -68,21 +94,36 @@ def experiment_dir(name_or_path, root=None) -> Path:
     return here if here.is_dir() else REPO / "experiments" / p
 
 
-def _write_table(df: pd.DataFrame, path: Path) -> None:
+def _write_table(df: pd.DataFrame, path: Path, point: str | None = None) -> None:
     table = pa.Table.from_pandas(df, preserve_index=False)
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp), point)
 
 
-def write_part(exp_dir, rows: list[dict]) -> Path | None:
-    """Append rows as one new part file (atomic). Returns its path (None for no rows)."""
+def write_part(exp_dir, rows: list[dict], run_id: str | None = None) -> Path | None:
+    """Append rows as one new part file (atomic). Returns its path (None for no rows).
+    StoreFull (one line) when the device is full: the part is not written."""
     if not rows:
         return None
     parts = Path(exp_dir) / PARTS
-    # the name orders parts by the time they were written: later rows win on load
-    name = f"part-{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
+    # the name orders parts by the time they were written (later rows win on load) and
+    # names the run that wrote them (reconcile counts a dead run's rows by it)
+    name = (f"part-{time.time_ns():020d}-{os.getpid()}-{run_id or 'x'}-"
+            f"{uuid.uuid4().hex[:8]}.parquet")
     path = parts / name
-    _write_table(pd.DataFrame(rows), path)
+    try:
+        _write_table(pd.DataFrame(rows), path, "part")
+    except OSError as e:
+        if e.errno in FULL:
+            raise StoreFull(f"no space left on the device of {exp_dir} for a part of "
+                            f"{len(rows)} rows: the finished cases are stored; free space "
+                            f"and run the same command to resume") from None
+        raise
     return path
+
+
+def _run_of(part: Path) -> str | None:
+    bits = part.name.split("-")
+    return bits[3] if len(bits) == 5 and bits[3] != "x" else None
 
 
 def _part_files(exp_dir: Path) -> list[Path]:
@@ -96,24 +137,48 @@ def _files(exp_dir: Path) -> list[Path]:
     return ([res] if res.exists() else []) + _part_files(exp_dir)
 
 
-def done_ids(name_or_path, root=None) -> set[str]:
-    """The case_ids that already have a row (reads only that column)."""
-    exp_dir = experiment_dir(name_or_path, root)
-    for attempt in range(3):
-        ids: set[str] = set()
+def _table(f: Path, columns=None) -> pa.Table:
+    """One table file; StoreError naming it and the repair when it cannot be read."""
+    try:
+        return pq.read_table(f, columns=columns)
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise StoreError(manifest.unreadable(f, e)) from None
+
+
+def _again(read, attempts: int = 60):
+    """read() until it does not lose a race with a compaction (which removes the parts it
+    merged, after renaming the new table): a FileNotFoundError means list the files again."""
+    for attempt in range(attempts):
         try:
-            for f in _files(exp_dir):
-                ids.update(pq.read_table(f, columns=["case_id"]).column("case_id").to_pylist())
-            return ids
+            return read()
         except FileNotFoundError:
-            # a compaction removed a part between listing and reading: list again
-            if attempt == 2:
+            if attempt == attempts - 1:
                 raise
+            time.sleep(min(0.2, 0.002 * 2 ** attempt))
     raise AssertionError("unreachable")
 
 
+class NoResults(FileNotFoundError):
+    """The experiment has no table at all (not a race: never read again)."""
+
+
+def done_ids(name_or_path, root=None) -> set[str]:
+    """The case_ids that already have a row (reads only that column)."""
+    exp_dir = experiment_dir(name_or_path, root)
+
+    def read():
+        ids: set[str] = set()
+        for f in _files(exp_dir):
+            ids.update(_table(f, ["case_id"]).column("case_id").to_pylist())
+        return ids
+
+    return _again(read)
+
+
 def _read(files: list[Path]) -> pd.DataFrame:
-    frames = [pq.read_table(f).to_pandas() for f in files]
+    frames = [_table(f).to_pandas() for f in files]
     frames = [f for f in frames if len(f)]
     if not frames:
         return pd.DataFrame()
@@ -123,13 +188,26 @@ def _read(files: list[Path]) -> pd.DataFrame:
 
 
 def write_grid(exp_dir, case_ids: list[str]) -> None:
-    """Record the case_ids of the grid just run (what `load` shows by default)."""
-    write_json(Path(exp_dir) / GRID, {"n": len(case_ids), "case_ids": sorted(case_ids)})
+    """Record the case_ids of the grid just run (what `load` shows by default); a grid
+    already recorded is not written again (a finished store may be read-only)."""
+    obj = {"n": len(case_ids), "case_ids": sorted(case_ids)}
+    path = Path(exp_dir) / GRID
+    try:
+        if json.loads(path.read_text()) == obj:
+            return
+    except (OSError, ValueError):
+        pass
+    write_json(path, obj, point="grid")
 
 
 def grid_ids(name_or_path, root=None) -> set[str] | None:
     f = experiment_dir(name_or_path, root) / GRID
-    return set(json.loads(f.read_text())["case_ids"]) if f.exists() else None
+    try:
+        return set(json.loads(f.read_text())["case_ids"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise StoreError(manifest.unreadable(f, e)) from None
 
 
 def load(name_or_path, root=None, all_rows: bool = False) -> pd.DataFrame:
@@ -138,93 +216,164 @@ def load(name_or_path, root=None, all_rows: bool = False) -> pd.DataFrame:
     By default only the rows of the grid last run (grid.json): rows of cases that
     left the grid (a distribution's defaults changed, a smaller override) stay on
     disk, append-only, and come back with all_rows=True.
-    Raises FileNotFoundError naming the folder when there is no table at all.
+    Raises FileNotFoundError naming the folder when there is no table at all, StoreError
+    (one line: the file and the repair) when a file cannot be read.
     """
     exp_dir = experiment_dir(name_or_path, root)
-    for attempt in range(3):
+
+    def read():
         files = _files(exp_dir)
         if not files:
-            raise FileNotFoundError(
+            raise NoResults(
                 f"no results in {exp_dir} (run: python -m flashnum.run experiment={exp_dir.name})"
             )
-        try:
-            df = _read(files)
-            ids = None if all_rows else grid_ids(exp_dir)
-            if ids is not None and len(df):
-                df = df[df["case_id"].isin(ids)].reset_index(drop=True)
-            return df
-        except FileNotFoundError:
-            # a compaction removed a part between listing and reading: list again
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+        df = _read(files)
+        ids = None if all_rows else grid_ids(exp_dir)
+        if ids is not None and len(df):
+            df = df[df["case_id"].isin(ids)].reset_index(drop=True)
+        return df
 
-
-def _pid_alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return _again(read)
+    except NoResults as e:
+        raise FileNotFoundError(str(e)) from None
 
 
-def _take_lock(exp_dir: Path) -> bool:
-    lock = exp_dir / LOCK
-    me = f"{socket.gethostname()} {os.getpid()}"
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                host, pid = lock.read_text().split()
-            except (OSError, ValueError):
-                host, pid = "", "0"
-            # a lock left by a killed compaction on this host is stale
-            if host == socket.gethostname() and not _pid_alive(int(pid)):
-                lock.unlink(missing_ok=True)
-                continue
+# ---------------------------------------------------------------------------
+# the manifest's truth, compaction
+
+
+def _manifests(exp_dir: Path) -> list[Path]:
+    return sorted(exp_dir.glob("manifest*.json"))
+
+
+def reconcile(exp_dir, run_ids=None, why: str = "its process ended before the run "
+              "completed its record (killed, or crashed)", by: str | None = None) -> list[dict]:
+    """Complete the manifest records of runs that ended without completing them.
+
+    A record with end_time null whose run is no longer alive (or one of run_ids: a run
+    reconciling itself as it stops) gets counts.run = the rows its parts hold,
+    end_time = the time of its last part (its start when it wrote none) and
+    reconciled = {time, by, why, rows_on_disk}. A record of the earlier layout, written
+    before parts named their run, gets rows_on_disk null: its rows cannot be told apart.
+    Touches nothing (a read-only store stays readable) when no record needs it.
+    Returns the records completed.
+    """
+    exp_dir = Path(exp_dir)
+    wanted = set(run_ids or ())
+
+    def open_dead(r: dict) -> bool:
+        if r.get("end_time") is not None or "reconciled" in r or not r.get("run_id"):
             return False
-        with os.fdopen(fd, "w") as f:
-            f.write(me)
-        return True
-    return False
+        if run_ids is not None:
+            return r["run_id"] in wanted
+        return not owners.run_alive(exp_dir, r["run_id"])
+
+    if not any(open_dead(r) for m in _manifests(exp_dir) for r in manifest.runs(m)):
+        return []
+    done: list[dict] = []
+    with owners.locked(exp_dir):
+        rows: dict = {}
+        for p in _part_files(exp_dir):
+            run = _run_of(p)
+            if run:
+                try:
+                    n, t = pq.read_metadata(p).num_rows, p.stat().st_mtime
+                except FileNotFoundError:
+                    continue
+                except (pa.ArrowException, OSError, ValueError) as e:
+                    raise StoreError(manifest.unreadable(p, e)) from None
+                k, last = rows.get(run, (0, 0.0))
+                rows[run] = (k + n, max(last, t))
+
+        def change(rs):
+            out = []
+            for r in rs:
+                if open_dead(r):
+                    r = dict(r)
+                    n, last = rows.get(r["run_id"], (0, None))
+                    known = "owner" in r  # parts name their run since records name an owner
+                    r["counts"] = {**(r.get("counts") or {}), "run": n if known else None}
+                    r["end_time"] = (manifest.iso(last) if last else r.get("start_time"))
+                    r["reconciled"] = dict(time=manifest.now(), by=by or owners.me(),
+                                           why=why, rows_on_disk=n if known else None)
+                    done.append(r)
+                out.append(r)
+            return out
+
+        for m in _manifests(exp_dir):
+            manifest.update(m, exp_dir.name, change)
+    return done
+
+
+def tidy(exp_dir) -> list[str]:
+    """Before a run: remove what dead processes left (owners.tidy) and reconcile their
+    records. Returns one line per record reconciled (nothing on a clean store)."""
+    exp_dir = Path(exp_dir)
+    if not exp_dir.is_dir():
+        return []
+    owners.tidy(exp_dir)
+    return [f"{exp_dir.name}: run {r['run_id']} ({r.get('start_time')}) ended without "
+            f"completing its record; reconciled: {r['reconciled']['rows_on_disk']} rows on disk"
+            for r in reconcile(exp_dir)]
+
+
+def _rows(res: Path) -> int:
+    if not res.exists():
+        return 0
+    try:
+        return pq.read_metadata(res).num_rows
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise StoreError(manifest.unreadable(res, e)) from None
 
 
 def compact(name_or_path, root=None) -> int:
     """Merge results.parquet and the parts into a new results.parquet; returns its rows.
 
-    Safe against a kill at any moment (see the module docstring) and against a
-    second compaction at the same time (a lock file; the loser does nothing).
-    Rows stay the same rows: compaction changes the files, never the table `load` gives.
+    Safe against a kill at any moment (see the module docstring) and against other
+    writers: under the store's lock, after reconciling dead runs, it merges the parts in
+    the order they were written up to the first part of a run still in flight (so that
+    later rows still win and a run's rows stay countable while it runs). Rows stay the
+    same rows: compaction changes the files, never the table `load` gives.
+    StoreFull (one line) when the device has no space: the parts are kept.
     """
     exp_dir = experiment_dir(name_or_path, root)
-    parts = _part_files(exp_dir)
-    if not parts:
-        res = exp_dir / RESULTS
-        return pq.read_metadata(res).num_rows if res.exists() else 0
-    if not _take_lock(exp_dir):
-        return -1
-    try:
-        for stray in exp_dir.glob(".tmp-*"):
-            stray.unlink(missing_ok=True)  # a compaction killed mid-write
-        files = _files(exp_dir)
-        parts = [f for f in files if f.parent.name == PARTS]
-        df = _read(files)
-        _write_table(df, exp_dir / RESULTS)
-        for f in parts:  # a kill here leaves rows twice on disk, once in the table
+    res = exp_dir / RESULTS
+    if not _part_files(exp_dir):
+        return _rows(res)
+    with owners.locked(exp_dir):
+        owners.tidy(exp_dir)
+        reconcile(exp_dir)
+        live = owners.live_runs(exp_dir)
+        merge = []
+        for p in _part_files(exp_dir):
+            if _run_of(p) in live:
+                break
+            merge.append(p)
+        if not merge:
+            return _rows(res)
+        df = _read(([res] if res.exists() else []) + merge)
+        try:
+            _write_table(df, res, "compact")
+        except OSError as e:
+            if e.errno in FULL:
+                raise StoreFull(
+                    f"no space left on the device of {exp_dir} to compact it: its rows stay "
+                    f"in parts/ and the table is whole; after freeing space: python -m "
+                    f"flashnum.store {exp_dir.name} compact=true store.root={exp_dir.parent}"
+                ) from None
+            raise
+        faults.reached("cleanup")
+        for f in merge:  # a kill here leaves rows twice on disk, once in the table
             f.unlink(missing_ok=True)
         return len(df)
-    finally:
-        (exp_dir / LOCK).unlink(missing_ok=True)
 
 
 def replace(name_or_path, df: pd.DataFrame, record: dict | None = None, root=None) -> Path:
     """Make df the experiment's whole table, and append `record` to its manifest.
 
     For tables recomputed whole (the reproductions, attribution): the rows are written
-    as one part, then, under the compaction lock, results.parquet is rewritten from that
+    as one part, then, under the store's lock, results.parquet is rewritten from that
     part alone (sorted by case_id, as compact writes it) in one atomic rename, and only
     then are the earlier parts removed; a reader sees the old rows or the new ones.
     record: flashnum.harness.manifest.record(...) of the run. Returns the folder.
@@ -234,31 +383,96 @@ def replace(name_or_path, df: pd.DataFrame, record: dict | None = None, root=Non
     exp_dir = experiment_dir(name_or_path, root)
     exp_dir.mkdir(parents=True, exist_ok=True)
     new = write_part(exp_dir, df.to_dict("records"))
-    if not _take_lock(exp_dir):
-        if new is not None:
-            new.unlink(missing_ok=True)
-        raise RuntimeError(f"{exp_dir} is being compacted by another process; run again")
-    try:
-        _write_table(_read([new]) if new else pd.DataFrame(), exp_dir / RESULTS)
+    with owners.locked(exp_dir):
+        _write_table(_read([new]) if new else pd.DataFrame(), exp_dir / RESULTS, "compact")
         for f in _part_files(exp_dir):
             f.unlink(missing_ok=True)
-    finally:
-        (exp_dir / LOCK).unlink(missing_ok=True)
     if record is not None:
         manifest.append(exp_dir / MANIFEST, exp_dir.name, record)
     return exp_dir
 
 
+# ---------------------------------------------------------------------------
+# check and repair
+
+
+def problems(exp_dir) -> list[tuple[Path, str]]:
+    """Every store file that cannot be read whole, with the reason (reads every byte)."""
+    exp_dir = Path(exp_dir)
+    out = []
+    for f in _files(exp_dir):
+        try:
+            _table(f)
+        except FileNotFoundError:
+            continue
+        except StoreError as e:
+            out.append((f, str(e).split(" is unreadable (", 1)[1].rsplit("); repair", 1)[0]))
+    for f in _manifests(exp_dir):
+        try:
+            manifest.load(f)
+        except StoreError as e:
+            out.append((f, str(e).split(" is unreadable (", 1)[1].rsplit("); repair", 1)[0]))
+    try:
+        grid_ids(exp_dir)
+    except StoreError:
+        out.append((exp_dir / GRID, "not a grid.json"))
+    return out
+
+
+def repair(exp_dir) -> dict:
+    """Move every unreadable file to quarantine/ (deleting nothing), then remove what dead
+    processes left, reconcile their records and compact the readable rows.
+    Returns {quarantined: [paths], rows, grid, missing}: missing = cases of the grid
+    with no row (the next run computes them)."""
+    exp_dir = Path(exp_dir)
+    moved = []
+    with owners.locked(exp_dir):
+        bad = problems(exp_dir)
+        q = exp_dir / QUARANTINE
+        for f, why in bad:
+            q.mkdir(exist_ok=True)
+            dest = q / f.name
+            if dest.exists():
+                dest = q / f"{f.name}.{time.time_ns()}"
+            shutil.move(str(f), dest)
+            moved.append(dict(file=str(f.relative_to(exp_dir)), to=str(dest.relative_to(exp_dir)),
+                              why=why))
+        if moved:
+            path = exp_dir / MANIFEST
+            man = manifest.load(path) or dict(experiment=exp_dir.name, runs=[])
+            man.setdefault("repairs", []).append(dict(time=manifest.now(), quarantined=moved))
+            write_json(path, man, point="manifest")
+        owners.tidy(exp_dir)
+        reconcile(exp_dir, by="python -m flashnum.store repair")
+        rows = compact(exp_dir) if _files(exp_dir) else 0
+    ids = grid_ids(exp_dir)
+    have = done_ids(exp_dir) if _files(exp_dir) else set()
+    return dict(quarantined=moved, rows=rows, grid=None if ids is None else len(ids),
+                missing=None if ids is None else len(ids - have))
+
+
 @dataclass
 class Args:
-    """python -m flashnum.store EXPERIMENT [compact=true] [store.root=DIR]"""
+    """python -m flashnum.store [check|repair] EXPERIMENT [compact=true] [store.root=DIR]
+
+    EXPERIMENT          the table's size and columns (compact=true: merge the parts first)
+    check EXPERIMENT    read every file whole; one line per unreadable one, exit status 2
+    repair EXPERIMENT   move unreadable files to quarantine/ (nothing readable is deleted),
+                        reconcile dead runs' records, compact, and count what is missing
+    """
 
     experiment: str = ""  # a name under store.root, or a path to the folder
+    action: str = "show"  # show, check, repair (or the first word: check NAME, repair NAME)
     compact: bool = False  # merge the parts into results.parquet first
     store: StoreConf = field(default_factory=StoreConf)
 
 
+ACTIONS = ("show", "check", "repair")
+
+
 def _check(a) -> None:
+    if a.action not in ACTIONS:
+        raise ValueError(f"unknown action {a.action!r}; valid: {', '.join(ACTIONS)}")
     if not a.experiment:
         raise ValueError("which experiment? give its name: python -m flashnum.store bf16_sweep")
 
@@ -268,24 +482,47 @@ def _root(a):
     return a.store.root if a.store.root != StoreConf.root else None
 
 
-def _show(a) -> int:
+def _run(a) -> int:
     root = _root(a)
+    exp_dir = experiment_dir(a.experiment, root)
+    if a.action != "show" and not exp_dir.is_dir():
+        raise StoreError(f"no store at {exp_dir} (valid: the name of a folder under "
+                         f"store.root, or a path to one)")
+    if a.action == "check":
+        bad = problems(exp_dir)
+        for f, why in bad:
+            print(manifest.unreadable(f, why), file=sys.stderr)
+        if not bad:
+            print(f"{exp_dir}: every file readable; {len(done_ids(exp_dir))} cases stored")
+        return 2 if bad else 0
+    if a.action == "repair":
+        r = repair(exp_dir)
+        for m in r["quarantined"]:
+            print(f"quarantined {m['file']} -> {m['to']} ({m['why']})")
+        missing = "" if r["grid"] is None else (
+            f"; {r['missing']} of the grid's {r['grid']} cases have no row (run the "
+            f"experiment's command again to compute them)")
+        print(f"{exp_dir}: {r['rows']} rows readable{missing}")
+        return 0
     if a.compact:
         n = compact(a.experiment, root)
-        print(f"compacted: {n} rows" if n >= 0 else "another compaction holds the lock")
+        print(f"compacted: {n} rows")
     try:
         df = load(a.experiment, root)
     except FileNotFoundError as e:
         print(e, file=sys.stderr)
         return 1
-    print(f"{experiment_dir(a.experiment, root)}: {len(df)} rows, {len(df.columns)} columns")
+    print(f"{exp_dir}: {len(df)} rows, {len(df.columns)} columns")
     print(", ".join(df.columns))
     return 0
 
 
 def main(argv=None) -> int:
-    """python -m flashnum.store: a stored table's size and columns (compact=true first)."""
-    return cli.main_of("flashnum.store", Args, _show, argv, positional="experiment",
+    """python -m flashnum.store: a stored table's size and columns; check; repair."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ACTIONS:  # a leading word: the action, the experiment next
+        argv = argv[1:] + [f"action={argv[0]}"]
+    return cli.main_of("flashnum.store", Args, _run, argv, positional="experiment",
                        check=_check, doc=Args.__doc__)
 
 
