@@ -32,7 +32,9 @@ from __future__ import annotations
 import errno
 import signal
 import sys
+import threading
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import fields, is_dataclass
 
 from hydra import compose, initialize
@@ -62,9 +64,18 @@ def _terminate(signum, frame):
     raise Terminated()
 
 
-def handle_sigterm() -> None:
-    """Make SIGTERM raise Terminated in the main thread (a command's, never a worker's)."""
-    signal.signal(signal.SIGTERM, _terminate)
+@contextmanager
+def sigterm_stops():
+    """While inside, SIGTERM raises Terminated in the main thread (a command's, never a
+    worker's); the earlier handler comes back after (a launcher's worker keeps its own)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def stopped(prog: str, e: KeyboardInterrupt, what: str):
@@ -221,9 +232,9 @@ def main_of(prog: str, schema, run: Callable, argv: list[str] | None = None, *,
             check(cfg)
         except ValueError as e:
             fail(prog, str(e))
-    handle_sigterm()
     try:
-        return int(run(cfg) or 0)
+        with sigterm_stops():
+            return int(run(cfg) or 0)
     except KeyboardInterrupt as e:
         stopped(prog, e, "what finished is stored; run the same command to go on")
     except StoreError as e:

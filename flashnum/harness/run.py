@@ -426,9 +426,9 @@ def _checked(cfg) -> list[Case]:
 
 
 def _go(cfg, cases, overrides) -> dict:
-    cli.handle_sigterm()
     try:
-        return run(cfg, cases, overrides)
+        with cli.sigterm_stops():
+            return run(cfg, cases, overrides)
     except KeyboardInterrupt as e:
         cli.stopped(PROG, e, "finished cases are stored; run the same command to resume")
     except store.StoreError as e:
