@@ -260,3 +260,24 @@ def test_nested_captures_each_record_the_call_once_and_an_error_writes_nothing(t
             raise RuntimeError("model failed")
     assert not (tmp_path / "x.safetensors").exists()
     assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+
+
+def test_a_call_the_recorder_cannot_take_still_runs_and_is_reported():
+    from flashnum.inputs import capture as module
+
+    real = module._as4d
+
+    def as4d(x):  # a layout the recorder fails on: head_dim 5, say
+        if x.shape[-1] == 5:
+            raise RuntimeError("odd layout")
+        return real(x)
+
+    q4, q5 = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 5)
+    want = F.scaled_dot_product_attention(q5, q5, q5)
+    with mock.patch.object(module, "_as4d", as4d):
+        with pytest.warns(UserWarning, match=r"calls \[0\] could not be recorded"):
+            with flashnum.capture(None) as cap:
+                got = F.scaled_dot_product_attention(q5, q5, q5)
+                F.scaled_dot_product_attention(q4, q4, q4)
+    assert torch.equal(got, want) and [c.index for c in cap.calls] == [1]
+    assert cap.skipped == [(0, "not recorded: RuntimeError: odd layout")]

@@ -78,7 +78,7 @@ _SDPA = torch._C._nn.scaled_dot_product_attention  # F.scaled_dot_product_attent
 _TENSORS = ("q", "k", "v", "do", "mask")
 
 
-@dataclass
+@dataclass(eq=False)  # tensors have no single truth value: compare fields, meta() or values
 class CapturedCall:
     """One recorded scaled_dot_product_attention call (see the module docstring)."""
 
@@ -244,7 +244,11 @@ class _Recorder:
         module, module_type = self.stack[-1][1:] if self.stack else ("", "")
         if not self.keep(index, module):
             return out
-        rec = self._record(index, module, module_type, a)
+        try:
+            rec = self._record(index, module, module_type, a)
+        except Exception as e:  # a layout this recorder does not know: the model runs on
+            self.skipped.append((index, f"not recorded: {type(e).__name__}: {e}"))
+            return out
         if rec is None:
             return out
         if self.backward and out.requires_grad:
@@ -278,8 +282,7 @@ class _Recorder:
             mask = mask[:, :, row_idx] if mask is not None else None
         causal = (True if row_idx is not None else flashnum_causal(True, nq, nk)) \
             if is_causal and mask is None else False
-        q, k, v = (x.to("cpu", copy=True).contiguous() for x in (q, k, v))
-        mask = mask.to("cpu", copy=True).contiguous() if mask is not None else None
+        # the budget is checked on the views, before anything is copied
         size = sum(x.numel() * x.element_size() for x in (q, k, v, mask) if x is not None)
         if self.backward:  # dO will have q's rows and v's width, in v's dtype
             size += q.shape[0] * q.shape[1] * q.shape[2] * v.shape[-1] * v.element_size()
@@ -288,6 +291,8 @@ class _Recorder:
                                         f"{self.max_bytes} ({self.bytes} used)"))
             return None
         self.bytes += size
+        q, k, v = (x.to("cpu", copy=True).contiguous() for x in (q, k, v))
+        mask = mask.to("cpu", copy=True).contiguous() if mask is not None else None
         sg = a["scale"]  # torch's default scale is 1/sqrt(E), E the query's last dim
         scale = float(sg) if sg is not None else 1.0 / math.sqrt(a["q"].shape[-1])
         rec = CapturedCall(
@@ -411,9 +416,13 @@ class capture:
         if not self.calls:
             where = f"; wrote {self.path}" if self.path is not None else ""
             warnings.warn(f"flashnum.capture: no scaled_dot_product_attention call was "
-                          f"recorded ({self._rec.count} made, {len(self.skipped)} left out by "
-                          f"the limits){where}", stacklevel=2)
-        elif self._rec.backward:
+                          f"recorded ({self._rec.count} made, {len(self.skipped)} left out: "
+                          f"cap.skipped says why){where}", stacklevel=2)
+        failed = [i for i, why in self.skipped if why.startswith("not recorded")]
+        if failed and self.calls:
+            warnings.warn(f"flashnum.capture: calls {failed} could not be recorded (cap.skipped "
+                          f"says why)", stacklevel=2)
+        if self.calls and self._rec.backward:
             missing = [c.index for c in self.calls if c.do is None]
             if missing:
                 warnings.warn(f"flashnum.capture: no dO reached calls {missing} (was the "
