@@ -518,10 +518,20 @@ def _ranges(xs: list[int]) -> str:
 
 
 def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes: what names a capture's content in a case id."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """sha256 of a file's bytes: what names a capture's content in a case id.
+
+    Remembered per (path, size, modification time): a grid hashes one file once.
+    """
+    st = Path(path).stat()
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _SHA256:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        _SHA256[key] = h.hexdigest()
+    return _SHA256[key]
+
+
+_SHA256: dict = {}
 
