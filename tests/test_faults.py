@@ -199,16 +199,26 @@ def test_a_case_another_live_run_claimed_is_left_to_it_and_a_dead_runs_claim_is_
 
 
 @pytest.mark.slow
-def test_the_backward_runners_workers_die_with_it(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=lambda s: s.name)
+def test_the_backward_runners_workers_die_with_it(tmp_path, sig):
     args = ["flashnum.harness.backward", "bwd_order", "limit=4", "n_jobs=2",
             "where=seq_len:64+block:32+precision:bf16", f"store.root={tmp_path}"]
-    p, tag = start(args, fault="part:1:SIGKILL")
+    p, tag = start(args, fault=f"part:1:{sig.name}")
     _, err = p.communicate(timeout=240)
-    assert p.returncode == -signal.SIGKILL, err[-3000:]
+    if sig == signal.SIGTERM:
+        assert p.returncode == 143, err[-3000:]
+        assert err.strip().splitlines()[-1] == (
+            "flashnum.harness.backward: error: terminated: what finished is stored; run the "
+            "same command to go on"), err[-3000:]
+    else:
+        assert p.returncode == -signal.SIGKILL, err[-3000:]
     assert not left_running(tag)
     exp = tmp_path / "bwd_order"
     before = on_disk(exp)  # stopped as its first part was renamed: maybe no row yet
     assert not before.case_id.duplicated().any()
+    if sig == signal.SIGTERM:  # its own record says what it stored
+        assert [r["counts"]["run"] for r in records(exp)] in ([], [len(before)])
+        return
     p, tag = start(args)  # resumed: the rest of the 4 cases, none again
     _, err = p.communicate(timeout=240)
     assert p.returncode == 0, err[-3000:]
