@@ -166,12 +166,18 @@ def test_bad_arguments_get_one_clear_error():
     k = torch.randn(1, 1, 7, 8)
     with pytest.raises(ValueError, match="top-left"):
         flashnum.attention_backward(q, k, k, q, precision="bf16", policy="torch_cpu",
-                                    causal=True)
+                                    causal="bottom_right")
+    with pytest.raises(ValueError, match="unknown causal"):
+        flashnum.attention_backward(q, k, k, q, precision="bf16", policy="torch_cpu",
+                                    causal="diagonal")
     with pytest.raises(ValueError, match="fp32, bf16 or fp16"):
         flashnum.attention_backward(q, k, k, q, precision="fp64", policy="torch_cpu")
     with pytest.raises(ValueError, match="exp2"):
         flashnum.attention_backward(q, k, k, q, precision="bf16", policy="torch_cpu",
                                     exp2=True)
-    g = flashnum.attention_backward(q, k, k, q, precision="bf16", policy="torch_cpu",
+    # True is the kernel's own (top-left) mask, as the torch_cpu forward takes it
+    a = flashnum.attention_backward(q, k, k, q, precision="bf16", policy="torch_cpu",
                                     causal="top_left")
-    assert math.isfinite(float(g.dq.abs().sum()))
+    b = flashnum.attention_backward(q, k, k, q, precision="bf16", policy="torch_cpu",
+                                    causal=True)
+    assert math.isfinite(float(a.dq.abs().sum())) and torch.equal(a.dq, b.dq)

@@ -2,7 +2,7 @@
 
     import flashnum
     g = flashnum.attention_backward(q, k, v, do, precision="bf16", policy="torch_cpu",
-                                    causal="top_left")
+                                    causal=True)  # torch's is_causal, as in the forward
     # or directly: flashnum.engine.torch_cpu_backward.attention_backward_torch_cpu(...)
 
 On CPU, autograd through torch.nn.functional.scaled_dot_product_attention runs ATen's
@@ -64,6 +64,7 @@ import functools
 import math
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from flashnum.engine.backward import Gradients
@@ -238,22 +239,24 @@ def exp_rows(a: torch.Tensor, lse: torch.Tensor, use_c: bool = True) -> None:
 
 
 def kernel_causal(causal, nq: int, nk: int) -> bool:
-    """Whether the kernel's (top-left) causal mask applies: query i sees keys 0..i, torch's
-    is_causal. "top_left" asks for it; True and "bottom_right" (flashnum's alignment:
-    query i sees keys 0..i + Nk - Nq) are the same mask only when Nq = Nk."""
-    if causal is False or causal is None:
-        return False
+    """Whether the kernel's causal mask applies. Its mask is top-left (torch's is_causal:
+    query i sees keys 0..i). causal=True asks for the policy's own mask, as the torch_cpu
+    forward takes it (flashnum.audit's OWN_ALIGNMENT); "top_left" names it. "bottom_right"
+    (flashnum's alignment for the other policies: query i sees keys 0..i + Nk - Nq) is the
+    same mask only when Nq = Nk, and otherwise one the kernel cannot compute."""
+    if isinstance(causal, (bool, np.bool_)):
+        return bool(causal)
     if causal == "top_left":
         return True
-    if causal is True or causal == "bottom_right":
+    if causal == "bottom_right":
         if nq == nk:
             return True
         raise ValueError(
             f"policy torch_cpu models torch's is_causal, whose mask is top-left; with Nq = "
-            f"{nq} != Nk = {nk} causal={causal!r} (bottom-right) is another mask: pass "
-            "causal='top_left' for torch's, or False")
-    raise ValueError(f"unknown causal {causal!r}; valid: False, True, 'top_left', "
-                     "'bottom_right'")
+            f"{nq} != Nk = {nk} causal='bottom_right' is another mask: pass causal=True or "
+            "'top_left' for torch's, or False")
+    raise ValueError(f"unknown causal {causal!r}; valid: False, True (the kernel's top-left "
+                     "mask), 'top_left', 'bottom_right' (Nq = Nk only)")
 
 
 def attention_backward_torch_cpu(q, k, v, do, *, precision="bf16", causal=False, scale=None,
@@ -263,8 +266,9 @@ def attention_backward_torch_cpu(q, k, v, do, *, precision="bf16", causal=False,
     (..., H, N, d) stored in `precision` (fp32, bf16, fp16; one rounding to nearest).
 
     out, lse: the forward's O (..., Nq, d) and fp32 LSE (..., Nq); by default flashnum's
-    torch_cpu forward, which equals torch's bit for bit. causal: False, "top_left"
-    (torch's is_causal), or True / "bottom_right" when Nq = Nk (kernel_causal).
+    torch_cpu forward, which equals torch's bit for bit. causal: False, True or "top_left"
+    (torch's is_causal, as the torch_cpu forward takes True), "bottom_right" when Nq = Nk
+    (kernel_causal).
     threads: the kernel's at::get_num_threads() (which scratch buffer each head uses);
     by default torch.get_num_threads() of this process. use_c=False takes the torch twin
     of the exp (the same values, slower)."""
