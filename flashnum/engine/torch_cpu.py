@@ -227,17 +227,52 @@ def _gemm(prec, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc):
               ctypes.c_void_p(c.data_ptr()), ctypes.byref(ci(ldc)))
 
 
+@functools.cache
+def _thread_setters():
+    """(omp_set_num_threads, MKL_Set_Num_Threads_Local) of the runtimes torch loaded, or
+    None."""
+    lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+    try:
+        omp, mkl = lib.omp_set_num_threads, lib.MKL_Set_Num_Threads_Local
+    except AttributeError:
+        return None
+    omp.argtypes, omp.restype = [ctypes.c_int], None
+    mkl.argtypes, mkl.restype = [ctypes.c_int], ctypes.c_int
+    return omp, mkl
+
+
 class _one_thread:
-    """torch (and so MKL) on one thread while the model runs, as each task of the kernel's
-    parallel loop runs its GEMMs sequentially; MKL's own local thread setting leaves its
-    OpenMP team spinning (15x the CPU time per GEMM here). The count is restored after."""
+    """The library calls of the calling thread on one thread while the model runs, as each
+    task of the kernel's parallel loop runs its GEMMs sequentially; restored after. It sets
+    this thread's OpenMP team size and MKL's thread-local count, not torch.set_num_threads:
+    that one also switches MKL's dynamic threading off for the rest of the process, after
+    which torch's own kernels split their fp32 GEMMs differently (measured on the backward).
+    MKL's own local thread setting alone leaves its OpenMP team spinning (15x the CPU time
+    per GEMM here), hence both. active=False leaves everything as it is."""
+
+    def __init__(self, active: bool = True):
+        self.active = active
 
     def __enter__(self):
+        if not self.active:
+            return
+        setters = _thread_setters()
         self.old = torch.get_num_threads()
-        torch.set_num_threads(1)
+        if setters is None:
+            torch.set_num_threads(1)
+            return
+        setters[0](1)
+        self.mkl_old = setters[1](1)
 
     def __exit__(self, *exc):
-        torch.set_num_threads(self.old)
+        if not self.active:
+            return
+        setters = _thread_setters()
+        if setters is None:
+            torch.set_num_threads(self.old)
+            return
+        setters[0](self.old)
+        setters[1](self.mkl_old)
 
 
 def _qk(prec, q, k, s) -> None:

@@ -60,9 +60,7 @@ one that set 1 thread).
 from __future__ import annotations
 
 import ctypes
-import functools
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -74,50 +72,12 @@ from flashnum.engine.torch_cpu import (
     _clib,
     _fma,
     _mkl,
+    _one_thread,
     attention_torch_cpu,
     split_sizes,
 )
 
 _F32 = torch.float32
-
-
-# ---------------------------------------------------------------------------
-# the threads of the library calls
-
-
-@functools.cache
-def _threading():
-    """(omp_set_num_threads, MKL_Set_Num_Threads_Local) of the runtimes torch loaded."""
-    lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
-    try:
-        omp, mkl = lib.omp_set_num_threads, lib.MKL_Set_Num_Threads_Local
-    except AttributeError:
-        return None
-    omp.argtypes, omp.restype = [ctypes.c_int], None
-    mkl.argtypes, mkl.restype = [ctypes.c_int], ctypes.c_int
-    return omp, mkl
-
-
-class _sequential_gemms:
-    """The calling thread's OpenMP team and MKL's local thread count at 1 while the model
-    runs (a GEMM inside the kernel's parallel loop runs on one thread), restored after.
-    Unlike torch.set_num_threads it leaves MKL's dynamic adjustment as it is."""
-
-    def __init__(self, active: bool):
-        self.active = active and _threading() is not None
-
-    def __enter__(self):
-        if self.active:
-            omp, mkl = _threading()
-            self.omp_old = torch.get_num_threads()
-            omp(1)
-            self.mkl_old = mkl(1)
-
-    def __exit__(self, *exc):
-        if self.active:
-            omp, mkl = _threading()
-            omp(self.omp_old)
-            mkl(self.mkl_old)
 
 
 # ---------------------------------------------------------------------------
@@ -347,7 +307,7 @@ def _run(prec, q4, k4, v4, do4, o4, lse3, causal, alpha, measure_ds, threads, us
     buf = torch.empty(threads, 2 * qs * ks, dtype=_F32)  # attn | grad_attn, per thread
     buf_low = None if prec == "fp32" else torch.empty(threads, 2 * qs * ks, dtype=dtype)
     ld_go = h_count * d
-    with _sequential_gemms(not inline_threaded):
+    with _one_thread(not inline_threaded):
         for task in range(tasks):
             b, h = divmod(task, h_count)
             t = task // chunk  # the thread at::parallel_for gives this head
