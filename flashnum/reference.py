@@ -6,8 +6,9 @@
     ref.out, ref.lse, ref.row_max, ref.err_bound, ref.masked
 
 Options (defaults first):
-  causal=False     bottom-right aligned mask, as flashnum.numerics.tiling.causal_visible; a row
-                   that sees no key gives out = 0, lse = row_max = -inf, err_bound = 0.
+  causal=False     True or "bottom_right": key j visible to query i iff j <= i + Nk - Nq;
+                   "top_left": j <= i (torch's is_causal); flashnum.numerics.tiling.visible.
+                   A row that sees no key gives out = 0, lse = row_max = -inf, err_bound = 0.
   scale=None       None is exactly 1/sqrt(d) (an exact ball in arb, not a rounded
                    float); a float is taken as the exact value it holds.
   method="certified"
@@ -62,7 +63,7 @@ import numpy as np
 import torch
 
 from flashnum.numerics.constants import gamma
-from flashnum.numerics.tiling import causal_visible
+from flashnum.numerics.tiling import causal_visible, check_causal
 
 METHODS = ("certified", "fp64", "mpmath")
 U = 2.0**-53  # unit roundoff of fp64
@@ -120,8 +121,10 @@ def _check(q, k, v, causal, scale, method, bits):
         raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
     if isinstance(bits, bool) or not isinstance(bits, int) or bits < 64:
         raise ValueError(f"bits must be an integer >= 64, got {bits!r}")
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be True or False, got {causal!r}")
+    try:
+        causal = check_causal(causal)
+    except TypeError as e:
+        raise ValueError(str(e)) from None
     (q, qd), (k, kd), (v, vd) = _as_f64("q", q), _as_f64("k", k), _as_f64("v", v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim < 2:
@@ -138,7 +141,7 @@ def _check(q, k, v, causal, scale, method, bits):
     if q.shape[-1] == 0:
         raise ValueError("q and k have d=0; valid: a head dim d >= 1")
     scale = check_scale(scale)
-    return q, k, v, scale, (qd, kd, vd)
+    return q, k, v, causal, scale, (qd, kd, vd)
 
 
 def check_scale(scale) -> float | None:
@@ -154,17 +157,17 @@ def check_scale(scale) -> float | None:
     return scale
 
 
-def _visible_len(nq: int, nk: int, causal: bool) -> np.ndarray:
+def _visible_len(nq: int, nk: int, causal) -> np.ndarray:
     """Keys each query row sees: a prefix of length vis[i] (tiling.causal_visible)."""
     if not causal:
         return np.full(nq, nk, dtype=np.int64)
-    vis = causal_visible(nq, nk).sum(-1).numpy().astype(np.int64)
+    vis = causal_visible(nq, nk, causal=causal).sum(-1).numpy().astype(np.int64)
     return vis
 
 
 def input_hash(q, k, v, *, causal=False, scale=None, method="certified", bits=256) -> str:
     """sha256 of everything the reference depends on: values, shapes, dtypes, options."""
-    q, k, v, scale, dtypes = _check(q, k, v, causal, scale, method, bits)
+    q, k, v, causal, scale, dtypes = _check(q, k, v, causal, scale, method, bits)
     return _hash(q, k, v, dtypes, causal, scale, method, bits)
 
 
@@ -246,7 +249,7 @@ def reference(
     q, k, v, *, causal=False, scale=None, method="certified", bits=256, cache=True, workers=None
 ) -> Reference:
     """Attention of the exact inputs; see the module docstring for every option."""
-    q, k, v, scale, dtypes = _check(q, k, v, causal, scale, method, bits)
+    q, k, v, causal, scale, dtypes = _check(q, k, v, causal, scale, method, bits)
     key = _hash(q, k, v, dtypes, causal, scale, method, bits) if cache else None
     if key is not None:
         if key in _LRU:
@@ -286,7 +289,7 @@ def reference(
     return ref
 
 
-def plain64(q, k, v, *, scale: float, causal: bool = False) -> torch.Tensor:
+def plain64(q, k, v, *, scale: float, causal=False) -> torch.Tensor:
     """softmax(scale Q K^T) V in plain float64, max-shifted (FA3's "attention in FP64").
 
     No bound and no cache: the quick reference of the reproductions and of the worst-case
@@ -297,7 +300,8 @@ def plain64(q, k, v, *, scale: float, causal: bool = False) -> torch.Tensor:
     q, k, v = (x.to(torch.float64) for x in (q, k, v))
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
     if causal:
-        s = s.masked_fill(~causal_visible(*s.shape[-2:]), -math.inf)
+        s = s.masked_fill(~causal_visible(*s.shape[-2:], causal=check_causal(causal)),
+                          -math.inf)
     m = s.amax(-1, keepdim=True)
     p = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
     return (torch.matmul(p, v) / p.sum(-1, keepdim=True)).nan_to_num(0.0)

@@ -10,8 +10,9 @@ The gradients of sum(dO * O), O = softmax(scale Q K^T) V, of the exact inputs:
     P = softmax(scale Q K^T);  O = P V;  D = rowsum(dO * O)
     dV = P^T dO;  dP = dO V^T;  dS = P * (dP - D);  dQ = scale dS K;  dK = scale dS^T Q
 
-Options: causal (bottom-right aligned, as flashnum.numerics.tiling.causal_visible; a row
-that sees no key has dQ = 0 and adds nothing), scale (None is exactly 1/sqrt(d)),
+Options: causal (True or "bottom_right": j <= i + Nk - Nq; "top_left": j <= i, torch's
+is_causal; flashnum.numerics.tiling.visible; a row that sees no key has dQ = 0 and adds
+nothing), scale (None is exactly 1/sqrt(d)),
 method, bits (the starting precision of certified, 128 by default: enough for every
 case measured; it doubles where a value is not yet certain), cache (an in-memory LRU, and
 <dir>/bwd-<hash>.pt when flashnum.reference.reference_cache_dir or FLASHNUM_CACHE is set).
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from flashnum.numerics.tiling import check_causal
 from flashnum.reference import (
     REL_BITS,
     _as_f64,
@@ -74,8 +76,10 @@ def _check(q, k, v, do, causal, scale, method, bits):
         raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
     if isinstance(bits, bool) or not isinstance(bits, int) or bits < 64:
         raise ValueError(f"bits must be an integer >= 64, got {bits!r}")
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be True or False, got {causal!r}")
+    try:
+        causal = check_causal(causal)
+    except TypeError as e:
+        raise ValueError(str(e)) from None
     (q, qd), (k, kd), (v, vd), (do, dd) = (_as_f64(n, x) for n, x in
                                            (("q", q), ("k", k), ("v", v), ("do", do)))
     if min(t.ndim for t in (q, k, v, do)) < 2 or q.shape[-1] != k.shape[-1] or \
@@ -86,7 +90,7 @@ def _check(q, k, v, do, causal, scale, method, bits):
     if tuple(do.shape) != want:
         raise ValueError(f"do has shape {tuple(do.shape)}; valid: {want} (the output's shape)")
     scale = check_scale(scale)
-    return q, k, v, do, scale, (qd, kd, vd, dd)
+    return q, k, v, do, causal, scale, (qd, kd, vd, dd)
 
 
 def _hash(tensors, dtypes, causal, scale, method, bits) -> str:
@@ -120,7 +124,7 @@ def _disk(key: str) -> str | None:
 def reference_backward(q, k, v, do, *, causal=False, scale=None, method="certified", bits=128,
                        cache=True) -> ReferenceGradients:
     """Exact dQ, dK, dV of attention; see the module docstring."""
-    q, k, v, do, scale, dtypes = _check(q, k, v, do, causal, scale, method, bits)
+    q, k, v, do, causal, scale, dtypes = _check(q, k, v, do, causal, scale, method, bits)
     key = _hash((q, k, v, do), dtypes, causal, scale, method, bits) if cache else None
     if key is not None:
         if key in _LRU:

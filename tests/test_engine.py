@@ -98,7 +98,8 @@ def test_fp16_logit_overflow_is_reported_not_hidden():
     q = torch.full((1, 1, 2, 4), 200.0, dtype=torch.float64)
     q[..., 1, :] = 150.0
     k, v = torch.full((1, 1, 1, 4), 100.0, dtype=torch.float64), torch.ones(1, 1, 1, 4)
-    res = flashnum.attention(q, k, v, precision="fp16", policy="lowp", block_n=1)
+    with pytest.warns(RuntimeWarning, match="1 of 2 output rows are not finite"):
+        res = flashnum.attention(q, k, v, precision="fp16", policy="lowp", block_n=1)
     assert res.nonfinite.tolist() == [[[True, False]]]
 
 
@@ -283,8 +284,10 @@ def test_bad_arguments_raise_one_clear_error(kw, match):
         (dict(scale=float("inf")), ValueError, "scale must be finite, got inf"),
         (dict(scale="a"), TypeError, "scale must be a real number, got 'a'"),
         (dict(scale=True), TypeError, "scale must be a real number, got True"),
-        (dict(causal="yes"), TypeError, "causal must be True or False, got 'yes'"),
-        (dict(causal=1), TypeError, "causal must be True or False, got 1"),
+        (dict(causal="yes"), ValueError, "causal must be True or False, or an alignment "
+                                         "'bottom_right' .* or 'top_left', got 'yes'"),
+        (dict(causal=1), TypeError, "causal must be True or False, or an alignment "
+                                    "'bottom_right' .* or 'top_left', got 1"),
         (dict(trace="no"), TypeError, "trace must be True or False, got 'no'"),
         (dict(seed=1.5), TypeError, "seed must be an integer, got 1.5"),
         (dict(tau=-1.0), ValueError, "tau must be >= 0.0, got -1.0"),

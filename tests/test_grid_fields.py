@@ -27,7 +27,8 @@ def cfg_of(*overrides):
 
 def old_case_id(case) -> str:
     """The case_id as computed before the optional fields existed (an independent copy)."""
-    d = {k: v for k, v in asdict(case).items() if k not in ("num_splits", "split_precision")}
+    d = {k: v for k, v in asdict(case).items()
+         if k not in ("num_splits", "split_precision", "causal_align")}
     text = json.dumps(d, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

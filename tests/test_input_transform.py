@@ -106,7 +106,7 @@ def test_the_rotation_cuts_the_error_of_fp8_inputs_on_fa3s_outlier_inputs(fmt):
 
 def test_a_bad_transform_is_one_line_naming_the_choices():
     q, k, v = integers(0)
-    with pytest.raises(ValueError, match="unknown input transform 'rotate'.*smooth_k"):
+    with pytest.raises(ValueError, match="unknown input_transform 'rotate'.*smooth_k"):
         attention(q, k, v, input_transform="rotate")
     with pytest.raises(ValueError, match="power-of-two head dim"):
         attention(q[..., :48], k[..., :48], v, input_transform="hadamard")

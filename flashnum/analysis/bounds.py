@@ -37,7 +37,7 @@ Options (defaults first):
   n_rescales=None     None: every visited key block after the first may rescale
                       (T - 1 per row); an int, or a per-row tensor such as
                       Result.n_rescales (the exact count of the run)
-  causal=False, scale=None (1/sqrt(d))
+  causal=False, scale=None (1/sqrt(d)); causal True/"bottom_right" or "top_left"
   variant="fa2"       fa2 | exp2 | lazy (tau) | qiu_yao (beta) | fa1
   rounding="nearest"  or "stochastic" (the engine's seeded stochastic rounding: 2u)
   prob=False          also compute the probabilistic bound (costs ~10 more matmuls)
@@ -68,7 +68,7 @@ from flashnum.engine.arith import carrier, wider
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import EXACT, FORMATS, Exact, Format
 from flashnum.numerics.policy import SITES, Policy, make_policy
-from flashnum.numerics.tiling import visible_count
+from flashnum.numerics.tiling import check_causal, visible_count
 
 U64 = 2.0**-53  # unit roundoff of the float64 carrier
 ETA64 = 2.0**-1075  # half of float64's smallest subnormal
@@ -255,7 +255,7 @@ def _scale_error(pol: Policy, d: int, scale, base2: bool, rounding: str) -> tupl
 # data: the exact quantities of each row the bound is stated in
 
 
-def _visible_counts(nq: int, nk: int, causal: bool) -> torch.Tensor:
+def _visible_counts(nq: int, nk: int, causal) -> torch.Tensor:
     return visible_count(nq, nk, causal)
 
 
@@ -635,6 +635,7 @@ def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = Fals
     if not (0 < delta < 1):
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     _check_reals(scale, tau, beta, variant)
+    causal = check_causal(causal)  # either alignment: rows see a prefix of the keys
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or x.ndim < 2:
             raise ValueError(f"{name} must be a tensor of shape (..., N, d)")

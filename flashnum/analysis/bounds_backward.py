@@ -46,7 +46,7 @@ import torch
 from flashnum.numerics.constants import gamma
 from flashnum.numerics.formats import EXACT, FORMATS
 from flashnum.numerics.policy import BWD_SITES, make_backward_policy
-from flashnum.numerics.tiling import causal_visible, n_blocks
+from flashnum.numerics.tiling import causal_visible, check_causal, n_blocks
 
 U64 = 2.0**-53
 EXP64 = 2.0**-52  # torch's float64 exp: within 1 ulp
@@ -100,6 +100,7 @@ def bound_backward(q, k, v, do, *, policy="fa2", precision="bf16", block_m: int 
     if rounding not in ("nearest", "stochastic"):
         raise ValueError(f"unknown rounding {rounding!r}; valid: nearest, stochastic")
     pol = make_backward_policy(policy, precision)
+    causal = check_causal(causal)  # either alignment (flashnum.numerics.tiling.visible)
     sr = rounding == "stochastic"
     q3, k3, v3, do3 = (x.detach().to("cpu", torch.float64).reshape(-1, *x.shape[-2:])
                        for x in (q, k, v, do))
@@ -160,7 +161,8 @@ def _evaluate(q3, k3, v3, do3, runs, pol, geo) -> dict:
     B, nq, d = q3.shape
     nk, dv = k3.shape[1], v3.shape[2]
     rows = max(1, min(nq, _ROWS // max(1, nk)))
-    vis_all = causal_visible(nq, nk) if geo["causal"] else torch.ones(nq, nk, dtype=torch.bool)
+    vis_all = causal_visible(nq, nk, causal=geo["causal"]) if geo["causal"] else \
+        torch.ones(nq, nk, dtype=torch.bool)
     out = {key: dict(dq=torch.zeros(B, nq, d, dtype=torch.float64),
                      dk=torch.zeros(B, nk, d, dtype=torch.float64),
                      dv=torch.zeros(B, nk, dv, dtype=torch.float64)) for key in runs}

@@ -70,7 +70,7 @@ def _row_max_window(case, pol, q, k, ref, causal, scale):
     scale_f = scale if scale is not None else 1.0 / math.sqrt(case.head_dim)
     absdot = q.abs() @ k.abs().transpose(-1, -2)
     if causal:
-        absdot = absdot.masked_fill(~causal_visible(nq, nk), 0.0)
+        absdot = absdot.masked_fill(~causal_visible(nq, nk, causal=causal), 0.0)
     absdot = absdot.amax(dim=-1)
     fin = pol.fmt("inputs") if pol is not None else None
     on_grid = isinstance(fin, Format) and fin.p < 53 and all(

@@ -76,9 +76,11 @@ def _causal(c: Candidate, causal: bool, alignment: str, nq: int, nk: int):
     """The causal= argument that gives the model the kernel's mask, or None if none does."""
     if not causal:
         return False
-    if nq == nk or OWN_ALIGNMENT.get(c.policy, "bottom_right") == alignment:
+    if nq == nk:
         return True
-    return alignment if _accepts_alignment(c, alignment) else None
+    if _accepts_alignment(c, alignment):  # the alignment by name (True is bottom-right)
+        return alignment
+    return True if OWN_ALIGNMENT.get(c.policy, "bottom_right") == alignment else None
 
 
 @functools.cache

@@ -44,7 +44,7 @@ def attention_mp(q, k, v, *, bits=256, block_m=64, block_n=64, order="forward", 
     if base2:
         sc = sc / ctx.ln2  # log2(e) folded into the scale
     exp = (lambda x: ctx.power(2, x)) if base2 else ctx.exp
-    vis = causal_visible(nq, nk).numpy() if causal else None
+    vis = causal_visible(nq, nk, causal=causal).numpy() if causal else None
     n_qb, n_kb = n_blocks(nq, block_m), n_blocks(nk, block_n)
     minf = ctx.mpf("-inf")
 

@@ -65,13 +65,20 @@ Fully masked rows (causal with Nq > Nk) give out = 0 and are flagged in
 
 from __future__ import annotations
 
+import inspect
 import math
-import numbers
 import warnings
 
-import numpy as np
 import torch
 
+from flashnum.engine.checks import (  # noqa: F401 (BACKENDS: the engine's names)
+    BACKENDS,
+    VARIANTS,
+    check_finite,
+    check_memory,
+    check_options,
+    check_tensors,
+)
 from flashnum.engine.flash import flash
 from flashnum.engine.kernel_models import KERNEL_MODELS
 from flashnum.engine.recurrence import STEPS
@@ -79,108 +86,19 @@ from flashnum.engine.result import Result
 from flashnum.engine.standard import standard
 from flashnum.engine.tiles import EXP2_SCALES
 from flashnum.numerics.blockscaled import transform_inputs
-from flashnum.numerics.formats import ROUNDINGS
-from flashnum.numerics.policy import Policy, check_precision, make_policy
-from flashnum.numerics.tiling import ORDERS, check_block
+from flashnum.numerics.policy import POLICIES, Policy, make_policy
 
-VARIANTS = ("fa2", "fa1", "exp2", "lazy", "qiu_yao", "qiu_yao_released")
-BACKENDS = ("emulate", "triton", "mp")
 assert set(VARIANTS) == set(STEPS), "every variant has its step in flashnum.engine.recurrence"
 
 
-def _check_tensors(q, k, v) -> None:
-    """q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv): real floating tensors, no empty
-    dimension, matching shapes, every value finite."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.ndim < 2:
-            raise ValueError(f"{name} must have shape (..., N, d), got {tuple(x.shape)}")
-        if not x.is_floating_point():
-            raise TypeError(f"{name} must be floating point, got {x.dtype}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k head dims differ: q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v key counts differ: k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
-        raise ValueError(
-            f"batch dims differ: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    for what, n in (("query count Nq (q.shape[-2])", q.shape[-2]),
-                    ("key count Nk (k.shape[-2])", k.shape[-2]),
-                    ("head dim d (q.shape[-1])", q.shape[-1]),
-                    ("value dim dv (v.shape[-1])", v.shape[-1])):
-        if n == 0:
-            raise ValueError(f"{what} is 0; attention needs at least 1 (empty shapes are "
-                             "rejected, not returned empty)")
-    if 0 in q.shape[:-2]:
-        raise ValueError(f"batch dims {tuple(q.shape[:-2])} hold no head; every batch dim "
-                         "must be >= 1 (empty shapes are rejected, not returned empty)")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        # a finite sum needs every term finite (one pass); only a sum that is not finite
-        # (an inf or NaN, or merely an overflow) needs the elementwise check
-        if math.isfinite(float(x.sum())):
-            continue
-        if not bool(torch.isfinite(x).all()):
-            bad = "NaN" if bool(torch.isnan(x).any()) else "inf"
-            raise ValueError(f"{name} contains {bad}; inputs must be finite (mask with causal=)")
-
-
-def _check_number(name: str, x, lo: float | None = None) -> None:
-    """x a finite real number (not a bool), and >= lo if given."""
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {x!r} ({type(x).__name__})")
-    if not math.isfinite(x):
-        raise ValueError(f"{name} must be finite, got {x!r}")
-    if lo is not None and x < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {x!r}")
-
-
-def _check_options(precision, block_m, block_n, order, variant, causal, scale, rounding, seed,
-                   trace, backend, mp_bits, tau, beta) -> None:
-    check_precision(precision, mp=True)  # a policy's precision (p<bits> too), or mp
-    check_block("block_m", block_m)
-    check_block("block_n", block_n)
-    if isinstance(order, str) and order not in ORDERS:
-        raise ValueError(f"unknown order {order!r}; valid: {', '.join(ORDERS)}, or a permutation")
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
-    for name, flag in (("causal", causal), ("trace", trace)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"{name} must be True or False, got {flag!r}")
-    if scale is not None:
-        _check_number("scale", scale)  # None: 1/sqrt(d)
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an integer, got {seed!r}")
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
-    if backend == "mp" and variant == "qiu_yao_released":
-        raise ValueError("variant 'qiu_yao_released' models bf16 code; backend 'mp' takes "
-                         f"{', '.join(v for v in VARIANTS if v != 'qiu_yao_released')}")
-    if backend == "triton":
-        try:  # the backend module sets TRITON_INTERPRET before it imports triton (heavy, optional)
-            import flashnum.backends.triton  # noqa: F401
-        except ModuleNotFoundError as e:
-            if not (e.name or "").startswith("triton"):
-                raise
-            raise ValueError(
-                "backend='triton' needs the triton package, which is not installed: "
-                "pip install triton (or pip install -e .[triton])") from None
-    if isinstance(mp_bits, bool) or not isinstance(mp_bits, numbers.Integral) or mp_bits < 2:
-        raise ValueError(f"mp_bits must be an integer >= 2, got {mp_bits!r}")
-    _check_number("tau", tau, lo=0.0)
-    _check_number("beta", beta)
-
-
-def _warn_overflow(pol: Policy, **xs: torch.Tensor) -> None:
+def _warn_overflow(pol: Policy, **xs: torch.Tensor) -> bool:
     """Warn when finite inputs overflow the inputs format when stored (their rows come
     out non-finite, or saturated), naming how many values of which input."""
     fin = pol.fmt("inputs")
     threshold = getattr(fin, "overflow_threshold", None)  # None: exact, or a scaled format
     if threshold is None:
-        return
+        return False
+    warned = False
     for name, x in xs.items():
         a = x.detach().abs()
         if not float(a.amax()) > fin.max:  # the common case: one pass, nothing to do
@@ -194,6 +112,19 @@ def _warn_overflow(pol: Policy, **xs: torch.Tensor) -> None:
                 f"{name}: {n} of {x.numel()} finite values overflow the inputs format "
                 f"{fin.name} (|x| beyond {fin.max:g}) and {what}; their rows are not what "
                 "the inputs say (see res.nonfinite)", RuntimeWarning, stacklevel=3)
+            warned = True
+    return warned
+
+
+def _warn_nonfinite(res: Result) -> None:
+    """Warn when finite inputs gave rows whose output is not finite (a value overflowed
+    its site's format: logits beyond fp32's range, an fp16 l, ...), naming how many."""
+    n = int(res.nonfinite.sum())
+    if n:
+        warnings.warn(
+            f"{n} of {res.nonfinite.numel()} output rows are not finite although every input "
+            "is finite: a value overflowed the format of its site (see res.nonfinite)",
+            RuntimeWarning, stacklevel=3)
 
 
 def attention(
@@ -207,7 +138,7 @@ def attention(
     block_n: int = 64,
     order="forward",
     variant: str = "fa2",
-    causal: bool = False,
+    causal: bool | str = False,
     scale: float | None = None,
     rounding: str = "nearest",
     seed: int = 0,
@@ -217,12 +148,25 @@ def attention(
     tau: float = 8.0,
     beta: float = 2.0,
     num_splits: int = 1,
-    split_precision: str = "fp32",
+    split_precision: str | None = None,
+    merge_precision: str | None = None,
     input_transform: str = "none",
     exp2_scale: str = "once",
 ) -> Result:
     """Attention softmax(scale Q K^T) V through the blocked online softmax.
 
+    q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv): real floating tensors of any dtypes
+               (mixed too: each value is read exactly, then rounded into the policy's
+               inputs format), any leading dims (none: one head; a 3-D tensor is (H, N, d));
+               k, v may have fewer heads (dim -3) than q (GQA, through split-KV)
+    causal:    False; True or "bottom_right": query i sees key j iff j <= i + Nk - Nq
+               (flash-attn >= 2.1; rows with i < Nq - Nk see no key: out 0, res.masked);
+               "top_left": j <= i (torch's scaled_dot_product_attention is_causal). The
+               two agree when Nq == Nk (flashnum.numerics.tiling.visible)
+    scale:     the softmax scale, a finite number > 0; None: 1/sqrt(d)
+    block_m, block_n: query rows and keys per block (ints, numpy's too); one larger than
+               max(Nq, 16) or max(Nk, 16) runs as that (flashnum.numerics.tiling.clamp_block:
+               the same values, without the memory of the padding)
     precision: fp64 fp32 tf32 fp16 bf16 fp8_e4m3 fp8_e5m2 mp, or p<bits> (2..52)
     policy:    fa2 naive lowp exact uniform, or a flashnum.numerics.policy.Policy
                or torch_cpu (flashnum.engine.torch_cpu: torch's CPU SDPA kernel, its own
@@ -236,9 +180,12 @@ def attention(
     exp2_scale: how variant exp2 forms scale * log2(e) in fp32 (flashnum.engine.tiles.
                exp2_scale): once (fl32(scale log2 e): flashnum's Triton kernel) or twice
                (fl32(fl32(scale) fl32(1.44269504)): the Triton tutorial's kernel)
-    num_splits, split_precision: split-KV decoding (flashnum.engine.splitkv): the keys in
-               num_splits chunks whose partial (o, lse) are stored in split_precision and
-               merged; K, V may have fewer heads than Q (GQA) on that path
+    num_splits, split_precision, merge_precision: split-KV decoding (flashnum.engine.
+               splitkv): the keys in num_splits chunks (at most one per key block: more run
+               as that many) whose partial (o, lse) are stored in split_precision and merged
+               in merge_precision; by default the policy's o and l formats (fp32 in fa2,
+               exact in exact: split-KV of the exact policy is exact). Backend emulate and
+               the policies of make_policy only
     input_transform: none smooth_k hadamard smooth_k+hadamard: applied to Q, K in float64
                before the inputs site rounds them, as SageAttention (K minus its mean over
                the keys) and FA3 (Q, K times one random Hadamard matrix per head, signs
@@ -249,36 +196,82 @@ def attention(
     Empty shapes (Nq, Nk, d, dv or a batch dim of 0) are rejected with a ValueError, not
     returned as empty results. Inputs must be finite; finite inputs that overflow the
     inputs format when stored (fp16 beyond 65504, say) are computed as stored and warned
-    about (RuntimeWarning naming how many values); their rows show in `res.nonfinite`.
+    about (RuntimeWarning naming how many values); their rows show in `res.nonfinite`, as
+    do rows that overflow inside the algorithm (logits beyond fp32's range, say), warned
+    about with how many rows. A call whose estimated peak memory exceeds the memory
+    available is refused before it allocates (flashnum.engine.checks).
     """
+    call, warned = prepare(
+        q, k, v, precision=precision, policy=policy, block_m=block_m, block_n=block_n,
+        order=order, variant=variant, causal=causal, scale=scale, rounding=rounding, seed=seed,
+        trace=trace, backend=backend, mp_bits=mp_bits, tau=tau, beta=beta,
+        num_splits=num_splits, split_precision=split_precision,
+        merge_precision=merge_precision, input_transform=input_transform,
+        exp2_scale=exp2_scale)
+    res = run(**call)
+    if not warned:
+        _warn_nonfinite(res)
+    return res
+
+
+# attention()'s keyword defaults, for the doors that take a subset (split-KV)
+DEFAULTS = {n: p.default for n, p in inspect.signature(attention).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+def prepare(q, k, v, *, precision, policy, block_m, block_n, order, variant, causal, scale,
+            rounding, seed, trace, backend, mp_bits, tau, beta, num_splits, split_precision,
+            merge_precision, input_transform, exp2_scale) -> tuple[dict, bool]:
+    """The checks of attention() (flashnum.engine.checks), the input transform and the
+    overflow warning: the keyword arguments of `run`, and whether it warned."""
+    check_tensors(q, k, v, gqa=True)
     if precision == "mp" and backend == "emulate":
         backend = "mp"
-    if input_transform != "none":  # on all the keys, before any split or rounding
-        if not all(isinstance(x, torch.Tensor) for x in (q, k, v)):
-            _check_tensors(q, k, v)  # its one-line TypeError
-        q, k, v = transform_inputs(q, k, v, input_transform, seed)
-    gqa = (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.ndim >= 3
-           and k.ndim >= 3 and q.shape[-3] != k.shape[-3])
-    if num_splits != 1 or gqa:  # each split comes back through this function
-        from flashnum.engine.splitkv import attention_splitkv
-
-        return attention_splitkv(
-            q, k, v, num_splits=num_splits, split_precision=split_precision,
-            precision=precision, policy=policy, block_m=block_m, block_n=block_n, order=order,
-            variant=variant, causal=causal, scale=scale, rounding=rounding, seed=seed,
-            trace=trace, backend=backend, mp_bits=mp_bits, tau=tau, beta=beta,
-            exp2_scale=exp2_scale,
-        )
-    _check_tensors(q, k, v)
-    _check_options(precision, block_m, block_n, order, variant, causal, scale, rounding, seed,
-                   trace, backend, mp_bits, tau, beta)
+    o = check_options(q, k, v, precision=precision, policy=policy, block_m=block_m,
+                      block_n=block_n, order=order, variant=variant, causal=causal,
+                      scale=scale, rounding=rounding, seed=seed, trace=trace, backend=backend,
+                      mp_bits=mp_bits, tau=tau, beta=beta, num_splits=num_splits,
+                      split_precision=split_precision, merge_precision=merge_precision,
+                      input_transform=input_transform)
     if exp2_scale not in EXP2_SCALES:
         raise ValueError(f"unknown exp2_scale {exp2_scale!r}; valid: {', '.join(EXP2_SCALES)}")
+    check_memory(q, k, v, o)
+    check_finite(q=q, k=k, v=v)
+    if input_transform != "none":  # on all the keys, before any split or rounding
+        q, k, v = transform_inputs(q, k, v, input_transform, o.seed)
+    warned = backend != "mp" and (isinstance(policy, Policy) or policy in POLICIES) and \
+        _warn_overflow(make_policy(policy, precision), q=q, k=k, v=v)
+    return dict(q=q, k=k, v=v, precision=precision, policy=policy, block_m=o.block_m,
+                block_n=o.block_n, order=order, variant=variant, causal=o.causal,
+                scale=o.scale, rounding=rounding, seed=o.seed, trace=bool(trace),
+                backend=backend, mp_bits=int(mp_bits), tau=tau, beta=beta,
+                num_splits=o.num_splits, split_precision=split_precision,
+                merge_precision=merge_precision, exp2_scale=exp2_scale), warned
+
+
+def run(q, k, v, *, precision, policy, block_m, block_n, order, variant, causal, scale,
+        rounding, seed, trace, backend, mp_bits, tau, beta, num_splits=1,
+        split_precision=None, merge_precision=None, exp2_scale="once") -> Result:
+    """attention() on checked arguments (flashnum.engine.checks): the dispatch to split-KV,
+    a kernel model, a backend or the engine. Split-KV runs each split through here."""
+    gqa = q.ndim >= 3 and k.ndim >= 3 and q.shape[-3] != k.shape[-3]
+    if num_splits != 1 or gqa:  # each split comes back through this function
+        from flashnum.engine.splitkv import split_attention
+
+        return split_attention(
+            q, k, v, num_splits=num_splits, split_precision=split_precision,
+            merge_precision=merge_precision, precision=precision, policy=policy,
+            block_m=block_m, block_n=block_n, order=order, variant=variant, causal=causal,
+            scale=scale, rounding=rounding, seed=seed, trace=trace, backend=backend,
+            mp_bits=mp_bits, tau=tau, beta=beta, exp2_scale=exp2_scale,
+        )
     if isinstance(policy, str) and policy == "torch_cpu":
-        # a model of one real kernel: its own splits, exp and order (block sizes ignored)
+        # a model of one real kernel: its own splits, exp and order (block sizes ignored);
+        # top-left aligned, as torch's is_causal (bottom-right with Nq != Nk is refused)
         from flashnum.engine.torch_cpu import attention_torch_cpu
 
-        return attention_torch_cpu(q, k, v, precision=precision, causal=causal, scale=scale)
+        return attention_torch_cpu(q, k, v, precision=precision, causal=bool(causal),
+                                   scale=scale)
     if isinstance(policy, str) and policy == "triton_tutorial":
         # the Triton tutorial's fp16 kernel: its own 128 x 64 tile (block sizes ignored)
         from flashnum.engine.triton_tutorial import forward
@@ -299,7 +292,6 @@ def attention(
             beta=beta,
         )
     pol = make_policy(policy, precision)
-    _warn_overflow(pol, q=q, k=k, v=v)
     if backend == "triton":
         from flashnum.backends.triton import attention_triton
 

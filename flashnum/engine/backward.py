@@ -74,16 +74,17 @@ import torch
 
 from flashnum.engine import native
 from flashnum.engine.arith import Arith, carrier, wider
-from flashnum.numerics.constants import LOG2E
-from flashnum.numerics.formats import EXACT, FORMATS, PRECISIONS, ROUNDINGS
-from flashnum.numerics.policy import BackwardPolicy, make_backward_policy
-from flashnum.numerics.tiling import (
-    causal_visible,
-    check_block,
-    key_block_order,
-    n_blocks,
-    visible,
+from flashnum.engine.checks import (
+    check_finite,
+    check_flag,
+    check_memory,
+    check_options,
+    check_tensors,
 )
+from flashnum.numerics.constants import LOG2E
+from flashnum.numerics.formats import EXACT, FORMATS
+from flashnum.numerics.policy import BackwardPolicy, make_backward_policy
+from flashnum.numerics.tiling import causal_visible, key_block_order, n_blocks, visible
 
 DQ_ORDERS = ("forward", "reverse", "random")
 FP32 = FORMATS["fp32"]
@@ -105,36 +106,25 @@ class Gradients:
     info: dict = field(default_factory=dict)
 
 
-def _check(q, k, v, do, precision, block_m, block_n, dq_order, rounding, out, lse):
-    for name, x in (("q", q), ("k", k), ("v", v), ("do", do)):
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.ndim < 2:
-            raise ValueError(f"{name} must be a floating-point torch.Tensor (..., N, d), got "
-                             f"{type(x).__name__} {tuple(getattr(x, 'shape', ()))}")
-        # a finite sum needs every term finite; only a sum that is not needs the full check
-        if not math.isfinite(float(x.detach().sum())) and not bool(torch.isfinite(x).all()):
-            raise ValueError(f"{name} contains NaN or inf; inputs must be finite")
-    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or not (
-            q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
-        raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
-                         "do not fit; valid: (..., Nq, d), (..., Nk, d), (..., Nk, dv)")
-    want = (*q.shape[:-1], v.shape[-1])
-    if tuple(do.shape) != want:
-        raise ValueError(f"do has shape {tuple(do.shape)}; valid: {want} (the output's shape)")
-    if precision not in PRECISIONS or precision == "mp":
-        valid = ", ".join(p for p in PRECISIONS if p != "mp")
-        raise ValueError(f"unknown precision {precision!r}; valid: {valid}")
-    check_block("block_m", block_m)
-    check_block("block_n", block_n)
-    if isinstance(dq_order, str) and dq_order not in DQ_ORDERS:
-        raise ValueError(f"unknown dq_order {dq_order!r}; valid: {', '.join(DQ_ORDERS)}, "
-                         "or a permutation of the key blocks")
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
+def _check(q, k, v, do, out, lse, **options):
+    """The forward's checks (flashnum.engine.checks) and those of do, out and lse; the
+    options come back checked and clamped to the shape."""
+    check_tensors(q, k, v, do)
+    o = check_options(q, k, v, backward=True, **options)
     if (out is None) != (lse is None):
         raise ValueError("give both out= and lse= (the forward's O and LSE), or neither")
-    if out is not None and (tuple(out.shape) != want or tuple(lse.shape) != want[:-1]):
-        raise ValueError(f"out {tuple(out.shape)} / lse {tuple(lse.shape)}; valid: {want} and "
-                         f"{want[:-1]}")
+    want = (*q.shape[:-1], v.shape[-1])
+    if out is not None:
+        for name, x, shape in (("out", out, want), ("lse", lse, want[:-1])):
+            if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+                raise TypeError(f"{name} must be a floating-point torch.Tensor, got "
+                                f"{type(x).__name__} {getattr(x, 'dtype', '')}")
+            if tuple(x.shape) != shape:
+                raise ValueError(f"out {tuple(out.shape)} / lse {tuple(lse.shape)}; valid: "
+                                 f"{want} and {want[:-1]}")
+    check_memory(q, k, v, o, backward=True)
+    check_finite(q=q, k=k, v=v, do=do, **({} if out is None else {"out": out}))
+    return o
 
 
 def attention_backward(
@@ -148,7 +138,7 @@ def attention_backward(
     block_m: int = 64,
     block_n: int = 64,
     order="forward",
-    causal: bool = False,
+    causal: bool | str = False,
     scale: float | None = None,
     rounding: str = "nearest",
     seed: int = 0,
@@ -161,11 +151,20 @@ def attention_backward(
 ) -> Gradients:
     """Gradients of sum(dO * attention(q, k, v)) with respect to q, k, v, emulated.
 
+    q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv), do (..., Nq, dv): as flashnum.attention
+              takes them (any real floating dtypes, any leading dims); the arguments are
+              checked by the forward's checks (flashnum.engine.checks), scale included
+    causal:   False; True or "bottom_right" (key j visible to query i iff j <= i + Nk - Nq,
+              flash-attn >= 2.1); "top_left" (j <= i: torch's is_causal). Fully masked rows
+              (bottom-right with Nq > Nk) get zero gradients
+    scale:    the softmax scale, a finite number > 0; None: 1/sqrt(d)
+    block_m, block_n: as in flashnum.attention (beyond max(N, 16): run as max(N, 16))
     policy:   fa2 naive lowp exact, or a BackwardPolicy (its .forward runs the forward),
               or triton_tutorial (flashnum.engine.triton_tutorial: the Triton tutorial's
               fp16 kernels, their own blocks and orders; g.lse is its M in log2 units)
               or torch_cpu (flashnum.engine.torch_cpu_backward: torch's CPU SDPA backward
-              kernel, its own splits; causal top-left as torch's is_causal)
+              kernel, its own splits; top-left as torch's is_causal: causal="top_left",
+              or True where Nq == Nk)
     order:    the forward's key-block order (flashnum.attention)
     dq_order: forward reverse random (seeded by `seed`), or a permutation of the key
               blocks: the order in which key blocks add into dQ
@@ -175,22 +174,26 @@ def attention_backward(
     variant:  the forward's variant (flashnum.attention: fa2, fa1, exp2, lazy, qiu_yao)
               when the forward runs here: it changes O and L, which the backward reads
     """
-    _check(q, k, v, do, precision, block_m, block_n, dq_order, rounding, out, lse)
+    o = _check(q, k, v, do, out, lse, precision=precision, policy=policy, block_m=block_m,
+               block_n=block_n, order=order, causal=causal, scale=scale, rounding=rounding,
+               seed=seed, variant=variant, dq_order=dq_order)
+    block_m, block_n, causal, scale, seed = o.block_m, o.block_n, o.causal, o.scale, o.seed
     if isinstance(policy, str) and policy == "triton_tutorial":
         return _triton_tutorial(q, k, v, do, precision, causal, scale, out)
     if isinstance(policy, str) and policy == "torch_cpu":
-        # a model of one real kernel: its own splits, exp and casts (block sizes ignored)
+        # a model of one real kernel: its own splits, exp and casts (block sizes ignored);
+        # top-left (bottom-right with Nq != Nk is refused by the checks)
         if exp2 or rounding != "nearest":
             raise ValueError("policy torch_cpu models one kernel: exp2=False and "
                              f"rounding='nearest' only, got exp2={exp2!r}, rounding={rounding!r}")
         from flashnum.engine.torch_cpu_backward import attention_backward_torch_cpu
 
-        return attention_backward_torch_cpu(q, k, v, do, precision=precision, causal=causal,
-                                            scale=scale, out=out, lse=lse,
-                                            measure_ds=measure_ds)
+        return attention_backward_torch_cpu(q, k, v, do, precision=precision,
+                                            causal=bool(causal), scale=scale, out=out,
+                                            lse=lse, measure_ds=measure_ds)
     pol = make_backward_policy(policy, precision)
-    if not isinstance(exp2, bool):
-        raise TypeError(f"exp2 must be True or False, got {exp2!r}")
+    check_flag("measure_ds", measure_ds)
+    exp2 = check_flag("exp2", exp2)
     if exp2 and pol.structure != "flash":
         raise ValueError(f"exp2 applies to the flash structure (fa2, lowp, exact), not "
                          f"{pol.name!r} ({pol.structure}: autograd of standard attention)")
@@ -223,7 +226,8 @@ def attention_backward(
         dq, dk, dvv, delta, lse_used, ds_rowsum = _flash(
             ar, q3, k3, v3, do3, o3, lse3, block_m, block_n, causal, scale, perm, measure_ds,
             exp2)
-    masked = causal_visible(nq, nk).sum(-1) == 0 if causal else torch.zeros(nq, dtype=bool)
+    masked = causal_visible(nq, nk, causal=causal).sum(-1) == 0 if causal else \
+        torch.zeros(nq, dtype=bool)
 
     def shaped(x, n):
         return x.to(torch.float64).reshape(*lead, n, x.shape[-1])
@@ -333,7 +337,7 @@ def _flash(ar, q3, k3, v3, do3, o3, lse, bm, bn, causal, scale, perm, measure_ds
             kpos = torch.arange(j * bn, (j + 1) * bn)[None, :]
             vis = (qpos < nq) & (kpos < nk)
             if causal:
-                vis = vis & visible(qpos, kpos, nq, nk)
+                vis = vis & visible(qpos, kpos, nq, nk, causal)
             s.masked_fill_(~vis, -math.inf)  # -inf * scale is -inf (scale > 0 or not fused)
         if fused:  # the same values as the branch below, in one native pass
             p, pc = s, torch.empty_like(s)
@@ -392,7 +396,7 @@ def _standard(ar, arf, q3, k3, v3, do3, causal, scale):
     B, nq, _ = q3.shape
     nk = k3.shape[1]
     rows = max(1, min(nq, _CHUNK // max(1, B * nk)))
-    vis_all = causal_visible(nq, nk) if causal else None
+    vis_all = causal_visible(nq, nk, causal=causal) if causal else None
     scale_f = _scaled(arf, scale, arf.policy.fmt("s"))
     scale_ds = _scaled(ar, scale, ar.fmt("ds"))  # torch multiplies in its opmath (fp32)
     dqs, deltas, sums = [], [], []

@@ -1,8 +1,8 @@
 """Split-KV decoding (flash-decoding): keys in S contiguous chunks, merged by their LSE.
 
     from flashnum.engine.splitkv import attention_splitkv
-    res = attention_splitkv(q, k, v, num_splits=8, split_precision="fp32",
-                            merge_precision="fp32", precision="bf16", policy="fa2",
+    res = attention_splitkv(q, k, v, num_splits=8, split_precision=None,
+                            merge_precision=None, precision="bf16", policy="fa2",
                             block_n=64, causal=False)
     # q (..., Hq, Nq, d); k, v (..., Hkv, Nk, d) with Hq a multiple of Hkv (GQA)
 
@@ -12,10 +12,12 @@ combine kernel; flash-decoding, Dao et al. 2023):
      (so that splits beyond the last key block are empty, as in the kernel);
   2. each split runs the online-softmax recurrence over its keys alone and stores its
      normalised partial output o_s = O_s / l_s and its log-sum-exp lse_s = m_s + log l_s,
-     both rounded to `split_precision` (fp32 in FA2's oaccum / softmax_lseaccum);
+     both rounded to `split_precision` (fp32 in FA2's oaccum / softmax_lseaccum; by
+     default the policy's `o` format, the accumulator's: fp32 in fa2, exact in exact);
      an empty split (or a row that sees none of its keys under the causal mask) stores
      o_s = 0 and lse_s = -inf;
-  3. the combine (a site: every operation rounded to `merge_precision`) computes
+  3. the combine (a site: every operation rounded to `merge_precision`, by default the
+     policy's `l` format, the softmax state's: fp32 in fa2, exact in exact) computes
          lse_max = max_s lse_s,   w = sum_s exp(lse_s - lse_max),
          lse = log(w) + lse_max,  out = sum_s exp(lse_s - lse) o_s   (summed in split order)
      and rounds out into the policy's output format.
@@ -27,7 +29,7 @@ GQA: query head h reads K/V head h // (Hq / Hkv). Without a causal mask the quer
 of a group are packed into the rows of one call (what flash-attn does for decoding,
 seqlenq_ngroups_swapped); the rows are independent, so this changes no value.
 
-The causal rule is the package's (key j visible to query i iff j <= i + Nk - Nq); within
+The causal rule is the package's (flashnum.numerics.tiling.visible, either alignment); within
 a split that becomes a per-row count of visible keys, so rows are run in groups that see
 the same number of the split's keys (a few groups for decoding, Nq <= 16).
 
@@ -45,7 +47,7 @@ import torch
 from flashnum.engine.result import Result, Trace
 from flashnum.numerics.formats import get_format
 from flashnum.numerics.policy import make_policy
-from flashnum.numerics.tiling import n_blocks, visible_count
+from flashnum.numerics.tiling import check_causal, clamp_block, n_blocks, visible_count
 
 
 def split_bounds(nk: int, block_n: int, num_splits: int) -> list[tuple[int, int]]:
@@ -54,7 +56,7 @@ def split_bounds(nk: int, block_n: int, num_splits: int) -> list[tuple[int, int]
     return [(min(s * per, nk), min((s + 1) * per, nk)) for s in range(num_splits)]
 
 
-def _rows_visible(nq: int, nk: int, a: int, b: int, causal: bool) -> torch.Tensor:
+def _rows_visible(nq: int, nk: int, a: int, b: int, causal) -> torch.Tensor:
     """How many of the split's keys [a, b) each query row sees."""
     return visible_count(nq, nk, causal, a, b)
 
@@ -62,7 +64,7 @@ def _rows_visible(nq: int, nk: int, a: int, b: int, causal: bool) -> torch.Tenso
 def _partial(q, k, v, a, b, causal, kw, split_fmt):
     """o_s, lse_s, m_s, l_s, n_rescales of one split; rows grouped by visible count."""
     nq, dv = q.shape[-2], v.shape[-1]
-    from flashnum.engine import attention  # the engine entry point (no import cycle)
+    from flashnum.engine.api import run  # the engine's dispatch (no import cycle)
 
     lead = q.shape[:-2]
     o = torch.zeros(*lead, nq, dv, dtype=torch.float64)
@@ -75,8 +77,10 @@ def _partial(q, k, v, a, b, causal, kw, split_fmt):
         if n == 0:
             continue  # an empty split for these rows: o = 0, lse = -inf
         rows = (seen == n).nonzero().flatten()
-        res = attention(q[..., rows, :], k[..., a : a + n, :], v[..., a : a + n, :],
-                        causal=False, **kw)
+        # the split's keys as one call, checked already: blocks no larger than its keys
+        res = run(q[..., rows, :], k[..., a : a + n, :], v[..., a : a + n, :],
+                  causal=False, **{**kw, "block_m": clamp_block(kw["block_m"], len(rows)),
+                                   "block_n": clamp_block(kw["block_n"], n)})
         o[..., rows, :] = split_fmt.round(res.out)
         lse[..., rows] = split_fmt.round(res.lse)
         m[..., rows], l[..., rows], nr[..., rows] = res.m, res.l, res.n_rescales
@@ -117,27 +121,38 @@ def _gqa(q, k, v, causal):
     return packed, k, v, (hq, nq)
 
 
-def attention_splitkv(q, k, v, *, num_splits: int, split_precision: str = "fp32",
-                      merge_precision: str = "fp32", precision: str = "bf16", policy="fa2",
-                      block_n: int = 64, causal: bool = False, trace: bool = False,
-                      **kw) -> Result:
-    """Split-KV attention (see the module docstring); `kw` goes to flashnum.attention."""
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
-        raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
-    split_fmt, merge_fmt = get_format(split_precision), get_format(merge_precision)
+def attention_splitkv(q, k, v, *, num_splits: int, split_precision: str | None = None,
+                      merge_precision: str | None = None, **kw) -> Result:
+    """Split-KV attention (see the module docstring), num_splits = 1 included; every other
+    argument as flashnum.attention takes it, and checked by the same checks.
+    split_precision / merge_precision None: the policy's o and l formats."""
+    from flashnum.engine.api import DEFAULTS, prepare  # the one home of the checks
+
+    call, _ = prepare(q, k, v, **{**DEFAULTS, **kw, "num_splits": num_splits,
+                                  "split_precision": split_precision,
+                                  "merge_precision": merge_precision})
+    return split_attention(**call)
+
+
+def split_attention(q, k, v, *, num_splits: int, split_precision: str | None = None,
+                    merge_precision: str | None = None, precision: str = "bf16",
+                    policy="fa2", block_m: int = 64, block_n: int = 64, causal=False,
+                    trace: bool = False, **kw) -> Result:
+    """attention_splitkv on checked arguments; `kw` goes to flashnum.engine.api.run."""
+    causal = check_causal(causal)
+    pol = make_policy(policy, precision)
+    split_fmt = get_format(pol.o if split_precision is None else split_precision)
+    merge_fmt = get_format(pol.l if merge_precision is None else merge_precision)
     for name, f in (("split_precision", split_fmt), ("merge_precision", merge_fmt)):
         if not hasattr(f, "round"):
             raise ValueError(f"{name} must be a format with a rounding, got {f}")
-    pol = make_policy(policy, precision)
     q, k, v, packed = _gqa(q, k, v, causal)
     nk = k.shape[-2]
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k and v key counts differ: k {tuple(k.shape)}, v {tuple(v.shape)}")
-    run = dict(kw, precision=precision, policy=pol.with_sites(out=split_fmt.name,
-               name=f"{pol.name}/split"), block_n=block_n)
-    parts = [_partial(q, k, v, a, b, causal, run, split_fmt)
+    call = dict(kw, precision=precision, policy=pol.with_sites(out=split_fmt.name,
+                name=f"{pol.name}/split"), block_m=block_m, block_n=block_n, trace=False)
+    parts = [_partial(q, k, v, a, b, causal, call, split_fmt)
              for a, b in split_bounds(nk, block_n, num_splits)]
     o_s, lse_s, m_s, l_s, nr_s = (torch.stack([p[i] for p in parts]) for i in range(5))
     out, lse = merge(o_s, lse_s, merge_fmt)

@@ -34,7 +34,7 @@ def standard(q, k, v, pol: Policy, *, causal, scale, rounding, seed) -> Result:
     q3, k3, v3 = stored_inputs(ar, q, k, v)
     scale_s = scale_in_logits_format(ar, scale, base2=False)
     rows = max(1, min(nq, MAX_LOGITS // max(1, q3.shape[0] * nk)))
-    vis = causal_visible(nq, nk) if causal else None
+    vis = causal_visible(nq, nk, causal=causal) if causal else None
     parts = [_rows(ar, q3[:, r0 : r0 + rows], k3, v3, scale_s,
                    None if vis is None else vis[r0 : r0 + rows])
              for r0 in range(0, nq, rows)]

@@ -134,7 +134,7 @@ def tile_visible(tiles: Tiles, kb: torch.Tensor, causal: bool) -> torch.Tensor |
     j = kb[..., None] * bn + torch.arange(bn)  # (B?, n_qb, bn)
     vis = (j < tiles.nk)[..., None, :].expand(*j.shape[:-1], bm, bn)
     if causal:
-        vis = vis & visible(i[..., :, None], j[..., None, :], tiles.nq, tiles.nk)
+        vis = vis & visible(i[..., :, None], j[..., None, :], tiles.nq, tiles.nk, causal)
     return vis
 
 

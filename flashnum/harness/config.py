@@ -22,6 +22,9 @@ the valid choices.
                 stochastic
     num_splits, split_precision   split-KV decoding: the keys in num_splits chunks, each
                 chunk's partial (o, lse) stored in split_precision, merged in fp32
+    causal      false, true (= bottom_right: key j seen by query i iff j <= i + Nk - Nq),
+                bottom_right, or top_left (j <= i, torch's is_causal); a top_left case
+                stores its alignment in the column causal_align
     grid        a list of slices; each slice maps axes to lists of values (see
                 flashnum.harness.grid.AXES); the grid is the union of the slices' products
     shard / num_shards   run only the cases whose hash is shard mod num_shards
@@ -39,7 +42,7 @@ from flashnum.engine import BACKENDS, VARIANTS
 from flashnum.inputs import distributions as dist
 from flashnum.numerics.formats import FORMAT_NAMES, PRECISIONS, ROUNDINGS, get_format
 from flashnum.numerics.policy import POLICIES, SITES
-from flashnum.numerics.tiling import ORDERS
+from flashnum.numerics.tiling import ALIGNMENTS, ORDERS
 
 
 @dataclass
@@ -126,7 +129,7 @@ class Config:
     tau: float = 8.0
     beta: float = 2.0
     rounding: str = "nearest"
-    causal: bool = False
+    causal: Any = False  # false, true (= bottom_right), bottom_right or top_left
     seed: int = 0
     num_splits: int = 1  # split-KV decoding (flashnum.engine.splitkv): key chunks merged by lse
     split_precision: str = "fp32"  # the format the partial (o, lse) of each split are stored in
@@ -268,8 +271,9 @@ def check_case(d: dict, where: str = "grid", search: bool = False) -> None:
             raise ValueError(f"mp_bits must be an integer >= 2, got {d['mp_bits']!r}")
         if isinstance(d["seed"], bool) or not isinstance(d["seed"], int) or d["seed"] < 0:
             raise ValueError(f"seed must be an integer >= 0, got {d['seed']!r}")
-        if not isinstance(d["causal"], bool):
-            raise ValueError(f"causal must be true or false, got {d['causal']!r}")
+        if not isinstance(d["causal"], bool) and d["causal"] not in ALIGNMENTS:
+            raise ValueError(f"causal must be true or false, or an alignment "
+                             f"{' or '.join(ALIGNMENTS)}, got {d['causal']!r}")
         for key in ("tau", "beta"):
             if isinstance(d[key], bool) or not isinstance(d[key], (int, float)):
                 raise ValueError(f"{key} must be a number, got {d[key]!r}")

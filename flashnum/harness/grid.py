@@ -79,6 +79,8 @@ class Case:
     # not at their defaults, so that every case without them keeps its case_id
     num_splits: int = 1
     split_precision: str = "fp32"
+    # the causal mask's alignment (flashnum.numerics.tiling): config `causal: top_left`
+    causal_align: str = "bottom_right"
 
     @property
     def case_id(self) -> str:
@@ -106,7 +108,7 @@ class Case:
 # fields added after tables were stored: (name, default). A case at every default hashes
 # and stores as it did before they existed (tests/test_grid_fields.py checks the shipped
 # tables); an experiment that sets one stores its column in every row (columns()).
-OPTIONAL = {"num_splits": 1, "split_precision": "fp32"}
+OPTIONAL = {"num_splits": 1, "split_precision": "fp32", "causal_align": "bottom_right"}
 CASE_FIELDS = tuple(f.name for f in fields(Case) if f.name not in OPTIONAL)
 # axes a slice may sweep: every case field but the two JSON ones, and these helpers
 AXES = tuple(f for f in CASE_FIELDS if f not in ("dist_params", "policy_sites")) + (
@@ -181,6 +183,10 @@ def canonical(d: dict, base: dict, conf_dir: Path = CONF, search: dict | None = 
     if d["backend"] != "mp":
         d["mp_bits"] = 256
     d = {**OPTIONAL, **d}
+    if isinstance(d["causal"], str):  # an alignment: `causal: top_left` (or bottom_right)
+        d["causal_align"], d["causal"] = d["causal"], True
+    if not d["causal"]:  # no mask: its alignment is inert
+        d["causal_align"] = OPTIONAL["causal_align"]
     if d["num_splits"] == 1:  # one split stores no partials: their precision is inert
         d["split_precision"] = OPTIONAL["split_precision"]
     if d["backend"] == "emulate" and d["policy"] == "naive":

@@ -107,6 +107,8 @@ def run_case(case: Case, inp, ref_of, experiment: str, opts: dict) -> dict:
     """One results row. `ref_of(q, k, v, causal, scale)` gives the (cached) reference."""
     t0 = time.perf_counter()
     causal = bool(case.causal or inp.causal)
+    if case.causal and case.causal_align == "top_left":
+        causal = "top_left"  # torch's is_causal (flashnum.numerics.tiling.visible)
     eng_prec, pol = policy_of(case)
     q, k, v = inp.q, inp.k, inp.v
     if pol is not None:  # what the kernel stores: the reference sees the same numbers
@@ -133,7 +135,7 @@ def run_case(case: Case, inp, ref_of, experiment: str, opts: dict) -> dict:
     out_fmt = pol.out if pol is not None else "fp64"
     row = {"experiment": experiment, "case_id": case.case_id}
     row.update({f: getattr(case, f) for f in opts.get("columns", CASE_FIELDS)})
-    row["causal"] = causal
+    row["causal"] = bool(causal)
     summ = metrics.summary(res.out, ref.out, out_fmt, naive_out=naive_out)
     row.update({key: _num(val) for key, val in summ.items()})
     row.update(bound=math.nan, bound_prob=math.nan, dominant_site=None, bound_terms=None)

@@ -3,9 +3,15 @@
 Shared by every backend so that the engine, the kernel and the reference agree
 on which keys a query sees and in which order the key blocks arrive.
 
-Causal convention (FlashAttention >= 2.1, bottom-right aligned): query i sees
-key j iff j <= i + (Nk - Nq). With Nq > Nk the first Nq - Nk rows see no key at
-all; they are *fully masked* rows: every backend returns 0 for them and flags them.
+Causal masks (`causal=`), two alignments of the diagonal:
+  "bottom_right" (FlashAttention >= 2.1; `causal=True` means this one): query i sees
+      key j iff j <= i + (Nk - Nq). With Nq > Nk the first Nq - Nk rows see no key at
+      all; they are *fully masked* rows: every backend returns 0 for them and flags them.
+  "top_left" (torch's scaled_dot_product_attention(is_causal=True)): query i sees key j
+      iff j <= i. Every row sees key 0; with Nq < Nk the last Nk - Nq keys are seen by
+      no row.
+The two agree when Nq == Nk. `check_causal` turns what a caller gave into False, True
+(bottom_right) or "top_left", the values every function here takes.
 
 Orders (`order=`): "forward" (key blocks 0, 1, ...), "reverse", "random" (a
 seeded permutation, the same for every query block), "max_ascending" /
@@ -17,10 +23,13 @@ block's rows, ties by block index), or an explicit permutation of range(n_kb)
 from __future__ import annotations
 
 import math
+import numbers
 
+import numpy as np
 import torch
 
 ORDERS = ("forward", "reverse", "random", "max_ascending", "max_descending")
+ALIGNMENTS = ("bottom_right", "top_left")
 
 
 def n_blocks(n: int, block: int) -> int:
@@ -28,32 +37,69 @@ def n_blocks(n: int, block: int) -> int:
 
 
 def check_block(name: str, block) -> int:
-    if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+    """A block size: a positive integer (numpy's integers too), returned as an int."""
+    if isinstance(block, (bool, np.bool_)) or not isinstance(block, numbers.Integral):
+        raise TypeError(f"{name} must be a positive integer, got {block!r} "
+                        f"({type(block).__name__})")
+    if block <= 0:
         raise ValueError(f"{name} must be a positive integer, got {block!r}")
-    return block
+    return int(block)
 
 
-def visible(i, j, nq: int, nk: int):
-    """Whether query i may attend key j under the causal mask (bottom-right aligned):
-    j <= i + (Nk - Nq). i, j: ints, arrays or tensors (broadcast), or symbolic (the
-    Triton kernel's offsets). The one statement of the rule: every backend calls it."""
-    return j <= i + (nk - nq)
+# The smallest block a clamp leaves: 16 rows or keys, the height of a tensor-core tile
+# (mma m16n8k16), which kernels pad shorter blocks to. Below it the fp32 GEMMs that model a
+# tile's dots change their summation order with the tile's shape (one or two rows take
+# other BLAS paths): clamping there would change values measured with such blocks.
+MIN_BLOCK = 16
 
 
-def causal_visible(nq: int, nk: int, device=None) -> torch.Tensor:
-    """(Nq, Nk) bool: True where query i may attend key j (bottom-right aligned)."""
+def clamp_block(block: int, n: int) -> int:
+    """A block of `block` rows or keys for data of n: at most max(n, MIN_BLOCK). A block
+    beyond the data holds only padding, which costs memory and adds nothing."""
+    return min(block, max(n, MIN_BLOCK))
+
+
+def check_causal(causal) -> bool | str:
+    """False (no mask), True or "bottom_right" (-> True), or "top_left" (-> "top_left")."""
+    if isinstance(causal, (bool, np.bool_)):
+        return bool(causal)
+    if isinstance(causal, str) and causal in ALIGNMENTS:
+        return True if causal == "bottom_right" else causal
+    raise (ValueError if isinstance(causal, str) else TypeError)(
+        f"causal must be True or False, or an alignment 'bottom_right' (= True) or "
+        f"'top_left', got {causal!r}")
+
+
+def diagonal(nq: int, nk: int, causal=True) -> int:
+    """The causal mask's offset: query i sees keys j <= i + diagonal (Nk - Nq bottom-right,
+    0 top-left)."""
+    return 0 if causal == "top_left" else nk - nq
+
+
+def visible(i, j, nq: int, nk: int, causal=True):
+    """Whether query i may attend key j under the causal mask `causal` (True or
+    "bottom_right": j <= i + (Nk - Nq); "top_left": j <= i). i, j: ints, arrays or tensors
+    (broadcast), or symbolic (the Triton kernel's offsets). The one statement of the
+    rule: every backend calls it."""
+    return j <= i + diagonal(nq, nk, causal)
+
+
+def causal_visible(nq: int, nk: int, device=None, causal=True) -> torch.Tensor:
+    """(Nq, Nk) bool: True where query i may attend key j (bottom-right aligned unless
+    causal="top_left")."""
     i = torch.arange(nq, device=device)[:, None]
     j = torch.arange(nk, device=device)[None, :]
-    return visible(i, j, nq, nk)
+    return visible(i, j, nq, nk, causal)
 
 
-def visible_count(nq: int, nk: int, causal: bool, start: int = 0, stop: int | None = None):
+def visible_count(nq: int, nk: int, causal, start: int = 0, stop: int | None = None):
     """(Nq,) int64: how many of the keys start..stop-1 (default all) each query row sees.
-    Under `visible` query i sees keys 0..i + Nk - Nq, a prefix."""
+    Under `visible` query i sees keys 0..i + diagonal, a prefix."""
     stop = nk if stop is None else stop
     if not causal:
         return torch.full((nq,), stop - start, dtype=torch.int64)
-    return torch.clamp(torch.arange(nq) + (nk - nq) + 1 - start, 0, stop - start)
+    return torch.clamp(torch.arange(nq) + diagonal(nq, nk, causal) + 1 - start, 0,
+                       stop - start)
 
 
 def needs_block_max(order) -> bool:

@@ -1,0 +1,319 @@
+"""The argument checks of the public API: one home for attention, attention_backward and
+split-KV, so that every door refuses the same inputs with the same words.
+
+    from flashnum.engine.checks import check_tensors, check_options, check_finite
+    check_tensors(q, k, v)                  # types, devices, shapes (before anything runs)
+    o = check_options(q, k, v, precision="bf16", policy="fa2", block_m=64, ...)
+    o.block_m, o.block_n, o.num_splits      # clamped to the shape, numpy integers as int
+    o.causal                                # False, True (bottom-right) or "top_left"
+    check_finite(q=q, k=k, v=v)             # one pass unless a value is not finite
+
+Every refusal is one ValueError (a bad value) or TypeError (a bad type) whose message
+names the argument, the value given and what is valid. What is accepted and not obvious:
+
+  shapes   q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv) with any number of leading
+           dims, none included: a 2-D tensor is one head, a 3-D tensor is (H, N, d).
+           K and V may have fewer heads than Q (dim -3, GQA: Hq a multiple of Hkv).
+  dtypes   any real floating dtypes, mixed too: each value is read exactly and rounded
+           into the policy's inputs format (a bf16 q beside a float64 k means their values).
+  integers numpy integers wherever an int is asked for (block_m=np.int64(64)).
+  blocks   block_m > max(Nq, 16) and block_n > max(Nk, 16) run as max(Nq, 16) and
+           max(Nk, 16) (flashnum.numerics.tiling.clamp_block: a block beyond the data holds
+           only padding, which costs memory and adds nothing); num_splits beyond the key
+           blocks runs as num_splits = key blocks (the extra splits are empty and merge to
+           nothing).
+  memory   a call whose estimated peak memory exceeds what the machine has available
+           (MemAvailable) is refused before it allocates, naming the estimate.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from flashnum.engine.kernel_models import KERNEL_MODELS
+from flashnum.numerics.formats import ROUNDINGS, get_format
+from flashnum.numerics.policy import POLICIES, Policy, check_precision
+from flashnum.numerics.tiling import ORDERS, check_block, check_causal, clamp_block, n_blocks
+
+VARIANTS = ("fa2", "fa1", "exp2", "lazy", "qiu_yao", "qiu_yao_released")
+BACKENDS = ("emulate", "triton", "mp")
+# models of one real kernel: their own splits, order and casts
+KERNEL_POLICIES = ("torch_cpu", "triton_tutorial", *KERNEL_MODELS)
+INPUT_TRANSFORMS = ("none", "smooth_k", "hadamard", "smooth_k+hadamard")
+SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch.Generator.manual_seed takes
+
+
+def check_tensors(q, k, v, do=None, *, gqa: bool = False) -> None:
+    """Types, devices and shapes of q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv) and
+    do (..., Nq, dv) if given; gqa=True lets K, V have fewer heads (dim -3) than Q."""
+    xs = (("q", q), ("k", k), ("v", v)) + ((("do", do),) if do is not None else ())
+    for name, x in xs:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must be floating point, got {x.dtype}; valid: a real "
+                            "floating dtype (float64, float32, bfloat16, float16, ...)")
+        if x.is_meta:
+            raise ValueError(f"{name} is a meta tensor (a shape without values); valid: a "
+                             "tensor holding values (cpu or cuda)")
+        if x.ndim < 2:
+            raise ValueError(f"{name} must have shape (..., N, d), got {tuple(x.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k head dims differ: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v key counts differ: k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[:-2] != v.shape[:-2] or not (q.shape[:-2] == k.shape[:-2] or (
+            gqa and q.ndim == k.ndim >= 3 and q.shape[:-3] == k.shape[:-3]
+            and q.shape[-3] % max(1, k.shape[-3]) == 0)):
+        raise ValueError(
+            f"batch dims differ: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+            + ("; valid: equal leading dims, or query heads (dim -3) a multiple of "
+               "key/value heads (GQA)" if gqa else "; valid: equal leading dims")
+        )
+    for what, n in (("query count Nq (q.shape[-2])", q.shape[-2]),
+                    ("key count Nk (k.shape[-2])", k.shape[-2]),
+                    ("head dim d (q.shape[-1])", q.shape[-1]),
+                    ("value dim dv (v.shape[-1])", v.shape[-1])):
+        if n == 0:
+            raise ValueError(f"{what} is 0; attention needs at least 1 (empty shapes are "
+                             "rejected, not returned empty)")
+    if 0 in q.shape[:-2] or 0 in k.shape[:-2]:
+        raise ValueError(f"batch dims {tuple(q.shape[:-2])} hold no head; every batch dim "
+                         "must be >= 1 (empty shapes are rejected, not returned empty)")
+    if do is not None and tuple(do.shape) != (*q.shape[:-1], v.shape[-1]):
+        raise ValueError(f"do has shape {tuple(do.shape)}; valid: "
+                         f"{(*q.shape[:-1], v.shape[-1])} (the output's shape)")
+
+
+def check_finite(**xs: torch.Tensor) -> None:
+    """Every value finite (mask with causal=, never with inf)."""
+    for name, x in xs.items():
+        x = x.detach()  # no autograd: a grad-requiring input is read, not differentiated
+        # a finite sum needs every term finite (one pass); only a sum that is not finite
+        # (an inf or NaN, or merely an overflow) needs the elementwise check
+        if math.isfinite(float(x.sum())):
+            continue
+        if not bool(torch.isfinite(x).all()):
+            bad = "NaN" if bool(torch.isnan(x).any()) else "inf"
+            raise ValueError(f"{name} contains {bad}; inputs must be finite (mask with causal=)")
+
+
+def check_int(name: str, x, lo: int | None = None, hi: int | None = None) -> int:
+    """x an integer (numpy's too, not a bool) within [lo, hi]; returned as an int."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {x!r} ({type(x).__name__})")
+    if (lo is not None and x < lo) or (hi is not None and x > hi):
+        rng = f">= {lo}" if hi is None else f"in [{_pow2(lo)}, {_pow2(hi)}]"
+        raise ValueError(f"{name} must be an integer {rng}, got {x!r}")
+    return int(x)
+
+
+def _pow2(x: int) -> str:
+    """-2**63 and 2**63 - 1 as such, other numbers as they are."""
+    for e in (31, 32, 63, 64):
+        if x == -(2**e):
+            return f"-2**{e}"
+        if x == 2**e - 1:
+            return f"2**{e} - 1"
+    return str(x)
+
+
+def check_number(name: str, x, lo: float | None = None, positive: bool = False) -> float:
+    """x a finite real number (not a bool), >= lo or > 0 if asked; returned as a float."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {x!r} ({type(x).__name__})")
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be finite, got {x!r}")
+    if lo is not None and x < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {x!r}")
+    if positive and not x > 0:
+        raise ValueError(f"{name} must be > 0 (the softmax scale), got {x!r}")
+    return float(x)
+
+
+def check_flag(name: str, x) -> bool:
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {x!r}")
+    return bool(x)
+
+
+def check_order(name: str, order, n_kb: int, valid=ORDERS):
+    """A named order of `valid`, or a permutation of range(n_kb) of integers (a list,
+    tuple, array or 1-D integer tensor)."""
+    choices = f"{', '.join(valid)}, or a permutation of range({n_kb}) (the key blocks)"
+    if isinstance(order, str):
+        if order not in valid:
+            raise ValueError(f"unknown {name} {order!r}; valid: {choices}")
+        return order
+    if isinstance(order, torch.Tensor):
+        items = order.tolist() if order.ndim == 1 and not order.is_floating_point() and \
+            order.dtype is not torch.bool else None
+    elif isinstance(order, (list, tuple, np.ndarray)):
+        items = list(order)
+    else:
+        items = None
+    if items is None or any(isinstance(i, (bool, np.bool_)) or not isinstance(
+            i, numbers.Integral) for i in items):
+        raise TypeError(f"{name} must be one of {choices}; got {order!r}")
+    if sorted(int(i) for i in items) != list(range(n_kb)):
+        raise ValueError(f"{name} {[int(i) for i in items][:16]} is not a permutation of "
+                         f"range({n_kb}) (there are {n_kb} key blocks); valid: {choices}")
+    return [int(i) for i in items]
+
+
+def check_policy(policy, precision, *, num_splits: int, gqa: bool, backend: str,
+                 valid=POLICIES + KERNEL_POLICIES) -> None:
+    """A policy name of `valid` or a Policy; split-KV and GQA only where they exist."""
+    if not isinstance(policy, Policy) and not (isinstance(policy, str) and policy in valid):
+        raise ValueError(f"unknown policy {policy!r}; valid: {', '.join(valid)}, or a "
+                         "flashnum.numerics.policy.Policy")
+    if num_splits > 1 or gqa:
+        what = f"split-KV (num_splits={num_splits})" if num_splits > 1 else \
+            "GQA (K, V with fewer heads than Q, run through split-KV)"
+        lacking = (f"policy {policy!r} (a model of one kernel, its own splits)"
+                   if policy in KERNEL_POLICIES else
+                   "precision 'mp' (backend mp)" if precision == "mp" or backend == "mp" else
+                   f"backend {backend!r}" if backend != "emulate" else None)
+        if lacking:
+            raise ValueError(f"{what} is not supported for {lacking}; valid: backend "
+                             f"'emulate' with policy {', '.join(POLICIES)} or a Policy")
+
+
+@dataclass
+class Options:
+    """The checked options, as the engine takes them."""
+
+    block_m: int
+    block_n: int
+    num_splits: int
+    causal: bool | str
+    seed: int
+    scale: float | None
+
+
+def check_options(q, k, v, *, precision, policy, block_m, block_n, order, causal, scale,
+                  rounding, seed, variant="fa2", backend="emulate", num_splits=1,
+                  trace=False, mp_bits=256, tau=8.0, beta=2.0, split_precision=None,
+                  merge_precision=None, input_transform="none", dq_order=None,
+                  backward=False, policies=POLICIES + KERNEL_POLICIES) -> Options:
+    """Every option of attention / attention_backward (checked tensors q, k, v given);
+    raises the first bad one. Blocks and splits come back clamped to the shape."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    check_precision(precision, mp=not backward)  # a policy's precision (p<bits> too), or mp
+    num_splits = check_int("num_splits", num_splits, lo=1)
+    gqa = q.ndim >= 3 and q.shape[-3] != k.shape[-3]
+    if not backward:
+        check_policy(policy, precision, num_splits=num_splits, gqa=gqa, backend=backend,
+                     valid=policies)
+    nq, nk = q.shape[-2], k.shape[-2]
+    block_m, block_n = check_block("block_m", block_m), check_block("block_n", block_n)
+    if backend != "triton":  # the kernel takes its own block sizes (BLOCKS) and masks
+        # the rows of one K/V head: GQA packs a group's query heads into one call
+        rows = nq * (q.shape[-3] // k.shape[-3] if gqa else 1)
+        block_m, block_n = clamp_block(block_m, rows), clamp_block(block_n, nk)
+    n_kb = n_blocks(nk, block_n)
+    num_splits = min(num_splits, n_kb)
+    check_order("order", order, n_kb)
+    if dq_order is not None:
+        check_order("dq_order", dq_order, n_kb, valid=("forward", "reverse", "random"))
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    causal = check_causal(causal)
+    check_flag("trace", trace)
+    if scale is not None:  # None: 1/sqrt(d)
+        scale = check_number("scale", scale, positive=True)
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
+    seed = check_int("seed", seed, *SEED_RANGE)
+    check_int("mp_bits", mp_bits, lo=2)
+    check_number("tau", tau, lo=0.0)
+    check_number("beta", beta)
+    for name, f in (("split_precision", split_precision), ("merge_precision", merge_precision)):
+        if f is not None and not hasattr(get_format(f), "round"):
+            raise ValueError(f"{name} must be a format with a rounding, got {f!r}")
+    if input_transform not in INPUT_TRANSFORMS:
+        raise ValueError(f"unknown input_transform {input_transform!r}; valid: "
+                         f"{', '.join(INPUT_TRANSFORMS)}")
+    if backend == "mp" and variant == "qiu_yao_released":
+        raise ValueError("variant 'qiu_yao_released' models bf16 code; backend 'mp' takes "
+                         f"{', '.join(v for v in VARIANTS if v != 'qiu_yao_released')}")
+    if backend == "triton":
+        try:  # the backend module sets TRITON_INTERPRET before it imports triton (heavy, optional)
+            import flashnum.backends.triton  # noqa: F401
+        except ModuleNotFoundError as e:
+            if not (e.name or "").startswith("triton"):
+                raise
+            raise ValueError(
+                "backend='triton' needs the triton package, which is not installed: "
+                "pip install triton (or pip install -e .[triton])") from None
+        if causal == "top_left":  # the kernels write the bottom-right rule out themselves
+            raise ValueError("causal='top_left' is not supported by backend 'triton' (its "
+                             "kernels are bottom-right aligned); valid there: False, True, "
+                             "'bottom_right'")
+    if isinstance(policy, str) and policy == "torch_cpu" and causal is True and nq != nk:
+        raise ValueError(f"policy 'torch_cpu' models torch's top-left causal mask; with Nq={nq}"
+                         f" != Nk={nk} causal=True (bottom-right) is not what it computes; "
+                         "valid: causal='top_left' or False")
+    return Options(block_m=block_m, block_n=block_n, num_splits=num_splits, causal=causal,
+                   seed=seed, scale=scale)
+
+
+# ---------------------------------------------------------------------------
+# memory
+
+def available_bytes() -> int | None:
+    """Memory the machine can give now (Linux MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def peak_bytes(q, k, v, *, block_m: int, block_n: int, num_splits: int = 1,
+               backward: bool = False) -> int:
+    """An estimate (from above, within a small factor) of the peak memory of one call:
+    the inputs as stored on the float64 carrier (padded to whole blocks) and the tiles
+    the blocked loop keeps, about a dozen (B, Nq, block_n) tiles (twice as many in the
+    backward), plus num_splits partial outputs."""
+    nq, nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    b = q.numel() // (nq * d)
+    nqp, nkp = n_blocks(nq, block_m) * block_m, n_blocks(nk, block_n) * block_n
+    tiles = (24 if backward else 12) * b * nqp * block_n
+    data = 3 * b * (nqp * (d + dv) + nkp * (d + dv))
+    splits = 3 * num_splits * b * nq * (dv + 2) if num_splits > 1 else 0
+    return 8 * (tiles + data + splits)
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1024 or unit == "PB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} PB"
+
+
+def check_memory(q, k, v, opts: Options, backward: bool = False) -> None:
+    """Refuse a call whose estimated peak memory exceeds what is available."""
+    need = peak_bytes(q, k, v, block_m=opts.block_m, block_n=opts.block_n,
+                      num_splits=opts.num_splits, backward=backward)
+    have = available_bytes()
+    if have is not None and need > have:
+        raise ValueError(
+            f"this call needs an estimated {human(need)} of memory (block_m={opts.block_m}, "
+            f"block_n={opts.block_n}, num_splits={opts.num_splits}, q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}) and {human(have)} is available; valid: smaller blocks, "
+            "fewer heads or a shorter sequence")
