@@ -189,7 +189,7 @@ def attention_backward(
         from flashnum.engine.torch_cpu_backward import attention_backward_torch_cpu
 
         return attention_backward_torch_cpu(q, k, v, do, precision=precision,
-                                            causal=bool(causal), scale=scale, out=out,
+                                            causal=causal, scale=scale, out=out,
                                             lse=lse, measure_ds=measure_ds)
     pol = make_backward_policy(policy, precision)
     check_flag("measure_ds", measure_ds)

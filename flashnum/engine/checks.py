@@ -133,7 +133,8 @@ def check_number(name: str, x, lo: float | None = None, positive: bool = False) 
     if lo is not None and x < lo:
         raise ValueError(f"{name} must be >= {lo}, got {x!r}")
     if positive and not x > 0:
-        raise ValueError(f"{name} must be > 0 (the softmax scale), got {x!r}")
+        raise ValueError(f"{name} must be > 0, got {x!r}; valid: a finite {name} > 0 "
+                         "(None: 1/sqrt(d))")
     return float(x)
 
 
