@@ -47,7 +47,8 @@ def compare(precision, shape, causal, seed):
     q, k, v = [torch.randn(b, h, n, d, generator=g).to(dtype) for n in (nq, nk, nk)]
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, is_causal=causal)[:2]
-    res = flashnum.attention(q, k, v, precision=precision, policy="torch_cpu", causal=causal)
+    res = flashnum.attention(q, k, v, precision=precision, policy="torch_cpu",
+                             causal="top_left" if causal else False)  # torch's is_causal
     mine = res.out.to(dtype)
     diff = (mine.double() - out.double()).abs()
     return dict(

@@ -167,7 +167,7 @@ def test_bad_arguments_get_one_clear_error():
     with pytest.raises(ValueError, match="top-left"):
         flashnum.attention_backward(q, k, k, q, precision="bf16", policy="torch_cpu",
                                     causal="bottom_right")
-    with pytest.raises(ValueError, match="unknown causal"):
+    with pytest.raises(ValueError, match="causal must be True or False"):
         flashnum.attention_backward(q, k, k, q, precision="bf16", policy="torch_cpu",
                                     causal="diagonal")
     with pytest.raises(ValueError, match="fp32, bf16 or fp16"):
@@ -175,9 +175,10 @@ def test_bad_arguments_get_one_clear_error():
     with pytest.raises(ValueError, match="exp2"):
         flashnum.attention_backward(q, k, k, q, precision="bf16", policy="torch_cpu",
                                     exp2=True)
-    # True is the kernel's own (top-left) mask, as the torch_cpu forward takes it
+    # True is bottom-right for every policy: with Nq != Nk torch's mask is named
+    with pytest.raises(ValueError, match="causal='top_left'"):
+        flashnum.attention_backward(q, k, k, q, precision="bf16", policy="torch_cpu",
+                                    causal=True)
     a = flashnum.attention_backward(q, k, k, q, precision="bf16", policy="torch_cpu",
                                     causal="top_left")
-    b = flashnum.attention_backward(q, k, k, q, precision="bf16", policy="torch_cpu",
-                                    causal=True)
-    assert math.isfinite(float(a.dq.abs().sum())) and torch.equal(a.dq, b.dq)
+    assert math.isfinite(float(a.dq.abs().sum()))

@@ -103,7 +103,8 @@ def model_out(spec, q, k, v, *, precision, causal, alignment, scale):
         own = "top_left" if kw["policy"] == "torch_cpu" else "bottom_right"
         if own != alignment:
             return None
-    return attention(q, k, v, precision=precision, causal=causal, scale=scale, **kw).out
+    return attention(q, k, v, precision=precision, causal=alignment if causal else False,
+                     scale=scale, **kw).out
 
 
 def ulp_key(x: torch.Tensor, dtype) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
     import flashnum
     g = flashnum.attention_backward(q, k, v, do, precision="bf16", policy="torch_cpu",
-                                    causal=True)  # torch's is_causal, as in the forward
+                                    causal="top_left")  # torch's is_causal
     # or directly: flashnum.engine.torch_cpu_backward.attention_backward_torch_cpu(...)
 
 On CPU, autograd through torch.nn.functional.scaled_dot_product_attention runs ATen's
@@ -200,8 +200,9 @@ def exp_rows(a: torch.Tensor, lse: torch.Tensor, use_c: bool = True) -> None:
 
 def kernel_causal(causal, nq: int, nk: int) -> bool:
     """Whether the kernel's causal mask applies. Its mask is top-left (torch's is_causal:
-    query i sees keys 0..i). causal=True asks for the policy's own mask, as the torch_cpu
-    forward takes it (flashnum.audit's OWN_ALIGNMENT); "top_left" names it. "bottom_right"
+    query i sees keys 0..i). "top_left" names it; flashnum.attention_backward refuses True
+    (bottom-right there, as for every policy) where Nq != Nk, so True reaches this
+    function from it only where the masks coincide. "bottom_right"
     (flashnum's alignment for the other policies: query i sees keys 0..i + Nk - Nq) is the
     same mask only when Nq = Nk, and otherwise one the kernel cannot compute."""
     if isinstance(causal, (bool, np.bool_)):
