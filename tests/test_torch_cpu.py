@@ -77,3 +77,20 @@ def test_a_precision_the_kernel_does_not_run_is_rejected_in_one_line():
     q, k, v = _inputs(1, 1, 4, 4, 8, torch.float32)
     with pytest.raises(ValueError, match="fp32, bf16 or fp16"):
         flashnum.attention(q, k, v, precision="fp8_e4m3", policy="torch_cpu")
+
+
+@pytest.mark.parametrize("nq,nk,d,causal", [(100, 100, 80, False), (300, 300, 80, True),
+                                            (100, 77, 63, True)])
+def test_the_packed_bf16_path_equals_torch_where_the_machine_packs(nq, nk, d, causal):
+    """Where cpublas::could_pack(bf16) (oneDNN's AMX brgemm), the kernel multiplies S and P V
+    on VNNI-packed K and V for lengths >= 64 (need_pack): the model does the same (odd d and
+    odd key blocks padded as the kernel pads them)."""
+    if not torch_cpu.need_pack("bf16", 2, nq, nk, d, 32 if nq < 192 else 64, causal,
+                               torch.get_num_threads()):
+        pytest.skip("this machine's torch does not pack bf16 (no AMX)")
+    q, k, v = _inputs(1, 2, nq, nk, d, torch.bfloat16, seed=1)
+    want, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, is_causal=causal)[:2]
+    res = flashnum.attention(q, k, v, precision="bf16", policy="torch_cpu", causal=causal)
+    assert _same_bits(res.out.to(torch.bfloat16), want)
+    assert _same_bits(res.lse.float(), lse)

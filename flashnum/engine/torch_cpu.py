@@ -300,6 +300,89 @@ def _pv(prec, p, v, o, first: bool) -> None:
 
 
 # ---------------------------------------------------------------------------
+# the packed path: oneDNN's brgemm on VNNI-packed K and V (bf16 on AMX machines)
+
+_SCALAR_TYPE = {"bf16": 15, "fp16": 5}  # c10::ScalarType of BFloat16, Half
+
+
+@functools.cache
+def _brgemm():
+    """(could_pack, brgemm, brgemm_release) of at::native::cpublas in libtorch_cpu, or None."""
+    lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+    names = {"bf16": "_ZN2at6native7cpublas6brgemmEllllllbPKN3c108BFloat16ES5_Pfb",
+             "fp16": "_ZN2at6native7cpublas6brgemmEllllllbPKN3c104HalfES5_Pfb"}
+    try:
+        could = lib._ZN2at6native7cpublas10could_packEN3c1010ScalarTypeE
+        release = lib._ZN2at6native7cpublas14brgemm_releaseEb
+        fns = {p: getattr(lib, n) for p, n in names.items()}
+    except AttributeError:
+        return None
+    could.argtypes, could.restype = [ctypes.c_int8], ctypes.c_bool
+    release.argtypes, release.restype = [ctypes.c_bool], None
+    i64, vp = ctypes.c_int64, ctypes.c_void_p
+    for f in fns.values():
+        f.argtypes = [i64] * 6 + [ctypes.c_bool, vp, vp, vp, ctypes.c_bool]
+        f.restype = None
+    return could, fns, release
+
+
+def need_pack(prec, bh, nq, nk, d, qs, causal, threads) -> bool:
+    """flash_attention_kernel_impl's could_pack (bf16/fp16 where cpublas::could_pack says
+    so: oneDNN's AMX brgemm) and cpu_flash_attention's need_pack: both lengths at least 64
+    (bf16) or 16 (fp16), and the GEMM work per thread at least 4x (bf16) or 1x (fp16) the
+    packing work."""
+    lib = _brgemm()
+    if prec not in _SCALAR_TYPE or lib is None or not lib[0](_SCALAR_TYPE[prec]):
+        return False
+    thresh = 64 if prec == "bf16" else 16
+    if nk < thresh or nq < thresh:
+        return False
+    pack_size = float(bh * nk * d)
+    q_slice = -(-nq // qs)
+    qs_per_thread = float((bh * q_slice + threads - 1) // threads)  # integer division
+    gemm_size = qs_per_thread * qs * (min(nq, nk) if causal else nk) * d
+    return gemm_size / pack_size >= (4 if prec == "bf16" else 1)
+
+
+def pack_vnni2(src: torch.Tensor) -> torch.Tensor:
+    """at::vec::pack_vnni2: [K, N] -> [K/2, N, 2] (pairs of rows interleaved), K padded to
+    even with a zero row, flattened."""
+    k, n = src.shape
+    if k % 2:
+        src = torch.cat([src, src.new_zeros(1, n)])
+    return src.reshape(-1, 2, n).transpose(1, 2).reshape(-1)
+
+
+class _Packed:
+    """The kernel's reordered K and V (need_pack): key_reorder [bh, eheadSize, Nk], each key
+    block at n * eheadSize, the block's K^T packed; value_reorder [bh, kv_padding_size, d],
+    each block at (n / kvS) * ekvS * d, the block's V packed (odd blocks padded to even)."""
+
+    def __init__(self, k3, v3, ks):
+        bh, nk, d = k3.shape
+        self.ehead = d + d % 2
+        self.eks = ks + ks % 2
+        tail = (nk - 1) % ks + 1
+        self.kv_padding = (nk - 1) // ks * self.eks + tail + tail % 2
+        self.key = torch.empty(bh, self.ehead * nk, dtype=k3.dtype)
+        self.value = torch.empty(bh, self.kv_padding * d, dtype=k3.dtype)
+        for h in range(bh):
+            for n in range(0, nk, ks):
+                kvb = min(ks, nk - n)
+                kt = pack_vnni2(k3[h, n : n + kvb].T.contiguous())
+                self.key[h, n * self.ehead : n * self.ehead + kt.numel()] = kt
+                vt = pack_vnni2(v3[h, n : n + kvb])
+                p0 = n // ks * self.eks * d
+                self.value[h, p0 : p0 + vt.numel()] = vt
+
+
+def _brgemm_call(prec, m, n, k, lda, ldb, ldc, add_c, a, b, c) -> None:
+    """cpublas::brgemm(M, N, K, ld_a, ld_b, ld_c, add_C, A, B (VNNI), C): C (+)= A B."""
+    _brgemm()[1][prec](m, n, k, lda, ldb, ldc, add_c, a.data_ptr(), b.data_ptr(),
+                        c.data_ptr(), True)
+
+
+# ---------------------------------------------------------------------------
 # the row softmax of one block: torch_cpu.c when a C compiler is at hand (fast), else the
 # same operations in torch (tests check that both give the same bits)
 
@@ -449,8 +532,18 @@ def attention_torch_cpu(q, k, v, *, precision="bf16", causal=False, scale=None,
     m_all = torch.empty(bh, nq, dtype=torch.float32)
     l_all = torch.empty(bh, nq, dtype=torch.float32)
     bufs = _ThreadBuffers(dtype, qs, ks, d, bh * -(-nq // qs))
+    packed = None
+    if need_pack(precision, bh, nq, nk, d, qs, causal, torch.get_num_threads()):
+        packed = _Packed(k3, v3, ks)
+        bufs = _ThreadBuffers(dtype, qs, ks, d, bh * -(-nq // qs), packed=packed)
     lib = _clib() if use_c else None
-    if lib is not None and _mkl() is not None and _omp_set_num_threads() is not None:
+    if packed is not None:  # the packed loop runs from Python (its GEMMs are oneDNN's)
+        with _one_thread(bufs.threads > 1):
+            _run_python(precision, q3, k3, v3, qs, ks, causal, scale32, bufs, out, m_all,
+                        l_all, use_c, packed)
+            _brgemm()[2](True)
+        res = _finish_python(lib, dtype, out, m_all, l_all)
+    elif lib is not None and _mkl() is not None and _omp_set_num_threads() is not None:
         _run_c(lib, precision, q3, k3, v3, qs, ks, causal, scale32, bufs, out, m_all,
                l_all)  # o before the division, m, l as the state leaves them
         res = _finish_c(lib, precision, out, m_all, l_all)
@@ -515,7 +608,7 @@ def _run_c(lib, prec, q3, k3, v3, qs, ks, causal, scale32, bufs, o_all, m_all, l
 
 
 def _run_python(prec, q3, k3, v3, qs, ks, causal, scale32, bufs, o_all, m_all, l_all,
-                use_c) -> None:
+                use_c, packed=None) -> None:
     """The same loop task by task from Python (no C compiler, no MKL symbols, or use_c
     False), filling o_all, m_all, l_all as _run_c does."""
     bh, nq = q3.shape[:2]
@@ -524,7 +617,7 @@ def _run_python(prec, q3, k3, v3, qs, ks, causal, scale32, bufs, o_all, m_all, l
             qb = min(qs, nq - r0)
             buf = bufs.for_task(h * -(-nq // qs) + r0 // qs)
             m, l, o = _query_block(prec, q3[h, r0 : r0 + qb], k3[h], v3[h], r0, ks, causal,
-                                   scale32, buf, use_c)
+                                   scale32, buf, use_c, packed, h)
             o_all[h, r0 : r0 + qb], m_all[h, r0 : r0 + qb], l_all[h, r0 : r0 + qb] = o, m, l
 
 
@@ -535,25 +628,31 @@ class _ThreadBuffers:
     model uses the same offsets, on the thread at::parallel_for gives the task (contiguous
     chunks of ceil(tasks / threads) tasks, threads = min(torch threads, tasks))."""
 
-    def __init__(self, dtype, qs, ks, d, tasks):
+    def __init__(self, dtype, qs, ks, d, tasks, packed=None):
         self.threads = max(1, min(torch.get_num_threads(), tasks))
         self.chunk = -(-tasks // self.threads)
         self.qs, self.ks, self.d = qs, ks, d
         self.per_thread = qs * ks + 2 * qs + qs * d
         self.f32 = torch.empty(self.threads, self.per_thread, dtype=torch.float32)
+        eks = ks if packed is None else packed.eks  # buf_reduced: qS x ekvS per thread
         self.low = (None if dtype is torch.float32
-                    else torch.empty(self.threads, qs * ks, dtype=dtype))
+                    else torch.empty(self.threads, qs * eks, dtype=dtype))
+        self.q_pad = (None if packed is None or d % 2 == 0
+                      else torch.empty(self.threads, qs * packed.ehead, dtype=dtype))
 
     def for_task(self, task):
         t = task // self.chunk
         base = self.f32[t]
         return dict(qk=base[: self.qs * self.ks],
                     dst=base[self.qs * self.ks + 2 * self.qs :][: self.qs * self.d],
-                    low=None if self.low is None else self.low[t])
+                    low=None if self.low is None else self.low[t],
+                    q_pad=None if self.q_pad is None else self.q_pad[t])
 
 
-def _query_block(prec, q, k, v, r0, ks, causal, scale32, buf, use_c=True):
-    """(m, l, o) of one query block (q: qB x d) of one head after every key block it visits."""
+def _query_block(prec, q, k, v, r0, ks, causal, scale32, buf, use_c=True, packed=None,
+                 h=0):
+    """(m, l, o) of one query block (q: qB x d) of one head after every key block it visits.
+    packed: the reordered K, V of need_pack (head h): S and P V by brgemm instead."""
     qb, d = q.shape
     nk = k.shape[0]
     m = torch.full((qb,), -math.inf, dtype=torch.float32)
@@ -561,10 +660,20 @@ def _query_block(prec, q, k, v, r0, ks, causal, scale32, buf, use_c=True):
     o = buf["dst"][: qb * d].view(qb, d)
     num_keys = min(r0 + qb, nk) if causal else nk
     rows = torch.arange(qb)
+    q_op, ld_q = q, d
+    if packed is not None and d % 2:  # copy_value_with_pad: q with a zero column
+        q_op = buf["q_pad"][: qb * packed.ehead].view(qb, packed.ehead)
+        q_op.zero_()
+        q_op[:, :d] = q
+        ld_q = packed.ehead
     for n in range(0, num_keys, ks):
         kvb = min(ks, nk - n)
         s = buf["qk"][: qb * kvb].view(qb, kvb)
-        _qk(prec, q, k[n : n + kvb], s)
+        if packed is None:
+            _qk(prec, q, k[n : n + kvb], s)
+        else:
+            kp = packed.key[h, n * packed.ehead :]
+            _brgemm_call(prec, qb, kvb, packed.ehead, ld_q, kvb, kvb, False, q_op, kp, s)
         if causal and num_keys - n <= ks:
             s.masked_fill_(torch.arange(kvb)[None, :] > (r0 + rows - n)[:, None], -math.inf)
         s.mul_(scale32)
@@ -574,8 +683,19 @@ def _query_block(prec, q, k, v, r0, ks, causal, scale32, buf, use_c=True):
         if buf["low"] is None:
             s.copy_(p)  # fp32: P overwrites the logits in the same buffer
             pc = s
-        else:
+        elif packed is None:
             pc = buf["low"][: qb * kvb].view(qb, kvb)
             pc.copy_(p)  # the stored P: one round to nearest even
-        _pv(prec, pc, v[n : n + kvb], o, first=n == 0)
+        else:  # rows of ekvB (an odd block gets a zero column)
+            ekvb = kvb + kvb % 2
+            pc = buf["low"][: qb * ekvb].view(qb, ekvb)
+            pc[:, :kvb] = p
+            if ekvb > kvb:
+                pc[:, kvb:] = 0
+        if packed is None:
+            _pv(prec, pc, v[n : n + kvb], o, first=n == 0)
+        else:
+            ekvb = kvb + kvb % 2
+            vp = packed.value[h, n // ks * packed.eks * d :]
+            _brgemm_call(prec, qb, d, ekvb, ekvb, d, d, n > 0, pc, vp, o)
     return m, l, o.clone()
