@@ -91,6 +91,7 @@ def test_the_packed_bf16_path_equals_torch_where_the_machine_packs(nq, nk, d, ca
     q, k, v = _inputs(1, 2, nq, nk, d, torch.bfloat16, seed=1)
     want, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, is_causal=causal)[:2]
-    res = flashnum.attention(q, k, v, precision="bf16", policy="torch_cpu", causal=causal)
+    res = flashnum.attention(q, k, v, precision="bf16", policy="torch_cpu",
+                             causal="top_left" if causal else False)  # torch's is_causal
     assert _same_bits(res.out.to(torch.bfloat16), want)
     assert _same_bits(res.lse.float(), lse)
