@@ -23,7 +23,23 @@ from flashnum.harness import faults, owners
 
 
 class StoreError(Exception):
-    """A store file that cannot be read or written; str() is one line for the user."""
+    """A store file that cannot be read or written; str() is one line for the user,
+    .path the file and .why what is wrong with it (when one file is to blame)."""
+
+    def __init__(self, msg: str, path: Path | None = None, why: str | None = None):
+        super().__init__(msg)
+        self.path, self.why = path, why
+
+
+def unreadable(path: Path, why) -> StoreError:
+    """The error of an unreadable store file: one line naming it, why, and the command
+    that repairs the store (python -m flashnum.store repair)."""
+    path = Path(path)
+    exp_dir = path.parent.parent if path.parent.name == "parts" else path.parent
+    why = why if isinstance(why, str) else f"{type(why).__name__}: {why}".splitlines()[0]
+    return StoreError(f"{path} is unreadable ({why}); repair the store with: python -m "
+                      f"flashnum.store repair {exp_dir.name} store.root={exp_dir.parent}",
+                      path, why)
 
 
 def atomic_write(path: Path, write, point: str | None = None) -> None:

@@ -45,7 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from flashnum.harness import owners
-from flashnum.harness.files import StoreError, write_json
+from flashnum.harness.files import unreadable, write_json
 from flashnum.harness.paths import CONF
 
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -184,20 +184,11 @@ def load(path) -> dict:
     except FileNotFoundError:
         return {}
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise StoreError(unreadable(path, e)) from None
+        raise unreadable(path, e) from None
     if not isinstance(man, dict) or not isinstance(man.get("runs", man.get("history", [])),
                                                    list):
-        raise StoreError(unreadable(path, "not a manifest"))
+        raise unreadable(path, "not a manifest")
     return _legacy(man) if "runs" not in man else man
-
-
-def unreadable(path: Path, why) -> str:
-    """The one line for an unreadable store file: which, why, and the command that repairs."""
-    path = Path(path)
-    exp_dir = path.parent.parent if path.parent.name == "parts" else path.parent
-    why = why if isinstance(why, str) else f"{type(why).__name__}: {why}".splitlines()[0]
-    return (f"{path} is unreadable ({why}); repair the store with: python -m flashnum.store "
-            f"repair {exp_dir.name} store.root={exp_dir.parent}")
 
 
 def runs(path) -> list[dict]:

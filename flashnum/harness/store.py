@@ -63,7 +63,7 @@ import pyarrow.parquet as pq
 
 from flashnum.harness import cli, faults, manifest, owners
 from flashnum.harness.config import StoreConf
-from flashnum.harness.files import StoreError, atomic_write, write_json
+from flashnum.harness.files import StoreError, atomic_write, unreadable, write_json
 
 RESULTS = "results.parquet"
 PARTS = "parts"
@@ -144,7 +144,7 @@ def _table(f: Path, columns=None) -> pa.Table:
     except FileNotFoundError:
         raise
     except (pa.ArrowException, OSError, ValueError) as e:
-        raise StoreError(manifest.unreadable(f, e)) from None
+        raise unreadable(f, e) from None
 
 
 def _again(read, attempts: int = 60):
@@ -207,7 +207,7 @@ def grid_ids(name_or_path, root=None) -> set[str] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise StoreError(manifest.unreadable(f, e)) from None
+        raise unreadable(f, e) from None
 
 
 def load(name_or_path, root=None, all_rows: bool = False) -> pd.DataFrame:
@@ -282,7 +282,7 @@ def reconcile(exp_dir, run_ids=None, why: str = "its process ended before the ru
                 except FileNotFoundError:
                     continue
                 except (pa.ArrowException, OSError, ValueError) as e:
-                    raise StoreError(manifest.unreadable(p, e)) from None
+                    raise unreadable(p, e) from None
                 k, last = rows.get(run, (0, 0.0))
                 rows[run] = (k + n, max(last, t))
 
@@ -324,7 +324,7 @@ def _rows(res: Path) -> int:
     try:
         return pq.read_metadata(res).num_rows
     except (pa.ArrowException, OSError, ValueError) as e:
-        raise StoreError(manifest.unreadable(res, e)) from None
+        raise unreadable(res, e) from None
 
 
 def compact(name_or_path, root=None) -> int:
@@ -406,12 +406,12 @@ def problems(exp_dir) -> list[tuple[Path, str]]:
         except FileNotFoundError:
             continue
         except StoreError as e:
-            out.append((f, str(e).split(" is unreadable (", 1)[1].rsplit("); repair", 1)[0]))
+            out.append((f, e.why))
     for f in _manifests(exp_dir):
         try:
             manifest.load(f)
         except StoreError as e:
-            out.append((f, str(e).split(" is unreadable (", 1)[1].rsplit("); repair", 1)[0]))
+            out.append((f, e.why))
     try:
         grid_ids(exp_dir)
     except StoreError:
@@ -491,7 +491,7 @@ def _run(a) -> int:
     if a.action == "check":
         bad = problems(exp_dir)
         for f, why in bad:
-            print(manifest.unreadable(f, why), file=sys.stderr)
+            print(unreadable(f, why), file=sys.stderr)
         if not bad:
             print(f"{exp_dir}: every file readable; {len(done_ids(exp_dir))} cases stored")
         return 2 if bad else 0
