@@ -164,14 +164,24 @@ class NoResults(FileNotFoundError):
     """The experiment has no table at all (not a race: never read again)."""
 
 
+_IDS: dict = {}  # (path, mtime_ns, size) -> its case_ids: a file is read once per process
+
+
 def done_ids(name_or_path, root=None) -> set[str]:
-    """The case_ids that already have a row (reads only that column)."""
+    """The case_ids that already have a row (reads only that column, of the files not
+    read before: every task of a run asks again, see flashnum.harness.run.claimed)."""
     exp_dir = experiment_dir(name_or_path, root)
 
     def read():
         ids: set[str] = set()
         for f in _files(exp_dir):
-            ids.update(_table(f, ["case_id"]).column("case_id").to_pylist())
+            st = f.stat()
+            key = (str(f), st.st_mtime_ns, st.st_size)
+            if key not in _IDS:
+                if len(_IDS) > 10_000:
+                    _IDS.clear()
+                _IDS[key] = _table(f, ["case_id"]).column("case_id").to_pylist()
+            ids.update(_IDS[key])
         return ids
 
     return _again(read)
