@@ -235,12 +235,13 @@ def prepare(q, k, v, *, precision, policy, block_m, block_n, order, variant, cau
                       input_transform=input_transform)
     if exp2_scale not in EXP2_SCALES:
         raise ValueError(f"unknown exp2_scale {exp2_scale!r}; valid: {', '.join(EXP2_SCALES)}")
-    check_memory(q, k, v, o)
+    known = backend != "mp" and (isinstance(policy, Policy) or policy in POLICIES)
+    check_memory(q, k, v, o, standard=known and make_policy(policy, precision).structure ==
+                 "standard")
     check_finite(q=q, k=k, v=v)
     if input_transform != "none":  # on all the keys, before any split or rounding
         q, k, v = transform_inputs(q, k, v, input_transform, o.seed)
-    warned = backend != "mp" and (isinstance(policy, Policy) or policy in POLICIES) and \
-        _warn_overflow(make_policy(policy, precision), q=q, k=k, v=v)
+    warned = known and _warn_overflow(make_policy(policy, precision), q=q, k=k, v=v)
     return dict(q=q, k=k, v=v, precision=precision, policy=policy, block_m=o.block_m,
                 block_n=o.block_n, order=order, variant=variant, causal=o.causal,
                 scale=o.scale, rounding=rounding, seed=o.seed, trace=bool(trace),

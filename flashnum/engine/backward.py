@@ -83,7 +83,7 @@ from flashnum.engine.checks import (
 )
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import EXACT, FORMATS
-from flashnum.numerics.policy import BackwardPolicy, make_backward_policy
+from flashnum.numerics.policy import PRESETS, BackwardPolicy, make_backward_policy
 from flashnum.numerics.tiling import causal_visible, key_block_order, n_blocks, visible
 
 DQ_ORDERS = ("forward", "reverse", "random")
@@ -122,7 +122,10 @@ def _check(q, k, v, do, out, lse, **options):
             if tuple(x.shape) != shape:
                 raise ValueError(f"out {tuple(out.shape)} / lse {tuple(lse.shape)}; valid: "
                                  f"{want} and {want[:-1]}")
-    check_memory(q, k, v, o, backward=True)
+    pol = options["policy"]
+    standard = (isinstance(pol, BackwardPolicy) or pol in PRESETS) and make_backward_policy(
+        pol, options["precision"]).structure == "standard"
+    check_memory(q, k, v, o, backward=True, standard=standard)
     check_finite(q=q, k=k, v=v, do=do, **({} if out is None else {"out": out}))
     return o
 

@@ -285,18 +285,23 @@ def available_bytes() -> int | None:
 
 
 def peak_bytes(q, k, v, *, block_m: int, block_n: int, num_splits: int = 1,
-               backward: bool = False) -> int:
-    """An estimate (from above, within a small factor) of the peak memory of one call:
-    the inputs as stored on the float64 carrier (padded to whole blocks) and the tiles
-    the blocked loop keeps, about a dozen (B, Nq, block_n) tiles (twice as many in the
-    backward), plus num_splits partial outputs."""
+               backward: bool = False, standard: bool = False) -> int:
+    """An estimate, from above, of the memory one call adds: the inputs and their copies
+    on the float64 carrier, padded to whole blocks (4 in the forward, 6 in the backward),
+    the (B, Nq, block_n) tiles the blocked loop keeps (8; 12), num_splits partial outputs,
+    and for the standard structure its chunk of at most 2^24 logits (4 copies; 6).
+    `python bench/memory_estimate.py` (2-core Xeon, OMP_NUM_THREADS=1, bf16, B H = 2,
+    d = 64): at N = 2048 with blocks of 2048 the estimate is 1.5-11.5x the growth of the
+    peak RSS, at N = 4096 with blocks of 64 1.2-3.2x, over fa2, lowp, exact and naive,
+    forward and backward."""
     nq, nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     b = q.numel() // (nq * d)
     nqp, nkp = n_blocks(nq, block_m) * block_m, n_blocks(nk, block_n) * block_n
-    tiles = (24 if backward else 12) * b * nqp * block_n
-    data = 3 * b * (nqp * (d + dv) + nkp * (d + dv))
+    tiles = (12 if backward else 8) * b * nqp * block_n
+    data = (6 if backward else 4) * b * (nqp + nkp) * (d + dv)
     splits = 3 * num_splits * b * nq * (dv + 2) if num_splits > 1 else 0
-    return 8 * (tiles + data + splits)
+    chunk = (6 if backward else 4) * min(b * nq * nk, 1 << 24) if standard else 0
+    return 8 * (tiles + data + splits + chunk)
 
 
 def human(n: float) -> str:
@@ -307,10 +312,11 @@ def human(n: float) -> str:
     return f"{n:.1f} PB"
 
 
-def check_memory(q, k, v, opts: Options, backward: bool = False) -> None:
+def check_memory(q, k, v, opts: Options, backward: bool = False,
+                 standard: bool = False) -> None:
     """Refuse a call whose estimated peak memory exceeds what is available."""
     need = peak_bytes(q, k, v, block_m=opts.block_m, block_n=opts.block_n,
-                      num_splits=opts.num_splits, backward=backward)
+                      num_splits=opts.num_splits, backward=backward, standard=standard)
     have = available_bytes()
     if have is not None and need > have:
         raise ValueError(
