@@ -41,6 +41,7 @@ import time
 import torch
 
 from flashnum.audit import gradients, models
+from flashnum.numerics.tiling import causal_visible, check_causal
 from flashnum.reference import reference
 
 ALIGNMENTS = ("top_left", "bottom_right")
@@ -54,10 +55,8 @@ U32 = 2.0**-24
 
 def visible(nq: int, nk: int, alignment: str) -> torch.Tensor:
     """(Nq, Nk) bool: query i sees key j. top_left (torch's is_causal): j <= i;
-    bottom_right (flash-attn >= 2.1, flashnum): j <= i + Nk - Nq."""
-    i = torch.arange(nq)[:, None]
-    j = torch.arange(nk)[None, :]
-    return j <= i if alignment == "top_left" else j <= i + (nk - nq)
+    bottom_right (flash-attn >= 2.1, flashnum): j <= i + Nk - Nq (flashnum.numerics.tiling)."""
+    return causal_visible(nq, nk, causal=check_causal(alignment))
 
 
 def standard_attention(q, k, v, *, causal=False, alignment="top_left", scale=None,

@@ -44,6 +44,7 @@ import math
 import torch
 
 from flashnum.engine.result import Result
+from flashnum.numerics.tiling import causal_visible, check_causal
 
 KERNEL_MODELS = ("jax_xla", "torch_math", "ort_cpu")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -52,11 +53,7 @@ JAX_LARGE_NEGATIVE = -0.7 * float(torch.finfo(torch.float32).max)
 
 
 def _visible(nq: int, nk: int, causal) -> torch.Tensor | None:
-    if not causal:
-        return None
-    i = torch.arange(nq)[:, None]
-    j = torch.arange(nk)[None, :]
-    return j <= i if causal == "top_left" else j <= i + (nk - nq)
+    return causal_visible(nq, nk, causal=check_causal(causal)) if causal else None
 
 
 def _stored(x: torch.Tensor, dtype) -> torch.Tensor:
