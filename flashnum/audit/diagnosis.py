@@ -78,15 +78,20 @@ def shares(c, kept, case_list, precision, alignment, backward) -> dict:
         out, grads = kept[case.id]
         q, k, v, scale = _inputs(case, precision)
         kw = dict(precision=precision, causal=case.causal, alignment=alignment, scale=scale)
-        mo = models.forward(c, q, k, v, **kw)
+        try:  # a model that refuses this case's shape (a ValueError) does not model it
+            mo = models.forward(c, q, k, v, **kw)
+            g = None
+            if mo is not None and backward and grads is not None:
+                do = gradients.draw_do(case, out.shape, q.dtype)
+                g = models.backward(c, q, k, v, do, **kw)
+        except ValueError:
+            continue
         if mo is None:
             continue
         n += 1
         eq["out"] += _equal(out, mo)
         tot["out"] += out.numel()
-        if backward and grads is not None:
-            do = gradients.draw_do(case, out.shape, q.dtype)
-            g = models.backward(c, q, k, v, do, **kw)
+        if g is not None:
             for name, kg in zip(gradients.GRADS, grads, strict=True):
                 eq[name] += _equal(kg, getattr(g, name))
                 tot[name] += kg.numel()
@@ -134,7 +139,8 @@ def _site(c, case, quantity, precision, alignment) -> dict | None:
         return None
     r = t.loc[t.err_only.abs().idxmax()]
     return dict(site=str(r.site), format=str(r.format), err_only=float(r.err_only),
-                total=float(r.total), case=case.id, quantity=quantity)
+                err_without=float(r.err_without), total=float(r.total), case=case.id,
+                quantity=quantity)
 
 
 def diagnose(kept: dict, table: pd.DataFrame, case_list, *, precision: str, alignment: str,
@@ -170,7 +176,10 @@ def diagnose(kept: dict, table: pd.DataFrame, case_list, *, precision: str, alig
         by_id = {cs.id: cs for cs in case_list}
         order = _worst_first(table, worst["quantity"])
         for cid in order:  # the worst case the model can take
-            site = _site(c, by_id[cid], worst["quantity"], precision, alignment)
+            try:
+                site = _site(c, by_id[cid], worst["quantity"], precision, alignment)
+            except ValueError:
+                site = None
             if site is not None:
                 row = table.loc[table["id"] == cid].iloc[0]
                 err = row.get(QUANTITIES[worst["quantity"]][0])

@@ -125,8 +125,9 @@ def _diagnosis_lines(d) -> list[str]:
     site = d["site"]
     if site is not None:
         lines.append(f"    dominant site of {best['model']}'s {site['quantity']} error: "
-                     f"{site['site']} ({site['format']}; alone {site['err_only']:.3g} of the "
-                     f"model's {site['total']:.3g}, on {site['case']})")
+                     f"{site['site']} ({site['format']}; alone {site['err_only']:.3g}, the "
+                     f"model's {site['total']:.3g}, {site['err_without']:.3g} with this site "
+                     f"exact; on {site['case']})")
         kernel = site.get("kernel_err")
         if kernel is not None and site["total"] > 0 and kernel > 2 * site["total"]:
             lines.append(f"    there the kernel errs by {kernel:.3g}, "

@@ -114,7 +114,7 @@ def aligned_reference(q, k, v, *, causal, alignment, scale=None, method="certifi
 
 def _vmax(x: torch.Tensor) -> float:
     """The largest value (NaN counts as inf); 0 for an empty tensor."""
-    return float(torch.nan_to_num(x, nan=math.inf).max()) if x.numel() else 0.0
+    return float(torch.nan_to_num(x, nan=math.inf, posinf=math.inf).max()) if x.numel() else 0.0
 
 
 def _check_output(got, q, want):
