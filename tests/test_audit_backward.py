@@ -255,3 +255,27 @@ def test_the_command_line_takes_backward_true(tmp_path):
     out = tmp_path / "store" / "audit" / "flashnum.audit.targets_torch_sdpa-bf16-quick-backward"
     assert (out / "error_vs_limit.png").exists()
     assert "dq_err_max" in (out / "table.csv").read_text()
+
+
+def test_torchs_bf16_dv_is_summed_in_bf16_across_its_query_blocks():
+    # why torch's dV breaks the rule at Nq = 300: P^T dO per block of 64 query rows (the
+    # kernel's split for 192 <= Nq < 768), each block's fp32 product added into a bf16 dV,
+    # equals torch's dV on far more entries than the same sums kept in fp32
+    case = Case("gaussian", 300, 100, 64, True, 1, 2)
+    inp = case.inputs()
+    q, k, v = (x.to(torch.bfloat16) for x in (inp.q, inp.k, inp.v))
+    do = gradients.draw_do(case, q.shape, torch.bfloat16)
+    vg = v.clone().requires_grad_(True)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, vg, is_causal=True)
+    (dv_torch,) = torch.autograd.grad(out, (vg,), do)
+    s = (q.float() @ k.float().transpose(-1, -2)) / 8
+    s = s.masked_fill(torch.arange(100)[None, :] > torch.arange(300)[:, None], -math.inf)
+    p = torch.softmax(s, dim=-1).to(torch.bfloat16).float()
+    share = {}
+    for acc in ("fp32", "bf16"):
+        dv = torch.zeros(1, 2, 100, 64)
+        for i0 in range(0, 300, 64):
+            dv = dv + p[..., i0 : i0 + 64, :].transpose(-1, -2) @ do[..., i0 : i0 + 64, :].float()
+            dv = dv.to(torch.bfloat16).float() if acc == "bf16" else dv
+        share[acc] = float((dv.to(torch.bfloat16) == dv_torch).float().mean())
+    assert share["bf16"] > 0.95 and share["fp32"] < 0.7, share
