@@ -14,10 +14,10 @@ when the installed flashnum runs it (`available`: one tiny call each, in the for
 and in the backward for a gradient audit), so that a model added to the engine joins
 without an edit here, and one not yet there is left out instead of failing the audit.
 
-Causal alignment: flashnum's mask is bottom-right (flash-attn >= 2.1), torch_cpu's is
-top-left (torch's is_causal), as the kernel each models. Where the kernel's alignment is
-not the model's and Nq != Nk, the model runs with causal=<alignment> when the engine
-accepts that string, and is not run (None) otherwise.
+Causal alignment: with Nq == Nk both alignments are one mask (causal=True). Otherwise
+the model runs with causal=<the kernel's alignment> by name ("top_left", torch's
+is_causal; "bottom_right", flash-attn >= 2.1) where the engine takes it, and is not run
+(None) where it does not.
 """
 
 from __future__ import annotations
