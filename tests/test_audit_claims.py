@@ -46,7 +46,11 @@ def backward_findings() -> list[str]:
     sdpa = t[t.target == "torch_sdpa"]
     assert (sdpa.failed.str.contains("fa_rule") == False).all()  # noqa: E712
     assert not sdpa.passed.all()
-    fp32 = report("torch_sdpa", "fp32")["diagnosis"]["closest"]
+    closest = {p: report("torch_sdpa", p)["diagnosis"]["closest"] for p in ("bf16", "fp16",
+                                                                          "fp32")}
+    assert all(c["policy"] == "torch_cpu" for c in closest.values())
+    shares = pd.read_csv(EXP / "torch_sdpa-fp32" / "diagnosis.csv")
+    preset = shares[shares.policy != "torch_cpu"].iloc[0]
     over = t[(t.target == "torch_sdpa") & (t.distribution == "near_overflow")
              & (t.precision == "fp16")].iloc[0]
     assert "grad_nonfinite" in over.failed and over.dk_std_err_max == float("inf")
@@ -54,7 +58,10 @@ def backward_findings() -> list[str]:
     ties = tri[tri.distribution == "ties"].iloc[0]
     assert ties.dq_err_max == ties.model_dq_err_max and "dq_rule" in ties.failed
     wall = json.loads((EXP / "manifest.json").read_text())["runs"][-1]["wall_s"]
-    return [f"equals the kernel's values on only {100 * fp32['bitwise']:.2f}% of them",
+    share = ", ".join(f"{100 * closest[p]['bitwise']:.2f}% ({p})" for p in closest)
+    return [f"the torch_cpu model of its backward equals its values bit for bit ({share} "
+            f"of every output and gradient value)",
+            f"no preset comes closer than {100 * preset.bitwise:.1f}% ({preset.model})",
             f"its dQ errs by {ties.dq_err_max / ties.dq_bound:.2f} of the limit",
             f"(equal bit for bit on {100 * ties.model_dq_bitwise:.1f}% of that case's dQ)",
             f"The experiment took {wall:.0f} s wall"]
@@ -83,7 +90,7 @@ def torch_diagnosis() -> list[str]:
     parts = []
     for p in ("bf16", "fp16", "fp32"):
         c = report("torch_sdpa", p)["diagnosis"]["closest"]
-        parts.append(f"{p}: {c['model']}, {100 * c['bitwise']:.2f}%")
+        parts.append(f"{p}: {c['model']}, {100 * c['bitwise']:.2f}% of {c['cases']} cases")
     return ["closest model " + "; ".join(parts)]
 
 
