@@ -9,31 +9,34 @@ On CPU, autograd through torch.nn.functional.scaled_dot_product_attention runs A
 `cpu_flash_attention_backward` (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, torch
 2.13) for fp32, bf16 and fp16. This module repeats it; the forward it reads (O, LSE) is
 flashnum.engine.torch_cpu's model of `cpu_flash_attention`, bit-exact to the kernel.
-Source lines are those of `cpu_flash_attention_backward`, top to bottom:
+Each step names its lines of `cpu_flash_attention_backward` in FlashAttentionKernel.cpp as
+of pytorch commit 27a4844d7fb (a listing of a source whose backward is this one; 2.13's
+line numbers may be shifted), top to bottom:
 
   splits    (flash_attention_backward_kernel_impl) query blocks of 256 rows when Nq >= 768,
             64 when Nq >= 192, else 32; key blocks of 512 (or Nk when smaller)
   layout    (the op's wrapper) q, k, v read as (B, H, N, d) tensors, dO made contiguous in
             (B, N, H, d), dQ, dK, dV zero tensors in (B, N, H, d) in the dtype: their
             leading dimensions (d, H d) are the GEMMs' lda/ldb/ldc
-  loop      (at::parallel_for over B * H) per head, per query block:
-  D         dsum = vec::map2_reduce_all(x * y, x + y, dO, O): fp32 products rounded, then
+  buffers   (889-901, 922-927) per thread: fp32 attn | grad_attn, dtype copies of both
+  loop      (918-936, at::parallel_for over B * H) per head, per query block:
+  D         (938-945) dsum = vec::map2_reduce_all(x * y, x + y, dO, O): fp32 products rounded, then
             added (not fused) into 16-lane accumulators (bf16/fp16: two, over 32-column
             steps, and the first for a last 16 columns), the lanes folded by the AVX-512
             shuffle tree (i + 8, + 4, + 2, + 1); under 16 (32) columns, in order
-  per key block (up to min(m + qB, Nk) when causal, top-left):
-  S         attn = gemm(T, N, kvB, qB, d, scale, K, Q): fp32 out, alpha = fl32(scale)
+  per key block (946-948; up to min(m + qB, Nk) when causal, top-left):
+  S         (950-965) attn = gemm(T, N, kvB, qB, d, scale, K, Q): fp32 out, alpha = fl32(scale)
             (MKL's sgemm / gemm_bf16bf16f32 / gemm_f16f16f32, as the forward model calls)
-  P         attn = exp(attn - lse) by vec::map: SLEEF's expf_u10 on every column
+  P         (1002-1009) attn = exp(attn - lse) by vec::map: SLEEF's expf_u10 on every column
             (torch_cpu.c tc_exp_rows; neither torch.exp nor the forward's exp_u20)
-  causal    the diagonal block's columns past row i (i = m + row - n) set to 0 after exp
-  P cast    attn_reduced = P in the dtype (round to nearest even); fp32 keeps P
-  dV        grad_v += gemm(N, T, d, kvB, qB, 1, dO, P_cast): into the dtype tensor
-  dP        grad_attn = gemm(T, N, kvB, qB, d, 1, V, dO): fp32 out (the library call)
-  dS        grad_attn = P * (grad_attn - D): two fp32 roundings (vec::map2)
-  dS cast   grad_attn_reduced = dS in the dtype
-  dQ        grad_q += gemm(N, N, d, qB, kvB, scale, K, dS_cast): into the dtype tensor
-  dK        grad_k += gemm(N, T, d, kvB, qB, scale, Q, dS_cast): into the dtype tensor
+  causal    (1011-1017) the diagonal block's columns past row i (i = m + row - n) set to 0 after exp
+  P cast    (1021-1029) attn_reduced = P in the dtype (round to nearest even); fp32 keeps P
+  dV        (1031-1046) grad_v += gemm(N, T, d, kvB, qB, 1, dO, P_cast): into the dtype tensor
+  dP        (1048-1063) grad_attn = gemm(T, N, kvB, qB, d, 1, V, dO): fp32 out (the library call)
+  dS        (1065-1073) grad_attn = P * (grad_attn - D): two fp32 roundings (vec::map2)
+  dS cast   (1077-1085) grad_attn_reduced = dS in the dtype
+  dQ        (1087-1102) grad_q += gemm(N, N, d, qB, kvB, scale, K, dS_cast): into the dtype tensor
+  dK        (1104-1119) grad_k += gemm(N, T, d, kvB, qB, scale, Q, dS_cast): into the dtype tensor
 
 dQ, dK, dV accumulate in their own dtype: for bf16 and fp16 each GEMM's
 alpha * A B + C is rounded to the dtype after every block (the library's fused sum), a
