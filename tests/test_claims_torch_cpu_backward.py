@@ -54,7 +54,8 @@ def claims():
 def readme_claims():
     t = json.loads(RESULT.read_text())
     s = t["summary"]
-    shares = [s[p]["backward"][n]["share"] for p in ("fp32", "bf16", "fp16") for n in GRADS]
+    shares = [s[p][w][n]["share"] for p in ("fp32", "bf16", "fp16") for n in GRADS
+              for w in ("backward", "end_to_end")]
     counts = {s[p]["backward"]["dq"]["comparisons"] for p in ("fp32", "bf16", "fp16")}
     assert len(set(shares)) == 1 and len(counts) == 1
     return [f"on {pct(shares[0], 4)} of the dQ, dK and dV entries in fp32, bf16 and fp16",
