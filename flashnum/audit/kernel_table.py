@@ -22,10 +22,15 @@ and the budget. For every (target, precision) one row:
   time_s            the median wall time of one call (B 1, H 2, N 256, d 64, not causal,
                     after one warm-up call; three calls), on this machine
   lse_checked       whether the kernel returned a log-sum-exp the audit checked
+  backward          whether the kernel is differentiable (all but ONNX Runtime's): then
+                    the audit judges dQ, dK, dV too (broken_dq_rule, ...; flashnum.audit.
+                    gradients) and grad_worst_ratio, grad_worst_case, grad_worst (which
+                    gradient), grad_ratio_std_median; grad_model (GRAD_MODELS) and
+                    grad_closest (of GRAD_CANDIDATES) with their bitwise and within-1-ulp
+                    shares over every dQ, dK, dV entry (grad_closest_<g>_bitwise per
+                    gradient); time_fwd_bwd_s (forward and backward of the same call)
 
-Only the forward is audited here; the gradients of the differentiable targets are
-audited by `python -m flashnum.audit target=<name> backward=true` where that is
-available. results.parquet holds the rows; cases.parquet every audited case (the
+results.parquet holds the rows; cases.parquet every audited case (the
 audit's table with target and precision); the manifest records every package version.
 """
 
@@ -42,6 +47,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from flashnum.audit.gradients import GRADS
 from flashnum.audit.rules import DTYPES, RULES, visible
 from flashnum.engine.kernel_models import KERNEL_MODELS, attention_kernel_model
 
@@ -52,6 +58,14 @@ MODELS = {
     "jax_xla": "jax_xla", "jax_pallas": "fa2:exp2:128", "ort_attention": "ort_cpu",
     "ort_mha": "torch_math",
 }
+# the model of each kernel's gradients (flashnum.attention_backward; the kernel models of
+# flashnum.engine.kernel_models have no backward), and the candidates beside it
+GRAD_MODELS = {"torch_sdpa": "torch_cpu", "torch_flash_cpu": "torch_cpu",
+               "flashnum_triton": "fa2", "flash_attn": "fa2", "torch_math": "naive",
+               "hf_eager": "naive", "jax_xla": "naive", "jax_pallas": "fa2:exp2:32x32"}
+GRAD_CANDIDATES = ("naive", "fa2", "fa2:exp2", "fa2:fa2:32x32", "fa2:exp2:32x32",
+                   "fa2:exp2:128x128", "lowp", "torch_cpu")
+INFERENCE_ONLY = ("ort_attention", "ort_mha")  # ONNX Runtime's kernels: no gradient
 # the candidates a kernel is compared with; "policy[:variant[:block_n]]"
 CANDIDATES = ("naive", "fa2", "fa2:fa2:128", "fa2:exp2", "fa2:exp2:128", "lowp", "torch_cpu",
               "jax_xla", "torch_math", "ort_cpu")
@@ -69,13 +83,17 @@ GPU_COMMAND = "python bench/audit_gpu.py"
 
 
 def model_kwargs(spec: str) -> dict:
-    """flashnum.attention keyword arguments of a model spec 'policy[:variant[:block_n]]'."""
+    """flashnum.attention keyword arguments of a model spec
+    'policy[:variant[:block_n or block_mxblock_n]]'."""
     policy, *rest = spec.split(":")
     kw = dict(policy=policy)
     if rest:
         kw["variant"] = rest[0]
     if len(rest) > 1:
-        kw["block_n"] = int(rest[1])
+        m, _, n = rest[1].rpartition("x")
+        kw["block_n"] = int(n)
+        if m:
+            kw["block_m"] = int(m)
     return kw
 
 
@@ -85,9 +103,30 @@ def model_label(spec: str) -> str:
     out = kw["policy"]
     if kw.get("variant", "fa2") != "fa2":
         out += f", variant {kw['variant']}"
-    if "block_n" in kw:
+    if "block_m" in kw:
+        out += f", blocks {kw['block_m']} x {kw['block_n']}"
+    elif "block_n" in kw:
         out += f", block_n {kw['block_n']}"
     return out
+
+
+def model_grads(spec, q, k, v, do, *, precision, causal, alignment, scale):
+    """The model's (dq, dk, dv) (float64) by flashnum.attention_backward, or None where it
+    cannot take the kernel's mask. Variant exp2 recomputes P in base 2 (exp2=True)."""
+    from flashnum.engine.backward import attention_backward
+
+    kw = model_kwargs(spec)
+    if kw["policy"] in KERNEL_MODELS:
+        return None  # no backward of these models
+    if kw.get("variant") == "exp2":
+        kw["exp2"] = True
+    if causal and q.shape[-2] != k.shape[-2]:
+        own = "top_left" if kw["policy"] == "torch_cpu" else "bottom_right"
+        if own != alignment:
+            return None
+        causal = alignment if kw["policy"] == "torch_cpu" else True
+    g = attention_backward(q, k, v, do, precision=precision, causal=causal, scale=scale, **kw)
+    return g.dq, g.dk, g.dv
 
 
 def model_out(spec, q, k, v, *, precision, causal, alignment, scale):
@@ -188,8 +227,79 @@ def _agreements(fn, case_list, precision, alignment, specs) -> dict[str, tuple[i
     return {s: tuple(t) for s, t in tot.items()}
 
 
+def _grad_agreements(fn, case_list, precision, alignment, specs) -> dict:
+    """spec -> {g: (bitwise, within 1 ulp, entries)} over the cases each can model: the
+    kernel's dQ, dK, dV through autograd with the case's seeded dO
+    (flashnum.audit.gradients.draw_do, as the audit draws it), beside the model's."""
+    from flashnum.audit.gradients import draw_do
+
+    dtype = DTYPES[precision]
+    tot = {s: {g: [0, 0, 0] for g in GRADS} for s in specs}
+    for c in case_list:
+        inp = c.inputs()
+        q, k, v = (x.to(dtype).detach().requires_grad_() for x in (inp.q, inp.k, inp.v))
+        try:
+            got = fn(q, k, v, causal=c.causal, scale=inp.scale)
+            out = got[0] if isinstance(got, (tuple, list)) else got
+            do = draw_do(c, out.shape, dtype)
+            kg = torch.autograd.grad(out, (q, k, v), do)
+        except Exception:
+            continue  # the audit's grad_crash rule reports it
+        q0, k0, v0 = (x.detach() for x in (q, k, v))
+        for s in specs:
+            try:
+                mg = model_grads(s, q0, k0, v0, do, precision=precision, causal=c.causal,
+                                 alignment=alignment, scale=inp.scale)
+            except ValueError:
+                mg = None
+            if mg is None:
+                continue
+            for g, a, b in zip(GRADS, kg, mg, strict=True):
+                for i, n in enumerate(agreement(a.double(), b, dtype)):
+                    tot[s][g][i] += n
+    return {s: {g: tuple(t) for g, t in d.items()} for s, d in tot.items()}
+
+
 def _share(t) -> float:
     return t[0] / t[2] if t[2] else math.nan
+
+
+def _grad_columns(t: pd.DataFrame) -> dict:
+    """The gradient audit's summary: worst dQ/dK/dV error over its limit (and where), and
+    the median over cases and gradients of the error over standard attention's."""
+    out = {}
+    best = None
+    ratios = []
+    for g in GRADS:
+        if f"{g}_err_max" not in t:
+            continue
+        r = t[f"{g}_err_max"] / t[f"{g}_bound"]
+        if r.notna().any():
+            i = r.idxmax()
+            if best is None or r[i] > best[0]:
+                best = (float(r[i]), t.loc[i, "id"], g, float(t.loc[i, f"{g}_err_max"]))
+        ratios += list((t[f"{g}_err_max"] / t[f"{g}_std_err_max"])
+                       .replace([math.inf, -math.inf], math.nan).dropna())
+    if best is not None:
+        out.update(grad_worst_ratio=best[0], grad_worst_case=best[1], grad_worst=best[2],
+                   grad_worst_err=best[3])
+    if ratios:
+        out["grad_ratio_std_median"] = float(statistics.median(ratios))
+    return out
+
+
+def _time_backward(fn, precision) -> float:
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(1, 2, 256, 64, generator=g).to(DTYPES[precision]) for _ in range(3)]
+    times = []
+    for _ in range(3):
+        q, k, v = (x.detach().requires_grad_() for x in xs)
+        t0 = time.perf_counter()
+        out = fn(q, k, v, causal=False, scale=None)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        out.backward(torch.ones_like(out))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
 
 
 def table_row(target: str, precision: str, budget: str) -> tuple[dict, pd.DataFrame | None]:
@@ -205,12 +315,14 @@ def table_row(target: str, precision: str, budget: str) -> tuple[dict, pd.DataFr
         return dict(row, status=why), None
     fn, alignment, _ = resolve(target)
     case_list = cases(budget)
+    backward = target not in INFERENCE_ONLY
     t0 = time.perf_counter()
-    rep = audit(fn, precision=precision, alignment=alignment, budget=budget, model=None,
-                case_list=case_list)
+    rep = audit(fn, precision=precision, alignment=alignment, budget=budget,
+                model=None, case_list=case_list,
+                backward=backward, diagnose=False)
     t = rep.table
-    row.update(alignment=alignment, audit_s=time.perf_counter() - t0)
-    crashed = t["failed"].str.contains("crash")
+    row.update(alignment=alignment, audit_s=time.perf_counter() - t0, backward=backward)
+    crashed = t["failed"].str.split(",").apply(lambda f: "crash" in f)
     if crashed.all():
         msg = str(t["message"].dropna().iloc[0]) if "message" in t else "every case raised"
         return dict(row, status=f"unsupported: {msg[:160]}", cases=len(t), kept=0), t
@@ -225,6 +337,24 @@ def table_row(target: str, precision: str, budget: str) -> tuple[dict, pd.DataFr
     row.update(ratio_std_median=float(r_std.median()) if len(r_std) else math.nan,
                ratio_std_max=float(r_std.max()) if len(r_std) else math.nan,
                lse_checked=bool("lse_err_max" in t and t["lse_err_max"].notna().any()))
+    if backward:
+        row.update(_grad_columns(t))
+        gmodel = GRAD_MODELS.get(target)
+        gspecs = tuple(dict.fromkeys(((gmodel,) if gmodel else ()) + GRAD_CANDIDATES))
+        gagree = _grad_agreements(fn, case_list, precision, alignment, gspecs)
+        pooled = {s: tuple(sum(d[g][i] for g in GRADS) for i in range(3))
+                  for s, d in gagree.items()}
+        ok = [s for s in gspecs if pooled[s][2]]
+        if ok:
+            gbest = max(ok, key=lambda s: _share(pooled[s]))
+            row.update(grad_closest=model_label(gbest),
+                       grad_closest_bitwise=_share(pooled[gbest]),
+                       grad_closest_ulp1=pooled[gbest][1] / pooled[gbest][2],
+                       **{f"grad_closest_{g}_bitwise": _share(gagree[gbest][g]) for g in GRADS})
+        if gmodel and pooled[gmodel][2]:
+            row.update(grad_model=model_label(gmodel),
+                       grad_model_bitwise=_share(pooled[gmodel]),
+                       grad_model_ulp1=pooled[gmodel][1] / pooled[gmodel][2])
     model = MODELS.get(target)
     specs = tuple(dict.fromkeys(((model,) if model else ()) + CANDIDATES))
     agree = _agreements(fn, case_list, precision, alignment, specs)
@@ -236,6 +366,8 @@ def table_row(target: str, precision: str, budget: str) -> tuple[dict, pd.DataFr
     b = agree[best]
     row.update(closest=model_label(best), closest_bitwise=_share(b), closest_ulp1=b[1] / b[2])
     row["time_s"] = _time_call(fn, precision)
+    if backward:
+        row["time_fwd_bwd_s"] = _time_backward(fn, precision)
     return row, t
 
 

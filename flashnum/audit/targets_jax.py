@@ -22,9 +22,11 @@ through torch.autograd (one Function wrapping jax.vjp): jax_xla's backward is
 XLA's autodiff, jax_pallas's is the kernel's own custom VJP (its dK/dV and dQ kernels,
 32 x 32 blocks).
 
-The Pallas kernel needs Nq and Nk to be multiples of its blocks (min(128, N)). Where
-they are not, the target pads Q, K, V with zeros to a common length and masks the
-padded keys through the kernel's segment ids (real positions 0, padding 1): a masked
+The Pallas kernel needs Nq and Nk to be multiples of its blocks (min(128, N) forward,
+min(32, N) backward, equal numbers of blocks for Q and K in the backward; it does not
+check the backward's: at N = 77 its dQ held inf and NaN). Where they are not, the target
+pads Q, K, V with zeros to a common length (a multiple of 32 up to 128, else of 128) and
+masks the padded keys through the kernel's segment ids (real positions 0, padding 1): a masked
 logit gets the kernel's -0.7 * fp32 max, its exp2 is exactly 0, and every real row sums
 the same values in the same blocks as a kernel with ragged masking would. Segment ids
 cover queries and keys alike, so rows past Nk (Nq > Nk) run in separate calls: under the
@@ -39,6 +41,7 @@ import numpy as np
 import torch
 
 PALLAS_BLOCK = 128  # BlockSizes.get_default(): block_q = block_k = 128
+PALLAS_BACKWARD_BLOCK = 32  # and 32 for every block of the backward kernels
 
 
 def _jax():
@@ -117,12 +120,11 @@ def _pallas_padded(q, k, v, *, sm_scale, causal, interpret):
 
     nq, nk = q.shape[1], k.shape[1]
     kw = dict(sm_scale=sm_scale, causal=causal, interpret=interpret)
-    fits = (nq <= PALLAS_BLOCK or nq % PALLAS_BLOCK == 0) and (
-        nk <= PALLAS_BLOCK or nk % PALLAS_BLOCK == 0)
-    if nq == nk and fits:
-        return mha(q, k, v, None, **kw)
     n = max(nq, nk)
-    length = n if n <= PALLAS_BLOCK else -(-n // PALLAS_BLOCK) * PALLAS_BLOCK
+    step = PALLAS_BACKWARD_BLOCK if n <= PALLAS_BLOCK else PALLAS_BLOCK
+    length = -(-n // step) * step
+    if nq == nk == length:
+        return mha(q, k, v, None, **kw)
 
     def pad(x):
         return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, 0)))
