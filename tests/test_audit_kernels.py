@@ -97,7 +97,7 @@ def test_jax_targets_differentiate_through_torch_autograd(target):
     ref = grads(lambda q, k, v: standard_attention(q, k, v, causal=True), torch.float64)
     std = grads(lambda q, k, v: standard_attention(q, k, v, causal=True), torch.bfloat16)
     got = grads(lambda q, k, v: fn(q, k, v, causal=True), torch.bfloat16)
-    for name, gk, gs, gr in zip("qkv", got, std, ref):
+    for name, gk, gs, gr in zip("qkv", got, std, ref, strict=True):
         r32 = gr.float()
         atol = 2 * float(((r32 + 0.3 - 0.3).double() - r32.double()).abs().max())
         assert float((gk - gr).abs().max()) <= 2 * float((gs - gr).abs().max()) + atol, name

@@ -177,6 +177,26 @@ def synthetic_tree(root: Path, skip=()) -> Path:
             (("torch_sdpa", "bf16", 4e-3), ("torch_sdpa", "bf16", 2e-3),
              ("torch_sdpa", "fp32", 1e-7), ("flashnum_triton", "bf16", 4e-3)))
     ]
+    # the kernel table: one row per (kernel, dtype), as flashnum.audit.kernel_table stores it
+    kt = dict(experiment="kernel_table", budget="quick", alignment="top_left", cases=8,
+              **{f"broken_{r}": 0 for r in ("crash", "fa_rule", "dq_rule")})
+    t["kernel_table"] = [
+        dict(kt, case_id="jax_pallas/bf16", target="jax_pallas", precision="bf16",
+             status="ran", kept=8, worst_ratio=0.45, worst_case="c0", ratio_std_median=0.42,
+             model="fa2, variant exp2, block_n 128", model_bitwise=0.9998, model_ulp1=1.0,
+             closest="fa2, variant exp2, block_n 128", closest_bitwise=0.9998, time_s=2.4,
+             backward=True, grad_worst_ratio=1.05, grad_worst="dq", grad_ratio_std_median=0.7,
+             grad_model="fa2, variant exp2, blocks 32 x 32", grad_model_bitwise=0.76,
+             grad_model_ulp1=0.93, grad_closest="fa2, variant exp2, blocks 32 x 32",
+             grad_closest_dq_bitwise=0.49, grad_closest_dk_bitwise=0.56,
+             grad_closest_dv_bitwise=1.0, time_fwd_bwd_s=3.1),
+        dict(kt, case_id="ort_attention/fp16", target="ort_attention", precision="fp16",
+             status="ran", kept=8, worst_ratio=0.53, worst_case="c1", ratio_std_median=1.0,
+             model="ort_cpu", model_bitwise=0.9993, model_ulp1=0.9999, closest="naive",
+             closest_bitwise=0.91, time_s=3e-4, backward=False),
+        dict(kt, case_id="ort_attention/bf16", target="ort_attention", precision="bf16",
+             status="unsupported: raised NotImplemented", kept=0),
+    ]
     t["repro_fp8_pcast"] = [
         dict(experiment="repro_fp8_pcast", case_id=f"p{i}", n=1024, realised_height=10.0,
              p_scale=sc, order=o, ours=1e-5 / g, ours_se=0.0, underflow_fraction=u,

@@ -61,10 +61,10 @@ MODELS = {
 # the model of each kernel's gradients (flashnum.attention_backward; the kernel models of
 # flashnum.engine.kernel_models have no backward), and the candidates beside it
 GRAD_MODELS = {"torch_sdpa": "torch_cpu", "torch_flash_cpu": "torch_cpu",
-               "flashnum_triton": "fa2", "flash_attn": "fa2", "torch_math": "naive",
+               "flashnum_triton": "fa2", "flash_attn": "fa2", "torch_math": "naive@fp32",
                "hf_eager": "naive", "jax_xla": "naive", "jax_pallas": "fa2:exp2:32x32"}
-GRAD_CANDIDATES = ("naive", "fa2", "fa2:exp2", "fa2:fa2:32x32", "fa2:exp2:32x32",
-                   "fa2:exp2:128x128", "lowp", "torch_cpu")
+GRAD_CANDIDATES = ("naive", "naive@fp32", "fa2", "fa2:exp2", "fa2:fa2:32x32",
+                   "fa2:exp2:32x32", "fa2:exp2:128x128", "lowp", "torch_cpu")
 INFERENCE_ONLY = ("ort_attention", "ort_mha")  # ONNX Runtime's kernels: no gradient
 # the candidates a kernel is compared with; "policy[:variant[:block_n]]"
 CANDIDATES = ("naive", "fa2", "fa2:fa2:128", "fa2:exp2", "fa2:exp2:128", "lowp", "torch_cpu",
@@ -72,19 +72,26 @@ CANDIDATES = ("naive", "fa2", "fa2:fa2:128", "fa2:exp2", "fa2:exp2:128", "lowp",
 # packages whose versions the manifest records beside flashnum.harness.manifest.versions()
 PACKAGES = ("jax", "jaxlib", "onnx", "onnxruntime", "transformers", "ml_dtypes", "triton",
             "flash_attn")
-GPU_ONLY = {  # kernels that need a CUDA GPU: the table lists them with the command that adds them
-    "flash_attn": "flash-attn 2 (flash_attn_func)",
-    "cudnn": "cuDNN SDPA (torch SDPBackend.CUDNN_ATTENTION)",
-    "fa3": "FlashAttention-3 (flash_attn_interface, Hopper)",
-    "fa4": "FlashAttention-4 (flash_attn.cute, Blackwell)",
-    "sage": "SageAttention (sageattention.sageattn)",
-}
 GPU_COMMAND = "python bench/audit_gpu.py"
+# kernels that need a CUDA GPU: the table lists each with the command that adds it
+GPU_ONLY = {
+    "flash_attn": ("flash-attn 2 (flash_attn_func)", GPU_COMMAND),
+    "cudnn": ("cuDNN SDPA (SDPBackend.CUDNN_ATTENTION)", GPU_COMMAND),
+    "fa3": ("FlashAttention-3 fp8 (flash_attn_interface, Hopper)", GPU_COMMAND),
+    "fa4": ("FlashAttention-4 (flash_attn.cute, Blackwell)",
+            "python -m flashnum.audit target=MODULE:FUNCTION (a wrapper with the signature "
+            "fn(q, k, v, causal, scale); no named target yet)"),
+    "sage": ("SageAttention (sageattention.sageattn)",
+             "python -m flashnum.audit target=MODULE:FUNCTION (a wrapper; no named target yet)"),
+}
 
 
 def model_kwargs(spec: str) -> dict:
     """flashnum.attention keyword arguments of a model spec
-    'policy[:variant[:block_n or block_mxblock_n]]'."""
+    'policy[:variant[:block_n or block_mxblock_n]][@precision]' (@fp32: the model computes
+    in fp32 from the dtype's values and its results are rounded to the dtype, as torch's
+    math backend widens bf16 and fp16 inputs; the key "compute" holds it)."""
+    spec, _, compute = spec.partition("@")
     policy, *rest = spec.split(":")
     kw = dict(policy=policy)
     if rest:
@@ -94,6 +101,8 @@ def model_kwargs(spec: str) -> dict:
         kw["block_n"] = int(n)
         if m:
             kw["block_m"] = int(m)
+    if compute:
+        kw["compute"] = compute
     return kw
 
 
@@ -107,12 +116,23 @@ def model_label(spec: str) -> str:
         out += f", blocks {kw['block_m']} x {kw['block_n']}"
     elif "block_n" in kw:
         out += f", block_n {kw['block_n']}"
+    if "compute" in kw:
+        out += f", computed in {kw['compute']}"
     return out
 
 
+def _computed(kw: dict, precision: str, xs):
+    """(precision, inputs) the model runs with: the dtype's values in the compute format."""
+    if "compute" not in kw:
+        return precision, xs
+    dt = DTYPES[kw.pop("compute")]
+    return {v: k for k, v in DTYPES.items()}[dt], [x.to(dt) for x in xs]
+
+
 def model_grads(spec, q, k, v, do, *, precision, causal, alignment, scale):
-    """The model's (dq, dk, dv) (float64) by flashnum.attention_backward, or None where it
-    cannot take the kernel's mask. Variant exp2 recomputes P in base 2 (exp2=True)."""
+    """The model's (dq, dk, dv) (float64) by flashnum.attention_backward under the kernel's
+    causal alignment, or None for a model without a backward. Variant exp2 recomputes P
+    in base 2 (exp2=True)."""
     from flashnum.engine.backward import attention_backward
 
     kw = model_kwargs(spec)
@@ -120,30 +140,29 @@ def model_grads(spec, q, k, v, do, *, precision, causal, alignment, scale):
         return None  # no backward of these models
     if kw.get("variant") == "exp2":
         kw["exp2"] = True
-    if causal and q.shape[-2] != k.shape[-2]:
-        own = "top_left" if kw["policy"] == "torch_cpu" else "bottom_right"
-        if own != alignment:
-            return None
-        causal = alignment if kw["policy"] == "torch_cpu" else True
-    g = attention_backward(q, k, v, do, precision=precision, causal=causal, scale=scale, **kw)
-    return g.dq, g.dk, g.dv
+    dtype = DTYPES[precision]
+    prec, (q, k, v, do) = _computed(kw, precision, (q, k, v, do))
+    g = attention_backward(q, k, v, do, precision=prec, causal=alignment if causal else False,
+                           scale=scale, **kw)
+    if prec == precision:
+        return g.dq, g.dk, g.dv
+    return tuple(x.to(dtype).double() for x in (g.dq, g.dk, g.dv))
 
 
 def model_out(spec, q, k, v, *, precision, causal, alignment, scale):
-    """The model's output (float64), or None where it cannot take the kernel's mask (a
-    bottom-right flashnum preset and a top-left kernel with Nq != Nk)."""
+    """The model's output (float64) under the kernel's causal alignment (flashnum takes
+    either by name; a model that cannot, torch_cpu bottom-right, raises ValueError)."""
     from flashnum.engine import attention
 
     kw = model_kwargs(spec)
     if kw["policy"] in KERNEL_MODELS:  # these take either alignment
         return attention_kernel_model(q, k, v, kw["policy"], precision=precision,
                                       causal=alignment if causal else False, scale=scale).out
-    if causal and q.shape[-2] != k.shape[-2]:
-        own = "top_left" if kw["policy"] == "torch_cpu" else "bottom_right"
-        if own != alignment:
-            return None
-    return attention(q, k, v, precision=precision, causal=alignment if causal else False,
-                     scale=scale, **kw).out
+    dtype = DTYPES[precision]
+    prec, (q, k, v) = _computed(kw, precision, (q, k, v))
+    out = attention(q, k, v, precision=prec, causal=alignment if causal else False,
+                    scale=scale, **kw).out
+    return out if prec == precision else out.to(dtype).double()
 
 
 def ulp_key(x: torch.Tensor, dtype) -> torch.Tensor:

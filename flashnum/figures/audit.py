@@ -98,53 +98,90 @@ def qiu_yao_clamp(F: Figures) -> None:
 
 # -- experiments/kernel_table ------------------------------------------------------------
 
-_TABLE_COLS = ["kernel", "dtype", "cases kept", "rules broken", "worst err / bound",
-               "err / standard (median)", "model", "bitwise", "within 1 ulp", "ms per call"]
+_FWD_COLS = ["kernel", "dtype", "cases kept", "rules broken", "worst err / bound",
+             "err / standard", "model", "bitwise", "within 1 ulp", "closest other",
+             "ms per call"]
+_GRAD_COLS = ["kernel", "dtype", "worst grad err / bound", "grad err / standard",
+              "gradient model", "bitwise", "within 1 ulp", "closest (dQ / dK / dV bitwise)",
+              "ms fwd+bwd"]
 
 
 def _pct(x) -> str:
     return "--" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.2f}%"
 
 
+def _ran(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df.status == "ran"]
+
+
 def kernel_table_rows(df: pd.DataFrame) -> list[list[str]]:
-    """The rows of the kernel table (plain text cells), from experiments/kernel_table:
-    one per kernel and dtype that ran or was refused, then the kernels that need a GPU
-    (flashnum.audit.kernel_table.GPU_ONLY) with the command that adds them."""
-    from flashnum.audit.kernel_table import GPU_COMMAND, GPU_ONLY
+    """The forward table's rows (plain text cells), from experiments/kernel_table: one per
+    kernel and dtype that ran or was refused, then the kernels that need a GPU
+    (flashnum.audit.kernel_table.GPU_ONLY) with the command that adds them. "cases kept"
+    counts every rule, the gradients' included; "closest other" is the best candidate
+    when it is not the model (its bitwise share)."""
+    from flashnum.audit.kernel_table import GPU_ONLY
 
     rows = []
     for _, r in df.iterrows():
         if r.status != "ran":
             if not str(r.status).startswith("needs a GPU"):
                 rows.append([r.target, r.precision, str(r.status).split(":")[0]]
-                            + ["--"] * (len(_TABLE_COLS) - 3))
+                            + ["--"] * (len(_FWD_COLS) - 3))
             continue
-        broken = ", ".join(f"{rule} {int(r[c])}" for c in r.index if c.startswith("broken_")
-                           and (rule := c[len("broken_"):]) and r[c] > 0) or "none"
+        broken = ", ".join(f"{c[len('broken_'):]} {int(r[c])}" for c in r.index
+                           if c.startswith("broken_") and r[c] > 0) or "none"
+        other = "=" if r.closest == r.model else f"{r.closest} ({_pct(r.closest_bitwise)})"
         rows.append([r.target, r.precision, f"{int(r.kept)}/{int(r.cases)}", broken,
                      f"{r.worst_ratio:.2f}", f"{r.ratio_std_median:.2f}", str(r.model),
-                     _pct(r.model_bitwise), _pct(r.model_ulp1), f"{1e3 * r.time_s:.2g}"])
-    for name, what in GPU_ONLY.items():
-        rows.append([name, "--", f"needs a GPU: {GPU_COMMAND}", what]
-                    + ["--"] * (len(_TABLE_COLS) - 4))
+                     _pct(r.model_bitwise), _pct(r.model_ulp1), other,
+                     f"{1e3 * r.time_s:.2g}"])
+    for name, (what, command) in GPU_ONLY.items():
+        rows.append([name, "--", "needs a GPU", what, command]
+                    + ["--"] * (len(_FWD_COLS) - 5))
     return rows
 
 
-def kernel_table_markdown(df: pd.DataFrame) -> str:
-    """The table as README and docs/audit.md quote it (tests/test_claims.py compares)."""
-    lines = ["| " + " | ".join(_TABLE_COLS) + " |", "|" + "---|" * len(_TABLE_COLS)]
-    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |"
-              for row in kernel_table_rows(df)]
+def kernel_grad_rows(df: pd.DataFrame) -> list[list[str]]:
+    """The gradient table's rows: every differentiable kernel and dtype that ran."""
+    rows = []
+    ran = _ran(df)
+    for _, r in ran[ran.backward.astype(bool)].iterrows():
+        closest = (f"{r.grad_closest} ({_pct(r.grad_closest_dq_bitwise)} / "
+                   f"{_pct(r.grad_closest_dk_bitwise)} / {_pct(r.grad_closest_dv_bitwise)})")
+        rows.append([r.target, r.precision, f"{r.grad_worst_ratio:.2f} ({r.grad_worst})",
+                     f"{r.grad_ratio_std_median:.2f}", str(r.grad_model),
+                     _pct(r.grad_model_bitwise), _pct(r.grad_model_ulp1), closest,
+                     f"{1e3 * r.time_fwd_bwd_s:.2g}"])
+    return rows
+
+
+def _markdown(cols: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def kernel_table_markdown(df: pd.DataFrame) -> str:
+    """The forward table as README and docs/audit.md quote it (tests/test_claims.py)."""
+    return _markdown(_FWD_COLS, kernel_table_rows(df))
+
+
+def kernel_grad_markdown(df: pd.DataFrame) -> str:
+    """The gradient table as docs/audit.md quotes it (tests/test_claims.py)."""
+    return _markdown(_GRAD_COLS, kernel_grad_rows(df))
 
 
 def tab_kernel_table(F: Figures) -> None:
     df = F.table("kernel_table")
     if df is None:
+        F.placeholder("tab_kernel_table_grad", "kernel_table")
         return F.placeholder("tab_kernel_table", "kernel_table")
     rows = [[tex_word(c) for c in row] for row in kernel_table_rows(df)]
-    F.write_table("tab_kernel_table", tabular(_TABLE_COLS, rows, "llllrrlrrr"))
-    ran = df[df.status == "ran"]
+    F.write_table("tab_kernel_table", tabular(_FWD_COLS, rows, "llllrrlrrlr"))
+    grows = [[tex_word(c) for c in row] for row in kernel_grad_rows(df)]
+    F.write_table("tab_kernel_table_grad", tabular(_GRAD_COLS, grows, "llrrlrrlr"))
+    ran = _ran(df)
     F.num("KernelTableKernels", str(ran.target.nunique()))
     F.num("KernelTableRows", str(len(ran)))
     F.num("KernelTableWorst", float(ran.worst_ratio.max()) if len(ran) else math.nan)
