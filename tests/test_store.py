@@ -187,3 +187,29 @@ def test_a_bad_store_command_is_one_line_and_exit_status_2(argv, says, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and says in err, err
     assert err.startswith("flashnum.store: error: ")
+
+
+# ---------------------------------------------------------------------------
+# claims: who computes a case now
+
+
+def test_a_case_is_claimed_once_while_its_owner_lives_then_by_anyone(tmp_path):
+    mine = owners.claim(tmp_path, ["a", "b"], "r1")
+    assert mine == ["a", "b"] and owners.claim(tmp_path, ["a", "c"], "r2") == ["c"]
+    dead = f"{owners.host()} {dead_pid()} 0 r0"
+    (tmp_path / owners.CLAIMS / "a").write_text(dead)  # its owner died computing it
+    assert owners.claim(tmp_path, ["a"], "r2") == ["a"]
+    owners.release(tmp_path, ["a", "b", "c"])
+    assert not list((tmp_path / owners.CLAIMS).iterdir())
+
+
+def test_tidying_a_dead_owners_claim_spares_one_taken_over_meanwhile(tmp_path):
+    claim = tmp_path / owners.CLAIMS / "a"
+    claim.parent.mkdir()
+    claim.write_text(f"{owners.host()} {dead_pid()} 0 r0")
+    (found, held), = owners.stale(tmp_path)
+    assert found == claim
+    claim.write_text(owners.me("r2"))  # another run took it over before the clean-up
+    owners.tidy(tmp_path)  # judged stale from what it held before: left alone
+    owners._take_stale(claim, held)
+    assert claim.read_text() == owners.me("r2") and not list(claim.parent.glob(".stale-*"))

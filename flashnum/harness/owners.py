@@ -263,23 +263,33 @@ def _tmp_stale(path: Path, now: float) -> bool:
         return False
 
 
-def stale(exp_dir) -> list[Path]:
-    """What dead owners left: temporary files, claims, run marks, an old-style lock."""
+def _age(path: Path, now: float) -> float:
+    try:
+        return now - path.stat().st_mtime
+    except FileNotFoundError:
+        return -1.0
+
+
+def stale(exp_dir) -> list[tuple[Path, str | None]]:
+    """What dead owners left: temporary files, claims, run marks, an old-style lock;
+    each with the owner it names (claims and run marks), to be taken away only if
+    unchanged (another process may take a dead owner's claim over meanwhile)."""
     exp_dir = Path(exp_dir)
     now, out = time.time(), []
     for d in (exp_dir, exp_dir / "parts", exp_dir / CLAIMS, exp_dir / RUNS):
         if d.is_dir():
-            out += [f for f in d.glob(".tmp-*") if _tmp_stale(f, now)]
-            out += [f for f in d.glob(".stale-*") if now - f.stat().st_mtime > 60]
+            out += [(f, None) for f in d.glob(".tmp-*") if _tmp_stale(f, now)]
+            out += [(f, None) for f in d.glob(".stale-*") if _age(f, now) > 60]
     for d in (exp_dir / CLAIMS, exp_dir / RUNS):
         if d.is_dir():
             for f in d.iterdir():
                 if not f.name.startswith("."):
                     try:
-                        if not alive(f.read_text(), exp_dir):
-                            out.append(f)
+                        held = f.read_text()
                     except FileNotFoundError:
-                        pass
+                        continue
+                    if not alive(held, exp_dir):
+                        out.append((f, held))
     old = exp_dir / OLD_LOCK
     if old.exists():
         try:
@@ -288,16 +298,19 @@ def stale(exp_dir) -> list[Path]:
         except (ValueError, OSError):
             dead = True  # empty: a crash between creating and writing it
         if dead:
-            out.append(old)
+            out.append((old, None))
     return out
 
 
 def tidy(exp_dir) -> list[Path]:
     """Remove what `stale` finds; returns what was removed (nothing on a read-only store)."""
     removed = []
-    for f in stale(exp_dir):
+    for f, held in stale(exp_dir):
         try:
-            f.unlink()
+            if held is None:
+                f.unlink()
+            else:
+                _take_stale(f, held)
             removed.append(f)
         except FileNotFoundError:
             pass
