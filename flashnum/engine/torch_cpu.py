@@ -38,9 +38,13 @@ The GEMMs are MKL's own, called through ctypes from the libtorch_cpu that torch 
 so their summation order is the library's by construction (the vector-width and
 threading of MKL are its own; docs/audit.md gives the measured agreement). Where MKL's
 symbols are missing the operands are widened to fp32 and torch.matmul sums them (then
-only nearly bit-exact). Everything else is torch elementwise arithmetic on fp32 tensors,
-each operation the one IEEE operation the kernel performs; FMAs are evaluated exactly
-(fp64 product and sum, rounded to odd, then to fp32).
+only nearly bit-exact). Where cpublas::could_pack(dtype) holds (bf16 with AMX; fp16 with
+AMX-FP16) and need_pack() does, the kernel's with_pack variant multiplies S = Q K^T and
+P V by cpublas::brgemm on K^T and V reordered by pack_vnni2 (_Packed), P in rows of even
+length; the model calls the same exported brgemm, from its Python loop (the kernel's
+cpu_flash_attention<..., with_pack=true>). Everything else is torch elementwise arithmetic
+on fp32 tensors, each operation the one IEEE operation the kernel performs; FMAs are
+evaluated exactly (fp64 product and sum, rounded to odd, then to fp32).
 """
 
 from __future__ import annotations
