@@ -116,11 +116,11 @@ def test_the_lock_is_dropped_by_the_kernel_when_its_holder_dies(tmp_path):
     assert store.compact(tmp_path) == 1
 
 
-def test_load_shows_the_grid_last_run_unless_asked_for_all_rows(tmp_path):
+def test_load_returns_every_row_written_and_the_grid_view_on_request(tmp_path):
     store.write_part(tmp_path, rows(["a", "b", "c"]))
-    store.write_grid(tmp_path, ["a", "c"])
-    assert list(store.load(tmp_path).case_id) == ["a", "c"]
-    assert list(store.load(tmp_path, all_rows=True).case_id) == ["a", "b", "c"]
+    store.write_grid(tmp_path, ["a", "c"])  # a later, smaller grid
+    assert list(store.load(tmp_path).case_id) == ["a", "b", "c"]
+    assert list(store.load(tmp_path, grid=True).case_id) == ["a", "c"]
     assert json.loads((tmp_path / store.GRID).read_text())["n"] == 2
 
 

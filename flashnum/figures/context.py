@@ -99,9 +99,10 @@ class Figures:
 
 
 def load(root: Path, name: str) -> pd.DataFrame | None:
-    """The experiment's stored rows, or None when it has no (or an empty) table."""
+    """The rows of the experiment's grid (a figure shows the question its config asks,
+    not cases an earlier grid left behind), or None when it has no (or an empty) table."""
     try:
-        df = store.load(name, root=root)
+        df = store.load(name, root=root, grid=True)
     except FileNotFoundError:
         return None
     return df if len(df) else None

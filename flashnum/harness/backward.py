@@ -330,7 +330,7 @@ def summary(name_or_path, root=None):
     """One row per (slice, policy, precision, forward_variant): cases, whether every bound
     held, flash-attn's rule, median error / max|ref| and error / bound per gradient, the
     dQ order spread over dQ's error, and the most frequent dominant site."""
-    df = store.load(name_or_path, root)
+    df = store.load(name_or_path, root, grid=True)
     keys = ["slice", "policy", "precision", "forward_variant"]
     out = []
     for key, grp in df.groupby(keys, sort=True):
@@ -359,7 +359,7 @@ def attribution_summary(name_or_path, root=None):
     with the largest share; sites with a median share under 1% left out."""
     import pandas as pd
 
-    df = attribution_rows(store.load(name_or_path, root))
+    df = attribution_rows(store.load(name_or_path, root, grid=True))
     wide = df.pivot_table(index=["case_id", "policy", "grad", "site"], columns="metric",
                           values=["share", "saved"], aggfunc="first")
     wide.columns = [f"{v}_{m}" for v, m in wide.columns]
@@ -388,7 +388,7 @@ def growth(name_or_path, root=None):
     import numpy as np
     import pandas as pd
 
-    df = store.load(name_or_path, root)
+    df = store.load(name_or_path, root, grid=True)
     out = []
     for (pol, prec, dist), grp in df.groupby(["policy", "precision", "distribution"],
                                              sort=True):
@@ -462,7 +462,7 @@ def _run(cfg) -> int:
         import pandas as pd
 
         with pd.option_context("display.width", 250, "display.max_columns", 40):
-            df = store.load(conf["experiment"], root)
+            df = store.load(conf["experiment"], root, grid=True)
             if df["attribution"].any() if "attribution" in df else False:
                 print(attribution_summary(conf["experiment"], root).to_string(index=False))
                 return 0

@@ -98,7 +98,7 @@ def against(now: pd.DataFrame | None, stored_dir) -> tuple[str, bool]:
     if now is None or not len(now):
         return f"0 computed now: nothing to compare with {stored_dir}", True
     try:
-        stored = store.load(stored_dir, all_rows=True)
+        stored = store.load(stored_dir)
     except FileNotFoundError:
         return f"{len(now)} computed now; {stored_dir} has no stored table to compare with", False
     return report(now, stored, str(stored_dir))

@@ -386,7 +386,7 @@ def run(cfg, cases: list[Case] | None = None, overrides: list[str] | None = None
             print(f"{PROG}: warning: not compacted ({e.strerror}: {e.filename}); the rows "
                   f"stay in parts/", file=sys.stderr, flush=True)
     ids = {c.case_id for c in cases}
-    df = store.load(exp_dir, all_rows=True) if store._files(exp_dir) else None
+    df = store.load(exp_dir) if store._files(exp_dir) else None
     df = df[df["case_id"].isin(ids)].reset_index(drop=True) if df is not None else None
     print(summary.summary(df, cfg, counts, wall, n_workers, failures), flush=True)
     result = dict(counts=counts, table=df, failures=failures, wall_s=wall)

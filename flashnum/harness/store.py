@@ -18,7 +18,8 @@ Layout of experiments/<name>/:
                           commit, dirty flag and diff hash), versions, machine, times,
                           counts (flashnum.harness.manifest; manifest.shard-i-of-n.json
                           for a shard of a sharded run)
-    grid.json             the case_ids of the grid last run (every shard writes the same)
+    grid.json             the case_ids of the grid last run (every shard writes the same;
+                          load(name, grid=True) shows only its rows)
     .lock, .runs/, claims/  who writes now (flashnum.harness.owners)
     quarantine/           files `repair` found unreadable, moved aside, never deleted
 
@@ -220,15 +221,19 @@ def grid_ids(name_or_path, root=None) -> set[str] | None:
         raise unreadable(f, e) from None
 
 
-def load(name_or_path, root=None, all_rows: bool = False) -> pd.DataFrame:
-    """The experiment's table: results.parquet and every part, one row per case_id.
+def load(name_or_path, root=None, grid: bool = False,
+         all_rows: bool | None = None) -> pd.DataFrame:
+    """The experiment's table: every row any run of it wrote, one row per case_id.
 
-    By default only the rows of the grid last run (grid.json): rows of cases that
-    left the grid (a distribution's defaults changed, a smaller override) stay on
-    disk, append-only, and come back with all_rows=True.
+    Every run counts: a single run, each job of a multirun, each shard, a resumed run;
+    results.parquet and every part, the latest row of a case winning.
+    grid=True: only the rows of the grid last run (grid.json; a multirun's last job),
+    e.g. to leave out cases that left the grid when a distribution's defaults changed.
+    (all_rows=False is the old spelling of grid=True.)
     Raises FileNotFoundError naming the folder when there is no table at all, StoreError
     (one line: the file and the repair) when a file cannot be read.
     """
+    grid = grid or all_rows is False
     exp_dir = experiment_dir(name_or_path, root)
 
     def read():
@@ -238,7 +243,7 @@ def load(name_or_path, root=None, all_rows: bool = False) -> pd.DataFrame:
                 f"no results in {exp_dir} (run: python -m flashnum.run experiment={exp_dir.name})"
             )
         df = _read(files)
-        ids = None if all_rows else grid_ids(exp_dir)
+        ids = grid_ids(exp_dir) if grid else None
         if ids is not None and len(df):
             df = df[df["case_id"].isin(ids)].reset_index(drop=True)
         return df
