@@ -42,6 +42,14 @@ def bwd(**kw):
     return lambda: attention_backward(Q, K, V, DO, **kw)
 
 
+def triton_bwd(**kw):
+    def call():
+        from flashnum.backends.triton_backward import attention_backward_triton
+
+        return attention_backward_triton(Q, K, V, DO, **kw)
+    return call
+
+
 # (edge, call, exception, words the message holds): each was accepted, or refused with
 # another exception or words, before these checks
 REFUSED = [
@@ -94,6 +102,8 @@ REFUSED = [
     ("top_left on the triton backend", fwd(causal="top_left", backend="triton",
                                            precision="fp16"), ValueError,
      ["causal='top_left' is not supported by backend 'triton'", "bottom_right"]),
+    ("top_left in the triton backward", triton_bwd(precision="fp16", causal="top_left"),
+     ValueError, ["causal='top_left' is not supported by backend 'triton'"]),
     ("torch_cpu bottom-right with Nq != Nk",
      lambda: attention(Q, K[..., :5, :], V[..., :5, :], policy="torch_cpu", causal=True),
      ValueError, ["policy 'torch_cpu'", "top-left", "causal='top_left'"]),

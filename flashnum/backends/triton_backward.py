@@ -220,9 +220,10 @@ def attention_backward_triton(q, k, v, do, *, precision="bf16", policy="fa2", bl
                               block_n=32, causal=False, scale=None, dq_order="forward", seed=0,
                               out=None, lse=None, exp2=False) -> Gradients:
     """dQ, dK, dV by the Triton kernels (see the module docstring)."""
-    _check(q, k, v, do, out, lse, precision=precision, policy=policy, block_m=block_m,
-           block_n=block_n, order="forward", causal=causal, scale=scale, rounding="nearest",
-           seed=seed, dq_order=dq_order, backend="triton")
+    o = _check(q, k, v, do, out, lse, precision=precision, policy=policy, block_m=block_m,
+               block_n=block_n, order="forward", causal=causal, scale=scale,
+               rounding="nearest", seed=seed, dq_order=dq_order, backend="triton")
+    causal, scale, seed = o.causal, o.scale, o.seed  # top_left refused there (bottom-right)
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} not in the kernel; valid: "
                          f"{', '.join(PRECISIONS)}")
