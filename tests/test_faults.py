@@ -229,3 +229,22 @@ def test_the_backward_runners_workers_die_with_it(tmp_path, sig):
     recs = records(exp)
     assert all(r["end_time"] for r in recs)
     assert sum(r["counts"]["run"] for r in recs) == len(rows)
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_compaction_is_one_line_and_the_next_run_compacts(tmp_path):
+    exp = tmp_path / "smoke"
+    p, tag = start(["flashnum.run", *SMOKE, "n_jobs=1", f"store.root={tmp_path}"],
+                   fault="compact:ENOSPC")
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err[-3000:]  # every row is stored: the run did its work
+    (line,) = [ln for ln in err.splitlines() if "no space" in ln]
+    assert line == (f"flashnum.run: warning: no space left on the device of {exp} to compact "
+                    f"it: its rows stay in parts/ and the table is whole; after freeing "
+                    f"space: python -m flashnum.store smoke compact=true store.root={tmp_path}")
+    assert "16 run now" in out and not (exp / store.RESULTS).exists()
+    assert len(store.load(exp)) == 16
+    assert not left_running(tag)
+    run(cfg_of(*SMOKE, "n_jobs=1", f"store.root={tmp_path}"))  # space again
+    assert (exp / store.RESULTS).exists() and not store._part_files(exp)
+    assert_truthful(exp, grid_ids())
