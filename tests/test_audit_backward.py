@@ -279,3 +279,9 @@ def test_torchs_bf16_dv_is_summed_in_bf16_across_its_query_blocks():
             dv = dv.to(torch.bfloat16).float() if acc == "bf16" else dv
         share[acc] = float((dv.to(torch.bfloat16) == dv_torch).float().mean())
     assert share["bf16"] > 0.95 and share["fp32"] < 0.7, share
+
+
+def test_an_isolated_gradient_audit_runs_forward_and_backward_in_the_child():
+    rep = _audit(_kernel("dk_no_scale"), cases=CASES[:1], isolate=True)
+    assert set(rep.broken()) == {"dk_rule"}, rep.summary()
+    assert _audit(_kernel(None), cases=CASES[:1], isolate=True).passed
