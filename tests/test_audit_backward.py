@@ -285,3 +285,11 @@ def test_an_isolated_gradient_audit_runs_forward_and_backward_in_the_child():
     rep = _audit(_kernel("dk_no_scale"), cases=CASES[:1], isolate=True)
     assert set(rep.broken()) == {"dk_rule"}, rep.summary()
     assert _audit(_kernel(None), cases=CASES[:1], isolate=True).passed
+
+
+def test_assert_attention_accurate_checks_gradients_when_asked():
+    from flashnum.testing import assert_attention_accurate
+
+    with pytest.raises(AssertionError, match="rule dk_rule broken"):
+        assert_attention_accurate(_kernel("dk_no_scale"), precision="bf16", backward=True)
+    assert assert_attention_accurate(_kernel("dk_no_scale"), precision="bf16").passed
