@@ -51,6 +51,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -79,13 +80,16 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def load_conf(name: str) -> dict:
+    """The experiment conf/experiment/<name>.yaml, or the YAML file `name` (a user's own,
+    from python -m flashnum.run --config-dir DIR): its table is named after the file."""
     from omegaconf import OmegaConf
 
-    path = CONF / f"{name}.yaml"
-    if not path.exists():
-        valid = sorted(p.stem for p in CONF.glob("bwd_*.yaml"))
+    path = Path(name) if name.endswith(".yaml") else CONF / f"{name}.yaml"
+    if not path.is_file():
+        valid = sorted(p.stem for p in CONF.glob("*.yaml") if "base" in OmegaConf.load(p))
         raise ValueError(f"unknown backward experiment {name!r}; valid: {', '.join(valid)}")
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    conf = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    return {**conf, "experiment": path.stem}
 
 
 def expand(conf: dict) -> list[dict]:

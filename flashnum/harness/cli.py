@@ -227,11 +227,15 @@ def main_of(prog: str, schema, run: Callable, argv: list[str] | None = None, *,
             doc: str | None = None) -> int:
     """parse, then check(cfg) (a ValueError is a one-line exit 2), then run(cfg) -> status."""
     cfg = parse(prog, schema, argv, positional=positional, doc=doc)
-    if check is not None:
-        try:
+    try:
+        if "store" in cfg and cfg.store.root:
+            from flashnum.harness.store import check_root  # the store imports this module
+
+            check_root(cfg.store.root)
+        if check is not None:
             check(cfg)
-        except ValueError as e:
-            fail(prog, str(e))
+    except (ValueError, StoreError) as e:
+        fail(prog, str(e))
     try:
         with sigterm_stops():
             return int(run(cfg) or 0)

@@ -32,6 +32,7 @@ the valid choices.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,7 +118,8 @@ class StoreConf:
 
 @dataclass
 class Config:
-    experiment: str = "single"
+    experiment: str = "single"  # the table's name: set from experiment=NAME, or name=
+    name: str | None = None  # an ad-hoc sweep's table (default: the experiment's, or single)
     description: str = ""
     precision: PrecisionConf = field(default_factory=PrecisionConf)
     policy: PolicyConf = field(default_factory=PolicyConf)
@@ -183,6 +185,13 @@ def check_positive(what: str, value) -> None:
         raise ValueError(f"{what} must be a positive integer, got {value!r}; valid: 1, 2, ...")
 
 
+def check_name(name) -> None:
+    """A table's name is one folder under the store: letters, digits, _ - and ."""
+    if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name)):
+        raise ValueError(f"bad name {name!r}: a table's name is one folder name; valid: "
+                         f"letters, digits, _ - . (e.g. name=my_sweep)")
+
+
 def check(cfg) -> None:
     """Every constraint the dataclass types cannot state; raises one clear ValueError."""
     if cfg.num_shards < 1:
@@ -199,6 +208,8 @@ def check(cfg) -> None:
     if cfg.get("compare_with") is not None and cfg.compare_with == cfg.store.root:
         raise ValueError(f"compare_with={cfg.compare_with} is the store this run writes to; "
                          "valid: another store root (e.g. store.root=scratch)")
+    if cfg.get("name") is not None:
+        check_name(cfg.name)
     if cfg.reference.certified_max_logits < 0:
         raise ValueError("reference.certified_max_logits must be >= 0")
     # the case axes; every case of the grid is checked the same way (flashnum.harness.grid)

@@ -52,7 +52,7 @@ from omegaconf import OmegaConf
 from flashnum.analysis import bounds, metrics
 from flashnum.analysis.invariants import invariants
 from flashnum.engine import attention
-from flashnum.harness import cli, compare, manifest, owners, scheduler, store, summary
+from flashnum.harness import cli, compare, experiments, manifest, owners, scheduler, store, summary
 from flashnum.harness.cli import ConfigError
 from flashnum.harness.config import check, register
 from flashnum.harness.grid import CASE_FIELDS, CONF, Case, columns, expand, select
@@ -403,19 +403,48 @@ def run(cfg, cases: list[Case] | None = None, overrides: list[str] | None = None
 # the command line: check everything first, compose once, expand once
 
 
-def precheck(overrides: list[str]):
+def precheck(overrides: list[str], dirs=()):
     """Compose conf/ with the overrides and check it; ConfigError(one line) when bad.
 
-    A multirun's sweeps are cut to their first values (each job is checked again).
-    Returns (cfg, cases): the config composed once and its grid expanded once.
+    dirs: the user's config folders (--config-dir, hydra.searchpath), searched as Hydra's
+    search path. A multirun's sweeps are cut to their first values (each job is checked
+    again). Returns (cfg, cases): the config composed once and its grid expanded once.
     """
+    overrides = cli.first_values(overrides)
+    if dirs:
+        overrides = [o for o in overrides if not o.startswith("hydra.searchpath=")]
+        overrides.append(f"hydra.searchpath=[{','.join(f'file://{d}' for d in dirs)}]")
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3",
                                    job_name="flashnum.run"):
-            cfg = compose("config", overrides=cli.first_values(overrides))
+            cfg = compose("config", overrides=overrides)
     except Exception as e:
         raise ConfigError(cli.explain(e)) from None
+    named(cfg, _choice(overrides))
     return cfg, _checked(cfg)
+
+
+def named(cfg, choice: str | None) -> None:
+    """The table's name: name= when given, else the experiment's file name (a renamed copy
+    of a shipped experiment writes its own table), else single."""
+    cfg.experiment = cfg.get("name") or choice or cfg.experiment
+
+
+def _choice(overrides: list[str]) -> str | None:
+    """The experiment=NAME of the overrides (the last one), or None."""
+    names = [o.split("=", 1)[1] for o in overrides if o.startswith("experiment=")]
+    return names[-1] if names else None
+
+
+def _user_dirs(args) -> list[str]:
+    """The user's config folders, absolute: --config-dir and hydra.searchpath's file:// ones."""
+    dirs = [args.config_dir] if args.config_dir else []
+    for o in args.overrides:
+        if o.startswith("hydra.searchpath="):
+            items = o.split("=", 1)[1].strip("[]")
+            dirs += [i.strip().removeprefix("file://") for i in items.split(",")
+                     if i.strip() and "://" not in i.strip().removeprefix("file://")]
+    return [str(Path(d).resolve()) for d in dirs]
 
 
 def _checked(cfg) -> list[Case]:
@@ -445,37 +474,57 @@ def _go(cfg, cases, overrides) -> dict:
 def _hydra_main(cfg) -> None:
     """One job of a multirun (Hydra composes each job's config)."""
     try:
+        named(cfg, HydraConfig.get().runtime.choices.get("experiment"))
         cases = _checked(cfg)
     except ConfigError as e:
         cli.fail(PROG, str(e))
     _go(cfg, cases, None)
 
 
-def _audit_table(argv: list[str]) -> bool:
-    """Whether argv names an experiment that conf/audit/ holds and conf/experiment/ does not
-    (experiment=kernel_table: flashnum.audit.kernel_table)."""
-    from flashnum.harness.paths import CONF
+def _elsewhere(exp, overrides: list[str]) -> int:
+    """Run an experiment that is not a forward sweep by its own runner (flashnum.harness.
+    experiments names the kinds); the overrides but experiment= and Hydra's go with it."""
+    rest = [o for o in overrides if not o.startswith(("experiment=", "hydra.", "hydra/"))]
+    if exp.kind == "backward":
+        from flashnum.harness import backward
 
-    names = [a.split("=", 1)[1] for a in argv if a.startswith("experiment=")]
-    return bool(names) and (CONF / "audit" / f"{names[0]}.yaml").is_file() and not (
-        CONF / "experiment" / f"{names[0]}.yaml").is_file()
+        shipped = exp.path.parent == CONF / "experiment"  # else the user's own YAML
+        return backward.main([f"experiment={exp.name if shipped else exp.path}", *rest])
+    if exp.kind == "audit":  # imported here: the audit and the reproductions sit above
+        from flashnum.audit.__main__ import main as audit_main
+
+        return audit_main([f"experiment={exp.name}", *rest])
+    if exp.kind == "reproduction":
+        from flashnum.reproduce import main as reproduce_main
+
+        return reproduce_main([exp.name.removeprefix("repro_"), *rest])
+    from flashnum.attribution import main as attribution_main
+
+    return attribution_main(["experiment=true", *rest])
 
 
 def main(argv: list[str] | None = None) -> int:
     """python -m flashnum.run [key=value ...]: one run composes conf/ once and runs it;
-    -m (multirun) and Hydra's own flags (--help, --cfg, --info) go through hydra.main."""
+    -m (multirun) and Hydra's own flags (--help, --cfg, --info) go through hydra.main.
+    An experiment that is not a forward sweep goes to its own runner (_elsewhere)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if _audit_table(argv):  # an audit table (conf/audit/<name>.yaml): flashnum.audit runs it
-        from flashnum.audit.__main__ import main as audit_main
-
-        return audit_main(argv)
     args = cli.hydra_args(argv)
+    dirs = _user_dirs(args)
+    choice = _choice(args.overrides)
+    if choice is not None:
+        found = [experiments.find(c, dirs) for c in choice.split(",")]
+        if None in found:
+            bad = choice.split(",")[found.index(None)]
+            cli.fail(PROG, experiments.unknown(bad, dirs))
+        if found[0].kind != "forward" and not args.multirun:
+            return _elsewhere(found[0], args.overrides)
     if args.help or args.hydra_help or args.info or args.shell_completion or args.cfg:
         _hydra_main()
         return 0
     try:
-        cfg, cases = precheck(args.overrides)
-    except ConfigError as e:
+        cfg, cases = precheck(args.overrides, dirs)
+        store.check_root(root_dir(cfg))
+    except (ConfigError, store.StoreError) as e:
         cli.fail(PROG, str(e))
     if args.multirun:
         _hydra_main()

@@ -95,6 +95,18 @@ def experiment_dir(name_or_path, root=None) -> Path:
     return here if here.is_dir() else REPO / "experiments" / p
 
 
+def check_root(root) -> None:
+    """StoreError (one line) when `root` cannot be a store: a file, or one experiment's own
+    folder given where the folder of experiments is meant. A missing folder is made."""
+    p = Path(root)
+    if p.exists() and not p.is_dir():
+        raise StoreError(f"store.root={root} is a file, not a store; valid: a folder of "
+                         f"experiments (made if missing), e.g. store.root=experiments", p)
+    if (p / RESULTS).is_file() or (p / PARTS).is_dir() or (p / MANIFEST).is_file():
+        raise StoreError(f"store.root={root} is one experiment's folder, not a store; valid: "
+                         f"the folder that holds it, store.root={p.resolve().parent}", p)
+
+
 def _write_table(df: pd.DataFrame, path: Path, point: str | None = None) -> None:
     table = pa.Table.from_pandas(df, preserve_index=False)
     atomic_write(path, lambda tmp: pq.write_table(table, tmp), point)
