@@ -271,6 +271,16 @@ def test_exact_split_kv_is_exact():
     assert res.info["split_precision"] == res.info["merge_precision"] == "exact"
 
 
+def test_split_kv_with_gqa_follows_the_top_left_mask():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 20, 16, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 300, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    res = attention(q, k, v, precision="fp64", policy="exact", num_splits=3, causal="top_left")
+    want = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1),
+                                          v.repeat_interleave(2, 1), is_causal=True)
+    assert float((res.out - want).abs().max()) < 1e-13
+
+
 def test_split_kv_defaults_are_fp32_for_fa2_and_the_dtype_for_lowp():
     q, k, v = qkv(nq=4, nk=300, d=8)
     fa2 = attention(q, k, v, num_splits=3, precision="bf16", policy="fa2")
