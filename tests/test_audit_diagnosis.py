@@ -151,3 +151,22 @@ def test_worst_case_reads_ratio_and_error_from_one_row():
                       dict(id="b", err_max=0.5, fa_bound=0.25, std_err_max=0.1)])
     w = worst_case(t)
     assert (w["id"], w["err"], w["bound"], w["ratio"]) == ("b", 0.5, 0.25, 2.0)
+
+
+def test_the_diagnosis_of_captured_calls_sends_each_model_the_recorded_do(tmp_path):
+    # a captured call's backward gets the dO its model sent it; the models the diagnosis
+    # runs get the same dO, so torch's own model equals torch's gradients bit for bit
+    import flashnum
+
+    path = tmp_path / "c.safetensors"
+    g = torch.Generator().manual_seed(0)
+    x = [torch.randn(1, 2, 48, 64, generator=g, dtype=torch.float64, requires_grad=True)
+         for _ in range(3)]
+    with flashnum.capture(path, backward=True):
+        out = torch.nn.functional.scaled_dot_product_attention(*x, is_causal=True)
+        (out * torch.randn(out.shape, generator=g, dtype=torch.float64)).sum().backward()
+    if not models.runs(models.Candidate("torch_cpu"), "bf16", True):
+        pytest.skip("this flashnum has no torch_cpu backward")
+    rep = fa.audit("torch_sdpa", inputs=path, precision="bf16", backward=True, diagnose=True)
+    best = rep.diagnosis["closest"]
+    assert best["policy"] == "torch_cpu" and best["dq_bitwise"] == 1.0, rep.summary()

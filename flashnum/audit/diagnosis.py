@@ -57,9 +57,10 @@ def _num(x) -> bool:
 
 
 def _inputs(case, precision):
+    """q, k, v in the dtype, the scale, and the dO the kernel's backward received."""
     inp = case.inputs()
     q, k, v = (x.to(DTYPES[precision]) for x in (inp.q, inp.k, inp.v))
-    return q, k, v, inp.scale
+    return q, k, v, inp.scale, gradients.upstream(case, inp, q.dtype)
 
 
 def _equal(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -76,13 +77,12 @@ def shares(c, kept, case_list, precision, alignment, backward) -> dict:
         if case.id not in kept:
             continue
         out, grads = kept[case.id]
-        q, k, v, scale = _inputs(case, precision)
+        q, k, v, scale, do = _inputs(case, precision)
         kw = dict(precision=precision, causal=case.causal, alignment=alignment, scale=scale)
         try:  # a model that refuses this case's shape (a ValueError) does not model it
             mo = models.forward(c, q, k, v, **kw)
             g = None
             if mo is not None and backward and grads is not None:
-                do = gradients.draw_do(case, out.shape, q.dtype)
                 g = models.backward(c, q, k, v, do, **kw)
         except ValueError:
             continue
@@ -110,7 +110,7 @@ def _site(c, case, quantity, precision, alignment) -> dict | None:
 
     if c.policy not in PRESETS or c.policy == "exact":
         return None  # a kernel model with its own arithmetic, not a policy of sites
-    q, k, v, scale = _inputs(case, precision)
+    q, k, v, scale, do = _inputs(case, precision)
     causal = models._causal(c, case.causal, alignment, q.shape[-2], k.shape[-2])
     if causal is None:
         return None
@@ -126,7 +126,6 @@ def _site(c, case, quantity, precision, alignment) -> dict | None:
     else:
         from flashnum.analysis.attribution_backward import attribute_backward
 
-        do = gradients.draw_do(case, (*q.shape[:-1], v.shape[-1]), q.dtype)
         dq, dk, dv = gradients.reference_gradients(*qkv, do.double(), causal=case.causal,
                                                    alignment=alignment, scale=scale)
         kw = dict(variant=c.variant, exp2=True) if c.variant == "exp2" else (

@@ -47,6 +47,14 @@ def draw_do(case, shape, dtype) -> torch.Tensor:
     return torch.randn(tuple(shape), generator=gen, dtype=torch.float64).to(dtype)
 
 
+def upstream(case, inp, dtype) -> torch.Tensor:
+    """The dO a case's backward receives: a captured call's own (flashnum.capture), else
+    draw_do's."""
+    if getattr(inp, "do", None) is not None:
+        return inp.do.to(dtype)
+    return draw_do(case, (*inp.q.shape[:-1], inp.v.shape[-1]), dtype)
+
+
 def reference_gradients(q, k, v, do, *, causal, alignment, scale=None, method="fp64"):
     """flashnum.reference_backward (bottom-right aligned) under either causal alignment:
     (dq, dk, dv) float64.

@@ -260,8 +260,7 @@ def evaluate(fn, case, *, precision="bf16", alignment="top_left", model=None,
     grads, gwhy, do = None, None, None
     if backward:
         # a captured call brings the dO its model sent it (flashnum.capture)
-        do = inp.do.to(q.dtype) if inp.do is not None else gradients.draw_do(
-            case, (*q.shape[:-1], v.shape[-1]), q.dtype)
+        do = gradients.upstream(case, inp, q.dtype)
         if isolate:
             out, lse, grads, why, gwhy = _call_isolated(
                 lambda: gradients.call(fn, q, k, v, do, causal, scale),
