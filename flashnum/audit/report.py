@@ -200,17 +200,23 @@ def _plots(t: pd.DataFrame, path: Path, model) -> list[str]:
     fig.savefig(path / "error_by_distribution.png", dpi=120)
     plt.close(fig)
     names.append("error_by_distribution.png")
-    if model and "model_err_max" in t and t["model_err_max"].notna().any():
-        fig, ax = plt.subplots(figsize=(4, 4))
-        ax.scatter(t["model_err_max"], t["err_max"], s=12)
-        ax.scatter(t.loc[failed, "model_err_max"], t.loc[failed, "err_max"], s=24, marker="x",
-                   color="red", label="failed case")
-        lo = min(t["err_max"].min(), t["model_err_max"].min())
-        hi = max(t["err_max"].max(), t["model_err_max"].max())
-        if lo > 0:
-            ax.plot([lo, hi], [lo, hi], lw=0.5, color="k")
-            ax.set(xscale="log", yscale="log")
-        ax.set(xlabel=f"model {model}: max error", ylabel="kernel: max error")
+    pairs = [(q, "model_err_max" if q == "out" else f"model_{q}_err_max", QUANTITIES[q][0])
+             for q in QUANTITIES]
+    pairs = [(q, m, e) for q, m, e in pairs if model and m in t and t[m].notna().any()]
+    if pairs:  # the kernel's error beside its model's, per output and gradient
+        fig, axes = plt.subplots(1, len(pairs), figsize=(3.6 * len(pairs), 3.6), squeeze=False)
+        for ax, (q, m, e) in zip(axes[0], pairs, strict=True):
+            d = t[[m, e]].assign(failed=failed).dropna()
+            d = d[(d[m] > 0) & (d[e] > 0) & (d[m] < float("inf")) & (d[e] < float("inf"))]
+            ax.scatter(d.loc[~d.failed, m], d.loc[~d.failed, e], s=12, label="kept")
+            ax.scatter(d.loc[d.failed, m], d.loc[d.failed, e], s=24, marker="x", color="red",
+                       label="failed case")
+            if len(d):
+                lo, hi = float(min(d[m].min(), d[e].min())), float(max(d[m].max(), d[e].max()))
+                ax.plot([lo, hi], [lo, hi], lw=0.5, color="k", label="equal")
+                ax.set(xscale="log", yscale="log")
+            ax.set(xlabel=f"model {model}: max |{q} - ref|", ylabel=f"kernel: max |{q} - ref|")
+            ax.legend(fontsize=6)
         fig.tight_layout()
         fig.savefig(path / "kernel_vs_model.png", dpi=120)
         plt.close(fig)
