@@ -260,6 +260,33 @@ def synthetic_tree(root: Path, skip=()) -> Path:
              split_precision=pr, max_abs_err=1e-4 * (1 + (pr == "bf16") * sp), rmse=1e-5)
         for i, (sp, pr) in enumerate((sp, pr) for sp in (1, 8) for pr in ("fp32", "bf16"))
     ]
+    # the trained model's heads (two) beside three distributions, in the runner's columns
+    settings = [("fa2", "bf16", "{}"), ("naive", "bf16", "{}"), ("lowp", "fp16", "{}"),
+                ("fa2", "fp32", json.dumps({"p_cast": "mxfp4", "out": "fp64"}))]
+    planted = {"gaussian": 1.0, "sink": 3.0, "ties": 0.5, "H0": 0.55, "H1": 2.7}
+    t["trained_model"] = [
+        _row("trained_model", 1000 + i, distribution="captured" if d[0] == "H" else d,
+             dist_params=json.dumps({"call": 0, "head_ids": [int(d[1])]}) if d[0] == "H"
+             else "{}", policy=pol, precision=prec, policy_sites=ps, seq_len_q=128,
+             seq_len_k=1024, normwise_rel_err=f * 1e-3 * (1 + j))
+        for i, (d, f, (j, (pol, prec, ps))) in enumerate(
+            (d, f, js) for d, f in planted.items() for js in enumerate(settings))
+    ]
+    t["trained_model_stats"] = [
+        dict(experiment="trained_model_stats", case_id=f"ts{i}", distribution=d,
+             dist_params=json.dumps({"call": 0, "head_ids": [h]}) if d == "captured" else "{}",
+             max_logit=3.0 + i, spread=1.0, sink_mass=0.1 * (i + 1), entropy=0.5,
+             ties_bf16=1.0, k_outlier_ratio=2.0)
+        for i, (d, h) in enumerate((("captured", 0), ("captured", 1), ("gaussian", 0)))
+    ]
+    t["bwd_trained_model"] = [
+        dict(bwd, experiment="bwd_trained_model", case_id=f"tb{i}", slice="s", policy=pol,
+             distribution=d, seq_len=128, seed=0, err_dq=e, err_dk=e, err_dv=e,
+             rule_dq=pol == "fa2", dq_spread=np.nan)
+        for i, (pol, d, e) in enumerate(
+            (pol, d, e * (3.0 if pol == "lowp" else 1.0)) for pol in ("fa2", "lowp")
+            for d, e in (("captured", 2e-3), ("captured", 6e-3), ("gaussian", 4e-3)))
+    ]
     assert set(t) == set(EXPERIMENTS)
     for name, rows in t.items():
         if name not in skip:
@@ -270,6 +297,13 @@ def synthetic_tree(root: Path, skip=()) -> Path:
     site = {fn: {"inputs": 2_000_000_000 + i, "hard_inputs": [0.5] * (3 + i),
                  "torch_float64_misses": [0.5] * i} for i, fn in enumerate(("exp", "exp2"))}
     (bench / "exp_exhaustive.json").write_text(json.dumps(site))
+    models = root.parent / "models"  # the trained model's description (values made up)
+    models.mkdir(exist_ok=True)
+    (models / "stdlib_lm.json").write_text(json.dumps(dict(
+        training=dict(params=3_350_000, config=dict(n_layer=4, d_model=256, context=1024),
+                      steps_done=100, batch=4, wall_s=1800.0,
+                      curve=[dict(step=50, val_loss=2.5), dict(step=100, val_loss=2.0)]),
+        heads=[dict(layer=0, head=h, kept=h in (1, 3)) for h in range(4)])))
     spread = {k: {"mean": m, "rel_sd": 0.25} for k, m in (("naive", 3e-4), ("fa2", 2e-4))}
     protocol = dict(n=8192, d=128, heads=8, rows=128)
     (bench / "fa3_protocol.json").write_text(json.dumps(dict(
@@ -414,6 +448,22 @@ def test_same_tables_give_identical_files(full, tmp_path):
     assert _digest(again) == _digest(out)
 
 
+def test_trained_heads_get_the_distribution_nearest_in_error_profile(full):
+    _, out, _ = full
+    m = _macros((out / "numbers.tex").read_text())
+    # H0 was planted at 1.1 x ties' errors, H1 at 0.9 x sink's
+    assert m["TrainedNearest"] == r"\texttt{sink} (1), \texttt{ties} (1)"
+    assert (m["TrainedHeads"], m["TrainedDists"], m["TrainedSteps"]) == ("2", "3", "100")
+    assert _close(m["TrainedOverGaussMax"], 2.7) and _close(m["TrainedValLoss"], 2.0)
+    # fa2 keeps the rule on both heads, lowp on neither; dQ errors 0.5x and 1.5x gaussian's
+    assert (m["TrainedBwdRuleFa"], m["TrainedBwdRuleLowp"]) == ("2 of 2", "0 of 2")
+    assert _close(m["TrainedBwdDqOverGaussMedian"], 1.0)
+    assert _close(m["TrainedBwdDqOverGaussMax"], 1.5)
+    table = (out / "tab_trained_model.tex").read_text()
+    # stored heads 0 and 1 of layer 0 are the model's heads 1 and 3 (the kept ones)
+    assert "0 & 1 & 3 &" in table and "0 & 3 & 4 &" in table
+
+
 def test_missing_experiment_gives_placeholder_and_names_the_command(tmp_path, capsys):
     # only block_size and one reproduction exist (few plots: this test stays fast)
     keep = ("block_size", "repro_fa3_table3")
@@ -460,7 +510,9 @@ def test_no_experiments_at_all_still_gives_every_snippet(tmp_path, capsys):
     out = tmp_path / "figures"
     F = generate(tmp_path / "nothing", out)
     assert F.made == ["tab_presets"]  # from flashnum.numerics.policy, not from a table
-    assert {e for _, e in F.placeholders} >= set(EXPERIMENTS) - {"fp16_sweep", "fp32_sweep"}
+    # these tables only add numbers to another experiment's figure or table
+    numbers_only = {"fp16_sweep", "fp32_sweep", "trained_model_stats", "bwd_trained_model"}
+    assert {e for _, e in F.placeholders} >= set(EXPERIMENTS) - numbers_only
     assert all(_macros((out / "numbers.tex").read_text())[n] == r"\nyr" for n in NUMBERS)
     assert not list(out.glob("*.pdf"))
 

@@ -54,6 +54,10 @@ What each figure shows (the selection is also written into its \\Sel macro):
                         bitwise and within-1-ulp shares, time per call; GPU-only rows
     qiu_yao_clamp       repro_qiu_yao: out / ref of Qiu & Yao's released fix vs the max
                         logit, the derived clamp collapse dashed
+    trained_model       trained_model: error of a small trained model's heads beside the
+                        catalogue, per setting (flashnum.figures.trained)
+    tab_trained_model   trained_model(_stats): each head's logit statistics and the
+                        catalogue distribution nearest it in error profile
 
 Where things are (a new figure or table goes into the module that holds its kind, and
 into the FIGURES registry below):
@@ -67,6 +71,7 @@ into the FIGURES registry below):
     prose.py    the reproductions' tables and the sentences the paper quotes about them
     lowprec.py  block-scaled formats, FA4's fp8 offset, the P-cast threshold, split-KV
     audit.py    the real codes audited: experiments/kernel_audit, Qiu & Yao's clamp
+    trained.py  the trained model's heads beside the catalogue
 """
 
 from __future__ import annotations
@@ -99,6 +104,7 @@ from flashnum.figures.plots import (
 from flashnum.figures.prose import REPRO, tab_repro
 from flashnum.figures.tables import tab_presets, tab_tightness, tab_worst_case
 from flashnum.figures.tex import tex_name
+from flashnum.figures.trained import tab_trained_model, trained_model
 from flashnum.harness.cli import main_of
 from flashnum.harness.config import StoreConf
 
@@ -114,7 +120,8 @@ OUT = REPO / "paper" / "figures"
 FIGURES = (error_vs_n, error_vs_block_n, error_by_order, heatmap, attribution,
            kernel_vs_emulator, precision_bits, bwd_error, bwd_order, bwd_growth, tab_tightness,
            tab_worst_case, tab_presets, pcast_threshold, fp8_offset, tab_block_scaled,
-           tab_splitkv_decode, tab_kernel_audit, tab_kernel_table, qiu_yao_clamp)
+           tab_splitkv_decode, tab_kernel_audit, tab_kernel_table, qiu_yao_clamp,
+           trained_model, tab_trained_model)
 PLOTS = tuple(f.__name__ for f in FIGURES if not f.__name__.startswith("tab_"))
 # the experiment each figure reads (for messages; tab_tightness reads all three sweeps)
 SOURCES = {"error_vs_n": "seqlen_growth", "error_vs_block_n": "block_size",
@@ -128,7 +135,8 @@ SOURCES = {"error_vs_n": "seqlen_growth", "error_vs_block_n": "block_size",
            "tab_block_scaled": "repro_block_scaled",
            "tab_splitkv_decode": "repro_splitkv_decode", "tab_kernel_audit": "kernel_audit",
            "tab_kernel_table": "kernel_table",
-           "qiu_yao_clamp": "repro_qiu_yao"}
+           "qiu_yao_clamp": "repro_qiu_yao", "trained_model": "trained_model",
+           "tab_trained_model": "trained_model"}
 
 REPROS = tuple(REPRO)  # the reproductions' tables, after the figures (prose.py)
 

@@ -43,6 +43,40 @@ EXPERIMENTS = {
     "repro_splitkv_decode": _REPRO.format("splitkv_decode"),
     "kernel_audit": "python -m flashnum.audit experiment=kernel_audit",
     "kernel_table": "python -m flashnum.audit experiment=kernel_table",
+    "trained_model": _RUN.format("trained_model"),
+    "trained_model_stats": "python -m flashnum.harness.head_stats trained_model",
+    "bwd_trained_model": "python -m flashnum.harness.backward bwd_trained_model",
+}
+
+# the trained model's section (flashnum.figures.trained); its size from models/stdlib_lm.json
+TRAINED = {
+    "TrainedHeads": "trained_model: captured heads measured",
+    "TrainedDists": "trained_model: catalogue distributions beside them",
+    "TrainedFaBfMin": "trained_model: smallest fa2 bf16 normwise relative error of a head",
+    "TrainedFaBfMax": "trained_model: largest fa2 bf16 normwise relative error of a head",
+    "TrainedFaBfGauss": "trained_model: gaussian's fa2 bf16 normwise relative error",
+    "TrainedOverGaussMedian": "trained_model: median over heads and settings of error / "
+                              "gaussian's",
+    "TrainedOverGaussMax": "trained_model: largest such ratio",
+    "TrainedNearest": "trained_model: the distributions nearest the heads in error profile "
+                      "(how many heads each)",
+    "TrainedSinkMax": "trained_model_stats: largest mean probability on key 0 of a head",
+    "TrainedMaxLogit": "trained_model_stats: largest logit of any head",
+    "TrainedSinkText": "trained_model_stats: whether a head is an attention sink (generated)",
+    "TrainedBwdCalls": "bwd_trained_model: captured heads through the backward",
+    "TrainedBwdRuleFa": "bwd_trained_model: fa2 cases on the heads within 2x torch autograd's "
+                        "error in every gradient (of all, bf16 and fp16)",
+    "TrainedBwdRuleLowp": "bwd_trained_model: the same for lowp",
+    "TrainedBwdDqOverGaussMedian": "bwd_trained_model: median over heads of fa2 bf16 dQ "
+                                   "relative error / gaussian's (N = 128)",
+    "TrainedBwdDqOverGaussMax": "bwd_trained_model: largest such ratio",
+    "TrainedParams": "models/stdlib_lm.json: parameters, millions",
+    "TrainedLayers": "models/stdlib_lm.json: layers",
+    "TrainedDModel": "models/stdlib_lm.json: model width",
+    "TrainedSteps": "models/stdlib_lm.json: optimizer steps",
+    "TrainedTokens": "models/stdlib_lm.json: training tokens (bytes), millions",
+    "TrainedMinutes": "models/stdlib_lm.json: training wall-clock minutes",
+    "TrainedValLoss": "models/stdlib_lm.json: last validation loss, nats per byte",
 }
 
 # every number the text may quote: macro name -> what it is
@@ -177,6 +211,7 @@ NUMBERS = {
     "PcastRatioMax": "repro_fp8_pcast: largest such gain",
     "PcastReverseOnly": "repro_fp8_pcast: median gain of reverse order without a scale",
     "PcastUnderflowForward": "repro_fp8_pcast: median underflow fraction, forward, no scale",
+    **TRAINED,
 }
 
 
