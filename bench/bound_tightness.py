@@ -17,7 +17,8 @@ import time
 import pandas as pd
 import torch
 
-from flashnum.analysis.bounds import tightness_summary, tightness_table
+from flashnum.analysis.bounds import tightness_summary
+from flashnum.harness.tightness import tightness_table
 
 
 def main():

@@ -10,16 +10,11 @@
         model(x)
     call = cap.calls[0]; flashnum.attention(*call.qkv, causal=call.causal, scale=call.scale)
 
-Layers (docs/architecture.md), each importing only from those above it in this list:
-numerics (formats, block-scaled formats, policies and sites, tiling and the causal rule),
-engine (the emulated recurrence, its fast path, standard attention, the backward pass,
-split-KV decoding, the model of torch's CPU kernel), backends (Triton kernels, mpmath),
-reference / reference_backward (exact attention and gradients), analysis (metrics,
-bounds, attribution, invariants), inputs (the adversarial catalogue, worst-case search),
-harness (config, grid, runner, store, CLI), audit, reproduce (published results),
-figures (the paper's figures and numbers from the stored tables).
+Layers: what each holds is in docs/architecture.md; their order is stated once, as the
+import-linter contract in pyproject.toml ([tool.importlinter]), which `lint-imports` checks.
 """
 
+from flashnum import backends  # noqa: F401  (puts mp and triton behind attention(backend=))
 from flashnum.engine import attention
 from flashnum.engine.backward import attention_backward
 from flashnum.inputs.capture import CapturedCall, capture, load_capture

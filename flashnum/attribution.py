@@ -4,7 +4,7 @@
     python -m flashnum.attribution experiment=true     # the stored grid: experiments/attribution
 
 One case prints flashnum.analysis.attribution.attribute's table per metric;
-experiment=true runs the grid flashnum.analysis.attribution.EXPERIMENT and replaces the
+experiment=true runs the grid flashnum.harness.attribution_grid.EXPERIMENT and replaces the
 stored table <store.root>/attribution (flashnum.harness.store.replace, with a manifest
 record). `--help` lists every key with its default.
 """
@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from flashnum.analysis.attribution import EXPERIMENT, METRICS, attribute, experiment
+from flashnum.analysis.attribution import METRICS, attribute
 from flashnum.harness import manifest, store
+from flashnum.harness.attribution_grid import EXPERIMENT, experiment
 from flashnum.harness.cli import main_of
 from flashnum.harness.config import StoreConf
 from flashnum.inputs.distributions import make

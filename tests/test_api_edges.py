@@ -18,7 +18,8 @@ import torch.nn.functional as F
 import flashnum
 import flashnum.engine.checks
 from flashnum import attention, attention_backward
-from flashnum.engine.splitkv import attention_splitkv, split_attention
+from flashnum.engine.api import attention_splitkv
+from flashnum.engine.splitkv import split_attention
 from flashnum.reference import reference
 from flashnum.reference_backward import reference_backward
 

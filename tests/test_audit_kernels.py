@@ -17,7 +17,7 @@ import flashnum.audit as fa
 from flashnum.audit import Case
 from flashnum.audit.__main__ import main as cli
 from flashnum.audit.kernel_table import agreement, model_kwargs, model_label, model_out, ulp_key
-from flashnum.audit.rules import standard_attention
+from flashnum.audit.standard import standard_attention
 from flashnum.audit.targets import resolve
 
 HAS_JAX = importlib.util.find_spec("jax") is not None

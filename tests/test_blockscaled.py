@@ -14,7 +14,6 @@ import torch
 import flashnum
 from flashnum.numerics.blockscaled import BLOCK_FORMATS, quantize
 from flashnum.numerics.formats import get_format
-from flashnum.numerics.formats import quantize as formats_quantize
 from flashnum.numerics.policy import Policy
 
 # element dtype, emax (exponent of the largest normal), max: OCP MX v1.0 table 1
@@ -148,7 +147,7 @@ def test_a_partial_last_block_is_its_own_block():
 def test_axis_chooses_the_blocking_direction():
     x = torch.from_numpy(spread((64, 8), seed=4))
     assert torch.equal(quantize(x, "mxfp4", axis=0), quantize(x.T, "mxfp4").T)
-    assert torch.equal(formats_quantize(x, "nvfp4", axis=-2), quantize(x.T, "nvfp4").T)
+    assert torch.equal(quantize(x, "nvfp4", axis=-2), quantize(x.T, "nvfp4").T)
 
 
 def test_nvfp4_row_scales_each_row_and_one_level_underflows_small_blocks():

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import flashnum
-from flashnum.engine.splitkv import attention_splitkv, split_bounds
+from flashnum.engine.api import attention_splitkv
+from flashnum.engine.splitkv import split_bounds
 from flashnum.numerics.policy import Policy
 
 EXACT = Policy(name="exact")

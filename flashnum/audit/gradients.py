@@ -16,7 +16,7 @@ Per case (with audit(..., backward=True); columns of the audit's table):
                  dq_ref).abs().max()`, `(dq - dq_ref).abs().max() <= 2 * (dq_pt -
                  dq_ref).abs().max() + dq_atol`): max|g - g_ref| <= 2 max|g_std - g_ref| +
                  2 max|fl32(g_ref + 0.3 - 0.3) - g_ref|, with g_std autograd through standard
-                 attention in the same dtype (flashnum.audit.rules.standard_attention with
+                 attention in the same dtype (flashnum.audit.standard.standard_attention with
                  torch.softmax on the dtype's logits, as attention_ref(upcast=False)), the
                  forward rule's slack taken from the gradient's own reference
 dO is drawn per case from a generator seeded by the case's id (standard normal, rounded
@@ -36,6 +36,7 @@ import zlib
 
 import torch
 
+from flashnum.audit.standard import check_output, standard_attention
 from flashnum.reference_backward import reference_backward
 
 GRADS = ("dq", "dk", "dv")
@@ -82,8 +83,6 @@ def standard_gradients(q, k, v, do, *, causal, alignment, scale=None):
     """(dq, dk, dv) float64 of autograd through standard attention in the inputs' dtype
     (flash-attn's dq_pt: attention_ref with upcast=False, torch.softmax on the dtype's
     logits, whose backward reads the rounded P)."""
-    from flashnum.audit.rules import standard_attention
-
     qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
     out = standard_attention(qg, kg, vg, causal=causal, alignment=alignment, scale=scale,
                              softmax_in_dtype=True)
@@ -93,15 +92,13 @@ def standard_gradients(q, k, v, do, *, causal, alignment, scale=None):
 def call(fn, q, k, v, do, causal, scale):
     """One forward and backward call through autograd: (out, lse, (dq, dk, dv) or None,
     error message of the forward or None, error message of the backward or None)."""
-    from flashnum.audit.rules import _check_output
-
     want = tuple(q.shape[:-1]) + (v.shape[-1],)
     qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
     try:
         got = fn(qg, kg, vg, causal=causal, scale=scale)
     except Exception as e:  # a crashing target is a failed case
         return None, None, None, _raised(e), None
-    out, lse, why = _check_output(got, q, want)
+    out, lse, why = check_output(got, q, want)
     if why is not None:
         return None, None, None, why, None
     try:

@@ -48,7 +48,8 @@ import pandas as pd
 import torch
 
 from flashnum.audit.gradients import GRADS
-from flashnum.audit.rules import DTYPES, RULES, visible
+from flashnum.audit.rules import DTYPES, RULES
+from flashnum.audit.standard import visible
 from flashnum.engine.kernel_models import KERNEL_MODELS, attention_kernel_model
 
 # the flashnum model of each target: a policy, or a policy with variant and block_n

@@ -1,6 +1,6 @@
 """The rules an audited kernel must keep on every case, and the measurements behind them.
 
-    from flashnum.audit.rules import evaluate, standard_attention, ALIGNMENTS
+    from flashnum.audit.rules import evaluate, ALIGNMENTS
     row = evaluate(fn, case, precision="bf16", alignment="top_left", model="torch_cpu")
 
 Per case (one row of the audit's table):
@@ -12,10 +12,10 @@ Per case (one row of the audit's table):
              flash-attn's and FlashAttention-2's)
   fa_rule    FlashAttention's acceptance rule (flash-attention tests/test_flash_attn.py):
              max|out - ref| <= 2 max|out_std - ref| + atol, where out_std is standard
-             attention computed in the same dtype in plain torch (standard_attention
-             below: S = Q K^T scale rounded to the dtype, softmax in fp32 rounded to the
-             dtype, P V in the dtype), and atol = 2 max|fl32(ref + 0.3 - 0.3) - ref|,
-             the fp32 noise floor flash-attn adds
+             attention computed in the same dtype in plain torch
+             (flashnum.audit.standard: S = Q K^T scale rounded to the dtype, softmax in
+             fp32 rounded to the dtype, P V in the dtype), and
+             atol = 2 max|fl32(ref + 0.3 - 0.3) - ref|, the fp32 noise floor flash-attn adds
   lse        where the kernel also returns its log-sum-exp, flash-attn's rule on it:
              max|lse - lse_ref| <= 2 max|lse_std - lse_ref| + 8 u32 max|lse_ref|, with
              lse_std the fp32 logsumexp of the dtype-rounded logits
@@ -41,7 +41,7 @@ import time
 import torch
 
 from flashnum.audit import gradients, models
-from flashnum.numerics.tiling import causal_visible, check_causal
+from flashnum.audit.standard import check_output, standard_attention, standard_lse
 from flashnum.reference import reference
 
 ALIGNMENTS = ("top_left", "bottom_right")
@@ -51,44 +51,6 @@ RULES = ("crash", "nonfinite", "masked", "fa_rule", "lse", "grad_crash", "grad_n
 REFERENCES = ("auto", "certified", "fp64")
 AUTO_SLACK = 1e-3  # "auto" keeps the fp64 reference when its proven bound is this small
 U32 = 2.0**-24
-
-
-def visible(nq: int, nk: int, alignment: str) -> torch.Tensor:
-    """(Nq, Nk) bool: query i sees key j. top_left (torch's is_causal): j <= i;
-    bottom_right (flash-attn >= 2.1, flashnum): j <= i + Nk - Nq (flashnum.numerics.tiling)."""
-    return causal_visible(nq, nk, causal=check_causal(alignment))
-
-
-def standard_attention(q, k, v, *, causal=False, alignment="top_left", scale=None,
-                       softmax_in_dtype=False):
-    """Standard attention in the inputs' dtype, plain torch (flash-attn's attention_ref
-    with upcast=False): S rounded to the dtype, softmax in fp32 then rounded, P V in the
-    dtype. Rows that see no key give 0, and differentiate to 0 (no NaN).
-    softmax_in_dtype: torch.softmax on the dtype's S itself, as attention_ref writes it
-    (fp32 inside; its backward then reads the rounded P, as flash-attn's dq_pt does; the
-    forward values differ from the fp32 softmax rounded afterwards in the last bit of a
-    few outputs): the gradients' standard (flashnum.audit.gradients)."""
-    d = q.shape[-1]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if causal:
-        vis = visible(q.shape[-2], k.shape[-2], alignment)
-        dead = ~vis.any(-1, keepdim=True)  # rows that see no key: logits 0, then P 0 (no
-        s = s.masked_fill(~vis, -math.inf).masked_fill(dead, 0.0)  # NaN to differentiate)
-    p = torch.softmax(s if softmax_in_dtype else s.float(), dim=-1)
-    if causal:
-        p = p.masked_fill(dead, 0.0)
-    return torch.matmul(p.to(q.dtype), v)
-
-
-def standard_lse(q, k, *, causal=False, alignment="top_left", scale=None):
-    """fp32 logsumexp of the dtype-rounded logits (-inf for rows that see no key)."""
-    d = q.shape[-1]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    s = (torch.matmul(q, k.transpose(-1, -2)) * scale).float()
-    if causal:
-        s = s.masked_fill(~visible(q.shape[-2], k.shape[-2], alignment), -math.inf)
-    return torch.logsumexp(s, dim=-1)
 
 
 def aligned_reference(q, k, v, *, causal, alignment, scale=None, method="certified"):
@@ -117,23 +79,6 @@ def _vmax(x: torch.Tensor) -> float:
     return float(torch.nan_to_num(x, nan=math.inf, posinf=math.inf).max()) if x.numel() else 0.0
 
 
-def _check_output(got, q, want):
-    """(out, lse or None, error message or None) of what a target returned."""
-    lse = None
-    if isinstance(got, (tuple, list)):
-        got, lse = (got[0], got[1]) if len(got) > 1 else (got[0], None)
-    if not isinstance(got, torch.Tensor):
-        return None, None, f"returned {type(got).__name__}, not a tensor"
-    if tuple(got.shape) != want:
-        return None, None, f"returned shape {tuple(got.shape)}, expected {want}"
-    if got.dtype != q.dtype:
-        return None, None, f"returned dtype {got.dtype}, expected {q.dtype}"
-    if lse is not None and (not isinstance(lse, torch.Tensor)
-                            or tuple(lse.shape) != tuple(q.shape[:-1])):
-        lse = None  # not the (..., Nq) log-sum-exp: not checked
-    return got, lse, None
-
-
 def _call(fn, q, k, v, causal, scale):
     """(out, lse or None, error message or None)."""
     want = tuple(q.shape[:-1]) + (v.shape[-1],)
@@ -142,7 +87,7 @@ def _call(fn, q, k, v, causal, scale):
     except Exception as e:  # a crashing target is a failed case
         first = str(e).splitlines()[0][:120] if str(e) else ""
         return None, None, f"raised {type(e).__name__}: {first}"
-    got, lse, why = _check_output(got, q, want)
+    got, lse, why = check_output(got, q, want)
     if why is not None:
         return None, None, why
     return got.detach().to("cpu"), None if lse is None else lse.detach().to("cpu"), None

@@ -636,14 +636,14 @@ def compare_with_engine(q, k, v, **kw) -> dict:
     that cancel (|out| << that magnitude) differ by many ulps of |out| for a one-ulp
     change of an fp32 intermediate; the scaled unit does not count cancellation.
     """
-    import flashnum
+    from flashnum.engine.api import attention
 
     q, k, v = (x.detach().cpu() for x in (q, k, v))
     res_k = attention_triton(q, k, v, **kw)
     kernel_only = ("input_precision", "fp_fusion", "fp8_max_imprecise_acc", "num_warps",
                    "num_stages")
     kw_e = {a: b for a, b in kw.items() if a not in kernel_only}
-    res_e = flashnum.attention(q, k, v, backend="emulate", **kw_e)
+    res_e = attention(q, k, v, backend="emulate", **kw_e)
     pol = make_policy(kw.get("policy", "fa2"), kw.get("precision", "bf16"))
     fin, fout = get_format(pol.inputs), get_format(pol.out)
     qr, kr, vr = (fin.round(x.detach().to(torch.float64)) for x in (q, k, v))

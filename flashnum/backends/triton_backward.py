@@ -50,7 +50,8 @@ from flashnum.backends.triton import _TORCH, INTERPRET, _cast, _dot, _round_rne 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from flashnum.engine.backward import Gradients, _check
+from flashnum.engine.backward import _check
+from flashnum.engine.result import Gradients
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import get_format
 from flashnum.numerics.policy import make_backward_policy
@@ -237,11 +238,10 @@ def attention_backward_triton(q, k, v, do, *, precision="bf16", policy="fa2", bl
     d, nq, nk, dv = q.shape[-1], q.shape[-2], k.shape[-2], v.shape[-1]
     sc = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if out is None:
-        import flashnum
+        from flashnum.engine.api import attention
 
-        res = flashnum.attention(q, k, v, precision=precision, policy=pol.forward,
-                                 block_m=block_m, block_n=block_n, causal=causal, scale=sc,
-                                 backend="triton")
+        res = attention(q, k, v, precision=precision, policy=pol.forward, block_m=block_m,
+                        block_n=block_n, causal=causal, scale=sc, backend="triton")
         out, lse = res.out, res.lse
     fin, fout = pol.forward.inputs, pol.out
     lead = q.shape[:-2]
@@ -284,15 +284,16 @@ def compare_backward(q, k, v, do, **kw) -> dict:
     emulator's value and the largest (flashnum.backends.triton.ulp_distribution), "scaled":
     the same in ulps at the gradient's largest entry (entries that cancel to far below
     it move by many of their own ulps for one ulp of an fp32 intermediate)}."""
-    import flashnum
     from flashnum.backends.triton import ulp_distribution
+    from flashnum.engine.api import attention
+    from flashnum.engine.backward import attention_backward
 
     precision = kw.get("precision", "bf16")
-    fwd = flashnum.attention(q, k, v, precision=precision, block_m=kw.get("block_m", 32),
-                             block_n=kw.get("block_n", 32), causal=kw.get("causal", False),
-                             scale=kw.get("scale"))
+    fwd = attention(q, k, v, precision=precision, block_m=kw.get("block_m", 32),
+                    block_n=kw.get("block_n", 32), causal=kw.get("causal", False),
+                    scale=kw.get("scale"))
     gk = attention_backward_triton(q, k, v, do, out=fwd.out, lse=fwd.lse, **kw)
-    ge = flashnum.attention_backward(q, k, v, do, out=fwd.out, lse=fwd.lse, **kw)
+    ge = attention_backward(q, k, v, do, out=fwd.out, lse=fwd.lse, **kw)
     fout = get_format(make_backward_policy(kw.get("policy", "fa2"), precision).out)
     out = {}
     for name in ("dq", "dk", "dv"):

@@ -66,7 +66,6 @@ Fully masked rows (causal with Nq > Nk) give out = 0 and are flagged in
 from __future__ import annotations
 
 import inspect
-import math
 import warnings
 
 import torch
@@ -79,11 +78,11 @@ from flashnum.engine.checks import (  # noqa: F401 (BACKENDS: the engine's names
     check_options,
     check_tensors,
 )
-from flashnum.engine.flash import flash
+from flashnum.engine.emulate import emulate
 from flashnum.engine.kernel_models import KERNEL_MODELS
 from flashnum.engine.recurrence import STEPS
 from flashnum.engine.result import Result
-from flashnum.engine.standard import standard
+from flashnum.engine.splitkv import split_attention
 from flashnum.engine.tiles import EXP2_SCALES
 from flashnum.numerics.blockscaled import transform_inputs
 from flashnum.numerics.policy import POLICIES, Policy, make_policy
@@ -214,6 +213,11 @@ def attention(
     return res
 
 
+# The backends other than the emulator (mp, triton) sit above the engine and import it:
+# flashnum.backends puts their entry points here, so that the engine never imports upward.
+# Each takes run()'s arguments, the checked ones (flashnum.engine.checks).
+RUNS: dict = {}
+
 # attention()'s keyword defaults, for the doors that take a subset (split-KV)
 DEFAULTS = {n: p.default for n, p in inspect.signature(attention).parameters.items()
             if p.default is not inspect.Parameter.empty}
@@ -250,6 +254,17 @@ def prepare(q, k, v, *, precision, policy, block_m, block_n, order, variant, cau
                 merge_precision=merge_precision, exp2_scale=exp2_scale), warned
 
 
+def attention_splitkv(q, k, v, *, num_splits: int, split_precision: str | None = None,
+                      merge_precision: str | None = None, **kw) -> Result:
+    """Split-KV attention (flashnum.engine.splitkv), num_splits = 1 included; every other
+    argument as flashnum.attention takes it, and checked by the same checks.
+    split_precision / merge_precision None: the policy's o and l formats."""
+    call, _ = prepare(q, k, v, **{**DEFAULTS, **kw, "num_splits": num_splits,
+                                  "split_precision": split_precision,
+                                  "merge_precision": merge_precision})
+    return split_attention(**call)
+
+
 def run(q, k, v, *, precision, policy, block_m, block_n, order, variant, causal, scale,
         rounding, seed, trace, backend, mp_bits, tau, beta, num_splits=1,
         split_precision=None, merge_precision=None, exp2_scale="once") -> Result:
@@ -257,8 +272,6 @@ def run(q, k, v, *, precision, policy, block_m, block_n, order, variant, causal,
     a kernel model, a backend or the engine. Split-KV runs each split through here."""
     gqa = q.ndim >= 3 and k.ndim >= 3 and q.shape[-3] != k.shape[-3]
     if num_splits != 1 or gqa:  # each split comes back through this function
-        from flashnum.engine.splitkv import split_attention
-
         return split_attention(
             q, k, v, num_splits=num_splits, split_precision=split_precision,
             merge_precision=merge_precision, precision=precision, policy=policy,
@@ -284,34 +297,13 @@ def run(q, k, v, *, precision, policy, block_m, block_n, order, variant, causal,
 
         return attention_kernel_model(q, k, v, policy, precision=precision, causal=causal,
                                       scale=scale)
-    if backend == "mp":
-        from flashnum.backends.mp import attention_mp
-
-        return attention_mp(
-            q, k, v, bits=mp_bits, block_m=block_m, block_n=block_n, order=order,
-            variant=variant, causal=causal, scale=scale, seed=seed, trace=trace, tau=tau,
-            beta=beta,
-        )
-    pol = make_policy(policy, precision)
-    if backend == "triton":
-        from flashnum.backends.triton import attention_triton
-
-        return attention_triton(
-            q, k, v, policy=pol, precision=precision, block_m=block_m, block_n=block_n,
-            order=order, variant=variant, causal=causal, scale=scale, seed=seed, trace=trace,
-            rounding=rounding, exp2_scale=exp2_scale,
-        )
-    d = q.shape[-1]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    if pol.structure == "standard":
-        res = standard(q, k, v, pol, causal=causal, scale=scale, rounding=rounding, seed=seed)
-    else:
-        res = flash(q, k, v, pol, block_m=block_m, block_n=block_n, order=order,
-                    variant=variant, causal=causal, scale=scale, rounding=rounding, seed=seed,
-                    trace=trace, tau=tau, beta=beta, exp2_scale=exp2_scale)
-    res.info = dict(
-        precision=precision, policy=pol.name, block_m=block_m, block_n=block_n,
-        order=order if isinstance(order, str) else "permutation", variant=variant,
-        causal=causal, scale=scale, rounding=rounding, seed=seed,
-    )
-    return res
+    if backend != "emulate":  # mp, triton: above the engine (flashnum.backends puts them here)
+        return RUNS[backend](
+            q, k, v, precision=precision, policy=policy, block_m=block_m, block_n=block_n,
+            order=order, variant=variant, causal=causal, scale=scale, rounding=rounding,
+            seed=seed, trace=trace, mp_bits=mp_bits, tau=tau, beta=beta,
+            exp2_scale=exp2_scale)
+    return emulate(q, k, v, precision=precision, policy=policy, block_m=block_m,
+                   block_n=block_n, order=order, variant=variant, causal=causal, scale=scale,
+                   rounding=rounding, seed=seed, trace=trace, tau=tau, beta=beta,
+                   exp2_scale=exp2_scale)

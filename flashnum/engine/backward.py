@@ -68,7 +68,6 @@ FMA contraction.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import torch
 
@@ -81,6 +80,7 @@ from flashnum.engine.checks import (
     check_options,
     check_tensors,
 )
+from flashnum.engine.result import Gradients
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import EXACT, FORMATS
 from flashnum.numerics.policy import PRESETS, BackwardPolicy, make_backward_policy
@@ -89,21 +89,6 @@ from flashnum.numerics.tiling import causal_visible, key_block_order, n_blocks, 
 DQ_ORDERS = ("forward", "reverse", "random")
 FP32 = FORMATS["fp32"]
 _CHUNK = 1 << 24  # logits per row chunk of the standard structure
-
-
-@dataclass
-class Gradients:
-    """dQ, dK, dV of one backward call (see the module docstring)."""
-
-    dq: torch.Tensor
-    dk: torch.Tensor
-    dv: torch.Tensor
-    lse: torch.Tensor
-    delta: torch.Tensor
-    out: torch.Tensor
-    masked: torch.Tensor
-    ds_rowsum: torch.Tensor | None
-    info: dict = field(default_factory=dict)
 
 
 def _check(q, k, v, do, out, lse, **options):
@@ -204,7 +189,7 @@ def attention_backward(
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     out_given = out
     if out is None:
-        from flashnum.engine import attention  # the forward, same arithmetic model
+        from flashnum.engine.api import attention  # the forward, same arithmetic model
 
         res = attention(q, k, v, precision=precision, policy=pol.forward, block_m=block_m,
                         block_n=block_n, order=order, causal=causal, scale=scale,

@@ -28,6 +28,7 @@ names the argument, the value given and what is valid. What is accepted and not 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import numbers
 import os
@@ -246,14 +247,11 @@ def check_options(q, k, v, *, precision, policy, block_m, block_n, order, causal
         raise ValueError("variant 'qiu_yao_released' models bf16 code; backend 'mp' takes "
                          f"{', '.join(v for v in VARIANTS if v != 'qiu_yao_released')}")
     if backend == "triton":
-        try:  # the backend module sets TRITON_INTERPRET before it imports triton (heavy, optional)
-            import flashnum.backends.triton  # noqa: F401
-        except ModuleNotFoundError as e:
-            if not (e.name or "").startswith("triton"):
-                raise
+        # asked without importing it: flashnum.backends.triton sets TRITON_INTERPRET first
+        if importlib.util.find_spec("triton") is None:
             raise ValueError(
                 "backend='triton' needs the triton package, which is not installed: "
-                "pip install triton (or pip install -e .[triton])") from None
+                "pip install triton (or pip install -e .[triton])")
         if causal == "top_left":  # the kernels write the bottom-right rule out themselves
             raise ValueError("causal='top_left' is not supported by backend 'triton' (its "
                              "kernels are bottom-right aligned); valid there: False, True, "

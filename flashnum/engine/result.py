@@ -56,3 +56,18 @@ class Result:
     def __post_init__(self):
         if self.nonfinite is None:
             self.nonfinite = ~torch.isfinite(self.out).all(dim=-1)
+
+
+@dataclass
+class Gradients:
+    """dQ, dK, dV of one backward call (flashnum.engine.backward's docstring)."""
+
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    lse: torch.Tensor
+    delta: torch.Tensor
+    out: torch.Tensor
+    masked: torch.Tensor
+    ds_rowsum: torch.Tensor | None
+    info: dict = field(default_factory=dict)

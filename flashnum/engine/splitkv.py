@@ -1,6 +1,6 @@
 """Split-KV decoding (flash-decoding): keys in S contiguous chunks, merged by their LSE.
 
-    from flashnum.engine.splitkv import attention_splitkv
+    from flashnum.engine.api import attention_splitkv
     res = attention_splitkv(q, k, v, num_splits=8, split_precision=None,
                             merge_precision=None, precision="bf16", policy="fa2",
                             block_n=64, causal=False)
@@ -44,6 +44,7 @@ import math
 
 import torch
 
+from flashnum.engine.emulate import emulate
 from flashnum.engine.result import Result, Trace
 from flashnum.numerics.formats import get_format
 from flashnum.numerics.policy import make_policy
@@ -64,8 +65,6 @@ def _rows_visible(nq: int, nk: int, a: int, b: int, causal) -> torch.Tensor:
 def _partial(q, k, v, a, b, causal, kw, split_fmt):
     """o_s, lse_s, m_s, l_s, n_rescales of one split; rows grouped by visible count."""
     nq, dv = q.shape[-2], v.shape[-1]
-    from flashnum.engine.api import run  # the engine's dispatch (no import cycle)
-
     lead = q.shape[:-2]
     o = torch.zeros(*lead, nq, dv, dtype=torch.float64)
     lse = torch.full((*lead, nq), -math.inf, dtype=torch.float64)
@@ -78,7 +77,7 @@ def _partial(q, k, v, a, b, causal, kw, split_fmt):
             continue  # an empty split for these rows: o = 0, lse = -inf
         rows = (seen == n).nonzero().flatten()
         # the split's keys as one call, checked already: blocks no larger than its keys
-        res = run(q[..., rows, :], k[..., a : a + n, :], v[..., a : a + n, :],
+        res = emulate(q[..., rows, :], k[..., a : a + n, :], v[..., a : a + n, :],
                   causal=False, **{**kw, "block_m": clamp_block(kw["block_m"], len(rows)),
                                    "block_n": clamp_block(kw["block_n"], n)})
         o[..., rows, :] = split_fmt.round(res.out)
@@ -121,24 +120,12 @@ def _gqa(q, k, v, causal):
     return packed, k, v, (hq, nq)
 
 
-def attention_splitkv(q, k, v, *, num_splits: int, split_precision: str | None = None,
-                      merge_precision: str | None = None, **kw) -> Result:
-    """Split-KV attention (see the module docstring), num_splits = 1 included; every other
-    argument as flashnum.attention takes it, and checked by the same checks.
-    split_precision / merge_precision None: the policy's o and l formats."""
-    from flashnum.engine.api import DEFAULTS, prepare  # the one home of the checks
-
-    call, _ = prepare(q, k, v, **{**DEFAULTS, **kw, "num_splits": num_splits,
-                                  "split_precision": split_precision,
-                                  "merge_precision": merge_precision})
-    return split_attention(**call)
-
-
 def split_attention(q, k, v, *, num_splits: int, split_precision: str | None = None,
                     merge_precision: str | None = None, precision: str = "bf16",
                     policy="fa2", block_m: int = 64, block_n: int = 64, causal=False,
                     trace: bool = False, **kw) -> Result:
-    """attention_splitkv on checked arguments; `kw` goes to flashnum.engine.api.run."""
+    """Split-KV on checked arguments (flashnum.engine.api.attention_splitkv); `kw` goes to
+    flashnum.engine.emulate: split-KV runs on the emulator only (flashnum.engine.checks)."""
     causal = check_causal(causal)
     pol = make_policy(policy, precision)
     split_fmt = get_format(pol.o if split_precision is None else split_precision)
@@ -150,6 +137,8 @@ def split_attention(q, k, v, *, num_splits: int, split_precision: str | None = N
     nk = k.shape[-2]
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k and v key counts differ: k {tuple(k.shape)}, v {tuple(v.shape)}")
+    for name in ("backend", "mp_bits"):  # split-KV runs on the emulator only
+        kw.pop(name, None)
     call = dict(kw, precision=precision, policy=pol.with_sites(out=split_fmt.name,
                 name=f"{pol.name}/split"), block_m=block_m, block_n=block_n, trace=False)
     parts = [_partial(q, k, v, a, b, causal, call, split_fmt)

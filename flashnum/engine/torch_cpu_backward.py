@@ -68,7 +68,7 @@ import math
 import numpy as np
 import torch
 
-from flashnum.engine.backward import Gradients
+from flashnum.engine.result import Gradients
 from flashnum.engine.torch_cpu import (
     DTYPES,
     LANES,

@@ -187,9 +187,9 @@ def run_case(case: dict) -> dict:
                                cache=False) if case["reference"] == "certified" else None
     fwd = None
     if case["forward_variant"] != "fa2":
-        import flashnum
+        from flashnum.engine import attention
 
-        fwd = flashnum.attention(q, k, v, precision=case["precision"], policy=case["policy"],
+        fwd = attention(q, k, v, precision=case["precision"], policy=case["policy"],
                                  block_m=case["block"], block_n=case["block"], causal=causal,
                                  scale=inp.scale, variant=case["forward_variant"])
     given = {} if fwd is None else dict(out=fwd.out, lse=fwd.lse)

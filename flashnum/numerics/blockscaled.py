@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from flashnum.numerics.formats import FORMATS, ROUNDINGS, Format
+from flashnum.numerics.floats import FORMATS, ROUNDINGS, Format
 
 # element formats (OCP MX v1.0, section 5.3): no infinities or NaN in fp6/fp4; saturating
 E2M1 = Format("fp4_e2m1", 2, 0, 2, has_inf=False, saturate=True)

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashnum.numerics.formats import Format
+from flashnum.numerics.floats import Format
 
 POLY3 = (1.0, 0.695146143436431884765625, 0.227564394474029541015625,
          0.077119089663028717041015625)  # FA4 POLY_EX2[3]: C0, C1, C2, C3
