@@ -1,22 +1,32 @@
 """Entry point: `python -m flashnum.run` (the code lives in flashnum.harness.run).
 
-An audit table (conf/audit/<name>.yaml, e.g. experiment=kernel_table) goes to the audit,
-which sits above the harness: this entry point, on top of both, chooses.
+An experiment whose runner sits above the harness (flashnum.harness.run.ABOVE: an audit
+table, a reproduction, the attribution table) goes to that runner from here, the entry
+point on top of them all; every other run goes to flashnum.harness.run.main.
 """
 
 import sys
 
-from flashnum.harness.run import _audit_table
-from flashnum.harness.run import main as run_main
+from flashnum.harness import run
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if _audit_table(argv):  # an audit table (conf/audit/<name>.yaml): flashnum.audit runs it
+    handed = run.handed_over(argv)
+    if handed is None:
+        return run.main(argv)
+    exp, rest = handed
+    if exp.kind == "audit":
         from flashnum.audit.__main__ import main as audit_main
 
-        return audit_main(argv)
-    return run_main(argv)
+        return audit_main([f"experiment={exp.name}", *rest])
+    if exp.kind == "reproduction":
+        from flashnum.reproduce import main as reproduce_main
+
+        return reproduce_main([exp.name.removeprefix("repro_"), *rest])
+    from flashnum.attribution import main as attribution_main
+
+    return attribution_main(["experiment=true", *rest])
 
 
 if __name__ == "__main__":

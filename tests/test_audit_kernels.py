@@ -139,8 +139,9 @@ def test_ulp_keys_of_neighbouring_floats_differ_by_one_across_zero(dtype):
 
 
 def test_flashnum_run_hands_an_audit_table_to_the_audit():
-    from flashnum.harness.run import _audit_table
+    from flashnum.harness.run import handed_over
 
-    assert _audit_table(["experiment=kernel_table", "store.root=x"])
-    assert not _audit_table(["experiment=bf16_sweep"])
-    assert not _audit_table(["target=torch_sdpa"])
+    exp, rest = handed_over(["experiment=kernel_table", "store.root=x"])
+    assert (exp.name, exp.kind, rest) == ("kernel_table", "audit", ["store.root=x"])
+    assert handed_over(["experiment=bf16_sweep"]) is None
+    assert handed_over(["target=torch_sdpa"]) is None

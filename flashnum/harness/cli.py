@@ -45,7 +45,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from flashnum.harness.config import Config
-from flashnum.harness.files import StoreError
+from flashnum.harness.files import StoreError, check_root
 from flashnum.harness.paths import CONF
 from flashnum.inputs.distributions import DISTRIBUTIONS
 
@@ -229,8 +229,6 @@ def main_of(prog: str, schema, run: Callable, argv: list[str] | None = None, *,
     cfg = parse(prog, schema, argv, positional=positional, doc=doc)
     try:
         if "store" in cfg and cfg.store.root:
-            from flashnum.harness.store import check_root  # the store imports this module
-
             check_root(cfg.store.root)
         if check is not None:
             check(cfg)

@@ -10,7 +10,8 @@ stray `.tmp-*` file, which nothing reads; its name says which process wrote it
 one still being written. The store and the manifests write through here.
 
 StoreError is the one exception of a store that cannot be read or written: its text is
-the one line a command prints (the file, what is wrong, the command that repairs it).
+the one line a command prints (the file, what is wrong, the command that repairs it);
+check_root raises it for a store.root that cannot be a store (every command checks it).
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ import os
 from pathlib import Path
 
 from flashnum.harness import faults, owners
+
+# a store's files (flashnum.harness.store): the table, its parts, the manifest
+RESULTS = "results.parquet"
+PARTS = "parts"
+MANIFEST = "manifest.json"
 
 
 class StoreError(Exception):
@@ -67,3 +73,15 @@ def write_json(path: Path, obj: dict, point: str | None = None) -> None:
     """obj as indented JSON (keys in their order; str() for what JSON lacks), atomically."""
     text = json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
     atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text), point)
+
+
+def check_root(root) -> None:
+    """StoreError (one line) when `root` cannot be a store: a file, or one experiment's own
+    folder given where the folder of experiments is meant. A missing folder is made."""
+    p = Path(root)
+    if p.exists() and not p.is_dir():
+        raise StoreError(f"store.root={root} is a file, not a store; valid: a folder of "
+                         f"experiments (made if missing), e.g. store.root=experiments", p)
+    if (p / RESULTS).is_file() or (p / PARTS).is_dir() or (p / MANIFEST).is_file():
+        raise StoreError(f"store.root={root} is one experiment's folder, not a store; valid: "
+                         f"the folder that holds it, store.root={p.resolve().parent}", p)

@@ -481,32 +481,46 @@ def _hydra_main(cfg) -> None:
     _go(cfg, cases, None)
 
 
+ABOVE = ("audit", "reproduction", "attribution")  # kinds whose runners sit above the harness
+
+
+def _rest(overrides: list[str]) -> list[str]:
+    """The overrides that go with an experiment to its own runner: all but experiment= and
+    Hydra's."""
+    return [o for o in overrides if not o.startswith(("experiment=", "hydra.", "hydra/"))]
+
+
+def handed_over(argv: list[str]) -> tuple[experiments.Experiment, list[str]] | None:
+    """(experiment, overrides) when argv names one run (not a multirun) of an experiment
+    whose runner sits above the harness (ABOVE: the audit, a reproduction, the attribution
+    table): flashnum/run.py, the entry point on top of them all, runs it. Else None."""
+    args = cli.hydra_args(argv)
+    choice = _choice(args.overrides)
+    if choice is None or args.multirun:
+        return None
+    found = [experiments.find(c, _user_dirs(args)) for c in choice.split(",")]
+    if None in found or found[0].kind not in ABOVE:
+        return None  # unknown names: main says so
+    return found[0], _rest(args.overrides)
+
+
 def _elsewhere(exp, overrides: list[str]) -> int:
-    """Run an experiment that is not a forward sweep by its own runner (flashnum.harness.
-    experiments names the kinds); the overrides but experiment= and Hydra's go with it."""
-    rest = [o for o in overrides if not o.startswith(("experiment=", "hydra.", "hydra/"))]
-    if exp.kind == "backward":
-        from flashnum.harness import backward
+    """Run a backward sweep by its runner (flashnum.harness.backward); the overrides but
+    experiment= and Hydra's go with it."""
+    if exp.kind in ABOVE:
+        cli.fail(PROG, f"experiment {exp.name} ({exp.kind}) runs through python -m flashnum.run")
+    from flashnum.harness import backward
 
-        shipped = exp.path.parent == CONF / "experiment"  # else the user's own YAML
-        return backward.main([f"experiment={exp.name if shipped else exp.path}", *rest])
-    if exp.kind == "audit":  # imported here: the audit and the reproductions sit above
-        from flashnum.audit.__main__ import main as audit_main
-
-        return audit_main([f"experiment={exp.name}", *rest])
-    if exp.kind == "reproduction":
-        from flashnum.reproduce import main as reproduce_main
-
-        return reproduce_main([exp.name.removeprefix("repro_"), *rest])
-    from flashnum.attribution import main as attribution_main
-
-    return attribution_main(["experiment=true", *rest])
+    shipped = exp.path.parent == CONF / "experiment"  # else the user's own YAML
+    return backward.main([f"experiment={exp.name if shipped else exp.path}",
+                          *_rest(overrides)])
 
 
 def main(argv: list[str] | None = None) -> int:
     """python -m flashnum.run [key=value ...]: one run composes conf/ once and runs it;
     -m (multirun) and Hydra's own flags (--help, --cfg, --info) go through hydra.main.
-    An experiment that is not a forward sweep goes to its own runner (_elsewhere)."""
+    A backward sweep goes to its own runner (_elsewhere); flashnum/run.py hands the kinds
+    above the harness (ABOVE) to theirs first."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = cli.hydra_args(argv)
     dirs = _user_dirs(args)

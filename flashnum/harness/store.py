@@ -64,11 +64,17 @@ import pyarrow.parquet as pq
 
 from flashnum.harness import cli, faults, manifest, owners
 from flashnum.harness.config import StoreConf
-from flashnum.harness.files import StoreError, atomic_write, unreadable, write_json
+from flashnum.harness.files import (  # noqa: F401  (check_root: the store's, kept here)
+    MANIFEST,
+    PARTS,
+    RESULTS,
+    StoreError,
+    atomic_write,
+    check_root,
+    unreadable,
+    write_json,
+)
 
-RESULTS = "results.parquet"
-PARTS = "parts"
-MANIFEST = "manifest.json"
 GRID = "grid.json"
 QUARANTINE = "quarantine"
 LOCK = owners.LOCK
@@ -93,18 +99,6 @@ def experiment_dir(name_or_path, root=None) -> Path:
         return Path(root) / p
     here = Path("experiments") / p
     return here if here.is_dir() else REPO / "experiments" / p
-
-
-def check_root(root) -> None:
-    """StoreError (one line) when `root` cannot be a store: a file, or one experiment's own
-    folder given where the folder of experiments is meant. A missing folder is made."""
-    p = Path(root)
-    if p.exists() and not p.is_dir():
-        raise StoreError(f"store.root={root} is a file, not a store; valid: a folder of "
-                         f"experiments (made if missing), e.g. store.root=experiments", p)
-    if (p / RESULTS).is_file() or (p / PARTS).is_dir() or (p / MANIFEST).is_file():
-        raise StoreError(f"store.root={root} is one experiment's folder, not a store; valid: "
-                         f"the folder that holds it, store.root={p.resolve().parent}", p)
 
 
 def _write_table(df: pd.DataFrame, path: Path, point: str | None = None) -> None:
