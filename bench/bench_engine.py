@@ -5,10 +5,13 @@
 
 1. Speed: emulated bf16 `fa2`, batch x heads = 8, N = 4096, d = 64, 64 x 64 blocks,
    against torch.nn.functional.scaled_dot_product_attention in fp32 on the same
-   shapes, in the same run (interleaved, best of 10 each). Goal: ratio <= 2. Also: the same run
-   without flashnum.engine.native's kernel (the torch path; the same output), on one
+   shapes, in the same run (interleaved, best of 10 each; flashnum.engine.fused's C loop
+   runs it). Goal: ratio <= 2. Also, interleaved with the same SDPA calls: the in-place
+   path (the fused loop off), the torch path (no native kernel; the same output), on one
    thread, the fixed cost of one step (one key block, one chunk of heads), and the
-   time of the two fp32 GEMMs per key block alone.
+   time of the two fp32 GEMMs per key block alone. The machine (CPU model, flags, load
+   average before and after, torch) and the command are stored with the figures: on a
+   shared machine only ratios measured in one run mean something.
 2. Memory: N = 65536, d = 64, one head, bf16 fa2, in a fresh subprocess; peak RSS
    (ru_maxrss) minus the interpreter's own. Goal: <= 1.5 GiB (an N x N fp32 matrix
    alone would be 16 GiB).
@@ -30,7 +33,7 @@ from pathlib import Path
 import torch
 
 import flashnum
-from flashnum.engine import native
+from flashnum.engine import fused, native
 
 OUT = Path(__file__).parent / "results"
 
@@ -51,6 +54,9 @@ def speed():
     emu = lambda: flashnum.attention(q, k, v, precision="bf16", policy="fa2")
     res = {"shape": "8 x 4096 x 64, 64x64 blocks", "goal_ratio": 2.0,
            "threads": torch.get_num_threads(), "exp_site": native.status()}
+    fused.set_enabled(False)
+    emu(), sdpa()  # builds the kernel and warms both paths
+    fused.set_enabled(True)
     # interleaved, the best of 10 each: noise on a shared machine only ever adds time,
     # and alternating keeps a slow spell from falling on one side only
     emu(), sdpa()
@@ -58,13 +64,17 @@ def speed():
     res["sdpa_fp32_s"] = min(a for a, _ in pairs)
     res["emulate_bf16_fa2_s"] = min(b for _, b in pairs)
     res["ratio"] = res["emulate_bf16_fa2_s"] / res["sdpa_fp32_s"]
-    # the same run without the native kernel (torch's passes; identical output)
-    native.set_enabled(False)
-    try:
-        res["emulate_torch_path_s"] = best_of(emu, 3)
-    finally:
-        native.set_enabled(True)
-    res["ratio_torch_path"] = res["emulate_torch_path_s"] / res["sdpa_fp32_s"]
+    res["pairs_s"] = pairs
+    # the in-place path (the fused loop off) and the torch path (no native kernel):
+    # the same output; each interleaved with SDPA, its ratio to the best SDPA of its pairs
+    for key, off in (("in_place", fused), ("torch_path", native)):
+        off.set_enabled(False)
+        try:
+            alt = [(best_of(sdpa, 1), best_of(emu, 1)) for _ in range(3)]
+        finally:
+            off.set_enabled(True)
+        res[f"emulate_{key}_s"] = min(b for _, b in alt)
+        res[f"ratio_{key}"] = res[f"emulate_{key}_s"] / min(a for a, _ in alt)
     # the floor under any emulation of this model: the two fp32 GEMMs of every key block
     # (Q K_j^T and P_j V_j, each (4096 x 64) @ (64 x 64) per head), nothing else
     kb, vb = k.reshape(8, 64, 64, 64), v.reshape(8, 64, 64, 64)
@@ -118,17 +128,33 @@ def mp_cost():
     return {"shape": "1 x 64 x 16, 256 bits", "wall_s": t}
 
 
+def machine() -> dict:
+    """The CPU model and its SIMD flags, the load average now, torch and its CPU capability."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
+                  if ln.startswith("model name")), platform.processor() or platform.machine())
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines()
+                  if ln.startswith("flags")), [])
+    simd = [f for f in flags if f.startswith(("avx", "fma", "amx"))]
+    return {"machine": platform.machine(), "cpu_model": model, "cpu_simd_flags": simd,
+            "cpus": os.cpu_count(), "load_average_before": os.getloadavg(),
+            "torch": torch.__version__,
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="N = 16384 for the memory case")
     args = ap.parse_args()
-    res = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-           "torch": torch.__version__}
+    res = {"command": " ".join(["python", "bench/bench_engine.py", *sys.argv[1:]]),
+           **machine(), "fused": fused.status()}
     res["speed"] = speed()
+    res["load_average_after"] = os.getloadavg()
     sp = res["speed"]
     print(f"speed: SDPA fp32 {sp['sdpa_fp32_s']:.3f} s, emulated bf16 fa2 "
           f"{sp['emulate_bf16_fa2_s']:.3f} s, ratio {sp['ratio']:.2f} (goal <= 2; exp site: "
-          f"{sp['exp_site']}); torch path {sp['emulate_torch_path_s']:.3f} s, ratio "
+          f"{sp['exp_site']}); in-place path {sp['emulate_in_place_s']:.3f} s, ratio "
+          f"{sp['ratio_in_place']:.2f}; torch path {sp['emulate_torch_path_s']:.3f} s, ratio "
           f"{sp['ratio_torch_path']:.2f}; one thread: ratio {sp['ratio_one_thread']:.2f}; "
           f"{sp['step_overhead_us']:.0f} us fixed cost per step; "
           f"the GEMMs alone {sp['gemms_s']:.3f} s")

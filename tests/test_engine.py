@@ -375,7 +375,8 @@ def _same_bits(a, b):
                                                 ("forward", True, 90, 40),  # 50 masked rows
                                                 ("max_ascending", False, 70, 90)])
 @pytest.mark.parametrize("sigma", [1.0, 1e19])  # 1e19: fp32 logits overflow, m = inf/NaN
-@pytest.mark.parametrize("kernel", [True, False])  # flashnum.engine.native's exp kernel, or torch's
+# flashnum.engine.fused's whole loop where it claims the call, native's exp kernel, or torch's
+@pytest.mark.parametrize("kernel", ["fused", True, False])
 # sigma 1e19 overflows fp16/fp8 inputs on purpose: attention's warning about it is expected
 @pytest.mark.filterwarnings("ignore:.*overflow the inputs format:RuntimeWarning")
 def test_fast_path_is_bit_identical_to_the_readable_steps(monkeypatch, precision, variant, order,
@@ -385,8 +386,11 @@ def test_fast_path_is_bit_identical_to_the_readable_steps(monkeypatch, precision
     # the rescale counts must equal the readable steps' (flashnum.engine.recurrence) bit for bit
     import flashnum.engine.fast
     import flashnum.engine.flash
+    import flashnum.engine.fused
     import flashnum.engine.native
 
+    if kernel != "fused":
+        monkeypatch.setattr(flashnum.engine.fused, "_enabled", False)
     if not kernel:
         monkeypatch.setattr(flashnum.engine.native, "exp_rows", lambda *a, **kw: False)
 
@@ -396,6 +400,7 @@ def test_fast_path_is_bit_identical_to_the_readable_steps(monkeypatch, precision
     monkeypatch.setattr(flashnum.engine.fast, "CHUNK", 1)
     fast = flashnum.attention(q, k, v, **kw)
     monkeypatch.setattr(flashnum.engine.flash, "in_place_ok", lambda ar: False)
+    monkeypatch.setattr(flashnum.engine.fused, "_enabled", False)
     slow = flashnum.attention(q.double(), k.double(), v.double(), **kw)
     for a, b in [(fast.out, slow.out), (fast.m, slow.m), (fast.l, slow.l),
                  (fast.trace.m, slow.trace.m), (fast.trace.l, slow.trace.l)]:

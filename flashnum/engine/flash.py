@@ -10,7 +10,8 @@ Called by flashnum.engine.attention once its arguments are checked. For every qu
 the chosen order and runs one step of flashnum.engine.recurrence per key block, then
 divides o by l. The path is chosen once, before the loop: the readable steps
 (recurrence.STEPS), or their in-place equivalent (flashnum.engine.fast) when every
-large-tensor site is fp32. Memory is O(Nq * block_n): no Nq x Nk matrix is formed.
+large-tensor site is fp32, or all of it in one C loop where flashnum.engine.fused claims
+the call. Memory is O(Nq * block_n): no Nq x Nk matrix is formed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from flashnum.engine.arith import Arith, carrier, wider
 from flashnum.engine.fast import in_place_ok, run_in_place
+from flashnum.engine.fused import fused_forward
 from flashnum.engine.recurrence import STEPS, Run, State, scan
 from flashnum.engine.result import Result, Trace
 from flashnum.engine.tiles import (
@@ -46,7 +48,10 @@ def flash(q, k, v, pol: Policy, *, block_m, block_n, order, variant, causal, sca
               tall=not needs_block_max(order))
     scale_s = scale_in_logits_format(ar, scale, base2, exp2_scale)
     perm = _key_order(run, tiles, order, seed, scale_s, causal)
-    if variant != "fa1" and in_place_ok(ar):
+    fused = fused_forward(run, tiles, perm, scale_s, causal, variant, trace)
+    if fused is not None:  # the same operations in one C loop (fused.claim decides)
+        states, traces = fused
+    elif variant != "fa1" and in_place_ok(ar):
         states, traces = run_in_place(run, tiles, perm, scale_s, causal, variant, trace)
     else:
         def load(t):

@@ -24,7 +24,9 @@
    relative, ~1.3 ulp. Compiled with -ffp-contract=off so that every operation
    is the IEEE double operation written here, whatever the vector width. The
    constants are filled in by native.py from mpmath. */
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define KHI @KHI@
 #define KLO @KLO@
@@ -171,4 +173,210 @@ int fn_fa2_state(float *m, const float *m_blk, int64_t *n_resc, float *m_safe, f
                  int64_t rows, int base2) {
   return base2 ? state(m, m_blk, n_resc, m_safe, alpha, rows, 1)
                : state(m, m_blk, n_resc, m_safe, alpha, rows, 0);
+}
+
+/* ---------------------------------------------------------------------------------------
+   The fused forward (flashnum/engine/fused.py): each job, a few query blocks of one head,
+   runs through its key blocks in one loop while its tiles are in cache, doing exactly the
+   operations of the in-place path (flashnum/engine/fast.py) in its order:
+
+       S   = Q_rows K_j^T                 the library's sgemm (fp32 accumulation)
+       s   = fl(S * scale), -inf where the key is not visible (ragged or causal)
+       m   = max(m, rowmax(s)) (lazy: kept while it grows by <= tau); n_resc; m_safe; alpha
+       P   = fp32(exp(fl(s - m_safe))), Pc = cast(P)   (exp_round above: the same values)
+       l   = fl(fl(l alpha) + rowsum(P or Pc))          rowsum in torch's order (below)
+       o   = fl(fl(o alpha) + Pc V_j)                   the library's sgemm
+
+   The two GEMMs are the library's own (a pointer to the sgemm inside the libtorch_cpu
+   torch loaded), on the same operands torch.matmul hands it; fused.py checks once per
+   shape that they give torch.matmul's bits. */
+
+typedef void (*sgemm_fn)(const char *, const char *, const int *, const int *, const int *,
+                         const float *, const float *, const int *, const float *, const int *,
+                         const float *, float *, const int *);
+
+static int ceil_log2(int64_t x) {
+  if (x <= 2) return 1;
+  int b = 0;
+  uint64_t y = (uint64_t) (x - 1);
+  while (y) { ++b; y >>= 1; }
+  return b;
+}
+
+/* torch's float sum over a contiguous row of n values (ATen's cpu/SumKernel.cpp,
+   cascade_sum, whose AVX2 build serves the AVX-512 capability too: Vectorized<float> of
+   L = 8 lanes): L-wide partial sums in four interleaved accumulators (ilp 4) with the
+   cascade's levels of 16, their sum ((a0 + a1) + a2) + a3, then the tail values one by
+   one, then the lanes one by one. Rows shorter than one vector: the same with scalars
+   (scalar_inner_sum). L is a constant at each call, so the lane loops vectorise. */
+#define SUM_LANES 8
+static inline __attribute__((always_inline)) float cascade_rowsum(const float *x, int64_t n,
+                                                                  const int L) {
+  const int64_t size = n / L;         /* vectors (or scalars) in the row */
+  const int64_t size_ilp = size / 4;  /* groups of four */
+  int lp = ceil_log2(size_ilp) / 4;
+  lp = lp > 4 ? lp : 4;
+  const int64_t step = (int64_t) 1 << lp, mask = step - 1;
+  float acc[4][4][SUM_LANES];
+  for (int a = 0; a < 4; ++a)
+    for (int k = 0; k < 4; ++k)
+      for (int e = 0; e < L; ++e) acc[a][k][e] = 0.0f;
+  int64_t i = 0;
+  while (i + step <= size_ilp) {
+    for (int64_t j = 0; j < step; ++j, ++i)
+      for (int k = 0; k < 4; ++k)
+        for (int e = 0; e < L; ++e) acc[0][k][e] += x[(i * 4 + k) * L + e];
+    for (int a = 1; a < 4; ++a) {
+      for (int k = 0; k < 4; ++k)
+        for (int e = 0; e < L; ++e) { acc[a][k][e] += acc[a - 1][k][e]; acc[a - 1][k][e] = 0.0f; }
+      if ((i & (mask << (a * lp))) != 0) break;
+    }
+  }
+  for (; i < size_ilp; ++i)
+    for (int k = 0; k < 4; ++k)
+      for (int e = 0; e < L; ++e) acc[0][k][e] += x[(i * 4 + k) * L + e];
+  for (int a = 1; a < 4; ++a)
+    for (int k = 0; k < 4; ++k)
+      for (int e = 0; e < L; ++e) acc[0][k][e] += acc[a][k][e];
+  /* row_sum: the vectors past the groups of four into accumulator 0, then the four summed */
+  for (int64_t v = size_ilp * 4; v < size; ++v)
+    for (int e = 0; e < L; ++e) acc[0][0][e] += x[v * L + e];
+  for (int k = 1; k < 4; ++k)
+    for (int e = 0; e < L; ++e) acc[0][0][e] += acc[0][k][e];
+  if (L == 1) return 0.0f + acc[0][0][0];
+  float r = 0.0f;  /* vectorized_inner_sum: the tail values, then the lanes */
+  for (int64_t k = size * L; k < n; ++k) r += x[k];
+  for (int e = 0; e < L; ++e) r += acc[0][0][e];
+  return 0.0f + r;  /* the output, filled with 0, accumulates the row's sum */
+}
+
+static inline float torch_rowsum(const float *x, int64_t n) {
+  return n >= SUM_LANES ? cascade_rowsum(x, n, SUM_LANES) : cascade_rowsum(x, n, 1);
+}
+
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+void fn_torch_rowsum(const float *x, float *out, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) out[r] = torch_rowsum(x + r * n, n);
+}
+
+static inline float round_f16(float p) { return (float) (_Float16) p; }
+
+typedef struct {
+  sgemm_fn gemm;
+  const float *q, *k, *v;       /* (B, n_qb bm, d), (B, n_kb, bn, d), (B, n_kb, bn, dv) */
+  const int64_t *perm;          /* (B or 1, n_qb, n_kb): the key block at each step */
+  const int64_t *vis;           /* (n_qb bm,): keys visible to each row, a prefix */
+  int64_t B, n_qb, bm, g, n_kb, bn, d, dv, perm_b;
+  float scale, tau;
+  int lazy, base2, cast, l_from_cast;
+  float *m, *l, *o, *m_tr, *l_tr; /* state (B, n_qb bm[, dv]); trace (n_kb, B, n_qb bm) */
+  int64_t *n_resc;
+} fused_job;
+
+static inline __attribute__((always_inline)) void fused_block(
+    const fused_job *J, int64_t b, int64_t qb0, float *s, float *pc, float *pv,
+    float *m_safe, float *alpha, const int base2, const int cast) {
+  const int64_t bm = J->bm, bn = J->bn, d = J->d, dv = J->dv, nrow = J->n_qb * bm;
+  const int64_t nqb = J->g < J->n_qb - qb0 ? J->g : J->n_qb - qb0;
+  const int R = (int) (nqb * bm), ibn = (int) bn, id = (int) d, idv = (int) dv;
+  const int64_t r0 = qb0 * bm, row0 = b * nrow + r0;
+  const float one = 1.0f, zero = 0.0f;
+  const float *q = J->q + row0 * d;
+  float *m = J->m + row0, *l = J->l + row0, *o = J->o + row0 * dv;
+  int64_t *nr = J->n_resc + row0;
+  const int64_t *perm = J->perm + ((J->perm_b ? b : 0) * J->n_qb + qb0) * J->n_kb;
+  for (int64_t r = 0; r < R; ++r) { m[r] = -INFINITY; l[r] = 0.0f; nr[r] = 0; }
+  for (int64_t e = 0; e < R * dv; ++e) o[e] = 0.0f;
+  for (int64_t t = 0; t < J->n_kb; ++t) {
+    const int64_t j = perm[t];
+    const float *kj = J->k + (b * J->n_kb + j) * bn * d;
+    const float *vj = J->v + (b * J->n_kb + j) * bn * dv;
+    J->gemm("T", "N", &ibn, &R, &id, &one, kj, &id, q, &id, &zero, s, &ibn);
+    for (int64_t r = 0; r < R; ++r) {
+      float *sr = s + r * bn, *pr = pc + r * bn;
+      int64_t nv = J->vis[r0 + r] - j * bn;  /* visible columns of this row */
+      nv = nv < 0 ? 0 : nv > bn ? bn : nv;
+      /* s = fl(S scale), -inf past the visible prefix */
+      for (int64_t c = 0; c < nv; ++c) sr[c] = sr[c] * J->scale;
+      for (int64_t c = nv; c < bn; ++c) sr[c] = -INFINITY;
+      /* its row max, NaN if any logit is NaN (torch.amax): a max is exact in any order, so
+         it is taken on the floats' bits mapped to integers of the same order (a reduction
+         that vectorises; the mapping puts -0 below +0, and S is never -0: the GEMM sums
+         from +0) */
+      int32_t km = INT32_MIN;
+      uint32_t nan = 0;
+      for (int64_t c = 0; c < bn; ++c) {
+        const uint32_t b = bits32(sr[c]);
+        const int32_t key = (int32_t) (b ^ ((uint32_t) ((int32_t) b >> 31) >> 1));
+        km = key > km ? key : km;
+        nan |= (b & 0x7fffffffu) > 0x7f800000u;
+      }
+      float mb = from32((uint32_t) km ^ ((uint32_t) (km >> 31) >> 1));
+      if (nan) mb = NAN;
+      /* the state: torch.maximum (NaN if either is), lazy_max, grew, finite_or_zero */
+      const float a = m[r];
+      float mn = (a != a || mb != mb) ? a + mb : (mb > a ? mb : a);
+      if (J->lazy && a - a == 0.0f && mn - a <= J->tau) mn = a;
+      nr[r] += (mn > a) & (a - a == 0.0f);
+      const float ms = mn - mn == 0.0f ? mn : 0.0f;
+      m[r] = mn;
+      m_safe[r] = ms;
+      alpha[r] = exp_round(a - ms, base2);
+      if (cast) {
+#pragma omp simd
+        for (int64_t c2 = 0; c2 < bn; ++c2) {
+          const float p = exp_round(sr[c2] - ms, base2);
+          sr[c2] = p;
+          pr[c2] = cast == 1 ? round_bf16(p) : round_f16(p);
+        }
+      } else {
+#pragma omp simd
+        for (int64_t c2 = 0; c2 < bn; ++c2) sr[c2] = exp_round(sr[c2] - ms, base2);
+      }
+      const float lb = torch_rowsum(J->l_from_cast && cast ? pr : sr, bn);
+      const float la = l[r] * alpha[r];
+      l[r] = la + lb;
+    }
+    J->gemm("N", "N", &idv, &R, &ibn, &one, vj, &idv, J->cast ? pc : s, &ibn, &zero, pv, &idv);
+    for (int64_t r = 0; r < R; ++r) {
+      const float ar = alpha[r];
+      float *orow = o + r * dv;
+      const float *prow = pv + r * dv;
+#pragma omp simd
+      for (int64_t c = 0; c < dv; ++c) {
+        const float x = orow[c] * ar;
+        orow[c] = x + prow[c];
+      }
+    }
+    if (J->m_tr) {
+      const int64_t off = t * J->B * nrow + row0;
+      for (int64_t r = 0; r < R; ++r) { J->m_tr[off + r] = m[r]; J->l_tr[off + r] = l[r]; }
+    }
+  }
+}
+
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+void fn_fused_forward(const fused_job *J, int nthreads) {
+  const int64_t n_groups = (J->n_qb + J->g - 1) / J->g, jobs = J->B * n_groups;
+  const int64_t rows = J->g * J->bm;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+  {
+    float *buf = aligned_alloc(64, ((2 * rows * J->bn + rows * J->dv + 2 * rows) * 4 + 63)
+                                       / 64 * 64);
+    float *s = buf, *pc = s + rows * J->bn, *pv = pc + rows * J->bn;
+    float *m_safe = pv + rows * J->dv, *alpha = m_safe + rows;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t job = 0; job < jobs; ++job) {
+      const int64_t b = job / n_groups, qb0 = (job % n_groups) * J->g;
+      switch (J->base2 * 3 + J->cast) {  /* each loop compiled for its constants */
+        case 0: fused_block(J, b, qb0, s, pc, pv, m_safe, alpha, 0, 0); break;
+        case 1: fused_block(J, b, qb0, s, pc, pv, m_safe, alpha, 0, 1); break;
+        case 2: fused_block(J, b, qb0, s, pc, pv, m_safe, alpha, 0, 2); break;
+        case 3: fused_block(J, b, qb0, s, pc, pv, m_safe, alpha, 1, 0); break;
+        case 4: fused_block(J, b, qb0, s, pc, pv, m_safe, alpha, 1, 1); break;
+        default: fused_block(J, b, qb0, s, pc, pv, m_safe, alpha, 1, 2); break;
+      }
+    }
+    free(buf);
+  }
 }

@@ -173,6 +173,9 @@ def _open(path: Path) -> ctypes.CDLL:
     st = lib.fn_fa2_state
     st.restype = ctypes.c_int
     st.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64, ctypes.c_int]
+    lib.fn_torch_rowsum.restype = lib.fn_fused_forward.restype = None
+    lib.fn_torch_rowsum.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+    lib.fn_fused_forward.argtypes = [ctypes.c_void_p, ctypes.c_int]  # flashnum.engine.fused
     return lib
 
 
@@ -229,6 +232,11 @@ def _load():
             except (OSError, subprocess.SubprocessError) as e:
                 _why = f"not built: {e}"
     return _lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel library (built on first call), or None (see status())."""
+    return _load()
 
 
 def available() -> bool:

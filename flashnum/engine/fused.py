@@ -1,0 +1,184 @@
+"""The fused forward: every (batch, head, query block) through its key blocks in one C loop.
+
+    from flashnum.engine.fused import fused_forward
+    out = fused_forward(run, tiles, perm, scale_s, causal, variant, trace)  # None: not claimed
+    states, traces = out if out is not None else run_in_place(...)
+
+The in-place path (flashnum.engine.fast) runs each key block over every query row at once:
+every tile goes through memory between the GEMM, the exp, the row sum and the state update.
+Here flashnum.engine.native's `fn_fused_forward` runs one job (a few query blocks of one
+head) through all its key blocks while its tiles stay in cache, on torch's OpenMP threads
+over (batch, head, query blocks). It performs the in-place path's operations in its
+order, so it changes no bit of any result:
+
+  - the two tile GEMMs are the library's own sgemm (the one torch.matmul calls, inside
+    the libtorch_cpu torch loaded, as flashnum.engine.torch_cpu calls it) on the same K_j
+    and V_j operands; that the library sums a tile's dot products in the same order for
+    these row counts as for torch.matmul's shapes is checked once per shape (`_agrees`);
+  - the exp is native.c's correctly rounded exp_round, the exp site's own kernel;
+  - the row sum of P follows torch's float sum (ATen's cascade_sum with its vector width,
+    torch.backends.cpu.get_cpu_capability()), also checked once per width;
+  - every fp32 operation is the one IEEE operation the steps perform (-ffp-contract=off).
+
+`claim` is the one place that decides what the fused path runs: fa2, exp2 and lazy on the
+fp32 carrier with every large-tensor site fp32 (fast.in_place_ok), fp32 GEMM accumulators,
+P cast to fp32, bf16 or fp16, any key order, causal or not, with or without a trace.
+Anything else, or no compiler/library, or FLASHNUM_FUSED=0, goes to the torch path.
+tests/test_fused.py checks the two bit for bit over the shipped experiments' grids.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+import torch
+
+from flashnum.engine import native
+from flashnum.engine.fast import in_place_ok
+from flashnum.engine.recurrence import Run, State
+from flashnum.engine.tiles import Tiles, is_fp32
+from flashnum.numerics.tiling import visible_count
+
+VARIANTS = ("fa2", "exp2", "lazy")  # the variants whose step the C loop performs
+CASTS = {"fp32": 0, "bf16": 1, "fp16": 2}  # P casts it rounds itself (native.c)
+# torch's CPU capabilities whose float sum native.c repeats: 8-lane Vectorized<float> (the
+# AVX-512 build has no AVX-512 copy of the sum kernel and runs the AVX2 one; measured, and
+# checked per shape by _agrees)
+SUM_CAPABILITIES = ("AVX512", "AVX2", "DEFAULT")
+ROWS = 256  # query rows per job when every query block shares the key order (tall)
+
+_enabled = os.environ.get("FLASHNUM_FUSED", "1") != "0"
+
+
+class _Job(ctypes.Structure):
+    """native.c's fused_job."""
+
+    _fields_ = (
+        [(n, ctypes.c_void_p) for n in ("gemm", "q", "k", "v", "perm", "vis")]
+        + [(n, ctypes.c_int64) for n in ("B", "n_qb", "bm", "g", "n_kb", "bn", "d", "dv",
+                                         "perm_b")]
+        + [("scale", ctypes.c_float), ("tau", ctypes.c_float)]
+        + [(n, ctypes.c_int) for n in ("lazy", "base2", "cast", "l_from_cast")]
+        + [(n, ctypes.c_void_p) for n in ("m", "l", "o", "m_tr", "l_tr", "n_resc")])
+
+
+def set_enabled(flag: bool) -> None:
+    """Turn the fused path on or off for this process (tests and benchmarks compare)."""
+    global _enabled
+    _enabled = bool(flag)
+
+
+def status() -> str:
+    """One line: whether the fused loop can run in this process, and if not why."""
+    if not _enabled:
+        return "off (disabled)"
+    if not native.available() or _sgemm() is None:
+        return f"off (native: {native.status()}; library sgemm: {_sgemm() is not None})"
+    return "on (flashnum.engine.fused)"
+
+
+@functools.cache
+def _sgemm() -> int | None:
+    """The address of the library's sgemm_ that torch.matmul reaches, or None."""
+    from flashnum.engine.torch_cpu import _mkl
+
+    fns = _mkl()
+    return None if fns is None else ctypes.cast(fns["fp32"], ctypes.c_void_p).value
+
+
+@functools.cache
+def _agrees(rows: int, bm: int, bn: int, d: int, dv: int) -> bool:
+    """Whether, for these shapes, the library's sgemm on a job's rows gives torch.matmul's
+    bits (both the tall shape and the per-query-block one), and the C row sum torch's.
+    The order of a dot product's terms does not depend on the values: one random case
+    with a wide dynamic range shows a different order."""
+    from flashnum.engine.torch_cpu import _gemm
+
+    g = torch.Generator().manual_seed(rows * 7919 + bn)
+    n = 2 * rows
+
+    def wide(*shape):
+        return torch.randn(*shape, generator=g) * torch.exp(4 * torch.randn(*shape, generator=g))
+
+    q, k, v, p = wide(n, d), wide(bn, d), wide(bn, dv), torch.rand(n, bn, generator=g)
+    s_tall = torch.matmul(q.view(1, 1, n, d), k.T.view(1, 1, d, bn)).view(n, bn)
+    s_small = torch.matmul(q.view(1, n // bm, bm, d), k.T.view(1, 1, d, bn)).view(n, bn)
+    pv_tall = torch.matmul(p.view(1, 1, n, bn), v.view(1, 1, bn, dv)).view(n, dv)
+    pv_small = torch.matmul(p.view(1, n // bm, bm, bn), v.view(1, 1, bn, dv)).view(n, dv)
+    s, pv = torch.empty(n, bn), torch.empty(n, dv)
+    for r0 in (0, rows):
+        _gemm("fp32", b"T", b"N", bn, rows, d, k, d, q[r0:], d, 0.0, s[r0:], bn)
+        _gemm("fp32", b"N", b"N", dv, rows, bn, v, dv, p[r0:], bn, 0.0, pv[r0:], dv)
+    sums = torch.empty(n)
+    native.library().fn_torch_rowsum(s.data_ptr(), sums.data_ptr(), n, bn)
+    return (torch.equal(s, s_tall) and torch.equal(s, s_small) and torch.equal(pv, pv_tall)
+            and torch.equal(pv, pv_small) and torch.equal(sums, s.sum(-1)))
+
+
+def claim(run: Run, tiles: Tiles, variant: str) -> str | None:
+    """None if the fused path runs this call bit-identically, else why it does not."""
+    ar = run.ar
+    if not _enabled:
+        return "disabled"
+    if variant not in VARIANTS:
+        return f"variant {variant}"
+    if not in_place_ok(ar) or not all(is_fp32(ar.fmt(x)) for x in ("qk_acc", "pv_acc")):
+        return "a large-tensor site or a GEMM accumulator is not fp32"
+    f_pc = ar.fmt("p_cast")
+    if getattr(f_pc, "name", None) not in CASTS or getattr(f_pc, "saturate", False):
+        return f"P cast to {f_pc}"
+    if ar.policy.l_from not in ("p", "p_cast"):
+        return f"l_from {ar.policy.l_from}"
+    if torch.backends.cpu.get_cpu_capability() not in SUM_CAPABILITIES:
+        return f"torch's CPU capability {torch.backends.cpu.get_cpu_capability()}"
+    if not native.available() or _sgemm() is None:
+        return "no native kernel or no library sgemm"
+    bm, bn, d, dv = tiles.bm, tiles.bn, tiles.q.shape[-1], tiles.v.shape[-1]
+    if not _agrees(_group(run, tiles) * bm, bm, bn, d, dv):
+        return "the library's GEMM or torch's sum is not reproduced for these shapes"
+    return None
+
+
+def _group(run: Run, tiles: Tiles) -> int:
+    """Query blocks per job: several when they share the key order (one taller GEMM), as
+    long as every thread still gets a few jobs."""
+    if not run.tall:
+        return 1
+    jobs_wanted = 4 * torch.get_num_threads()
+    g = max(1, ROWS // tiles.bm)
+    while g > 1 and tiles.q.shape[0] * -(-tiles.n_qb // g) < jobs_wanted:
+        g //= 2
+    return min(g, tiles.n_qb)
+
+
+def fused_forward(run: Run, tiles: Tiles, perm: torch.Tensor, scale_s: float, causal: bool,
+                  variant: str, trace: bool):
+    """The final State and the trace, as fast.run_in_place returns them; None if `claim`
+    declines the call (the caller takes the torch path)."""
+    if claim(run, tiles, variant) is not None:
+        return None
+    B, n_qb, bm, d = tiles.q.shape
+    n_kb, bn, dv = tiles.n_kb, tiles.bn, tiles.v.shape[-1]
+    q, k, v = (x.contiguous() for x in (tiles.q, tiles.k, tiles.v))
+    perm = perm.to(torch.int64).contiguous()
+    # keys visible to each row (a prefix: numerics.tiling's rule); padded rows see every key
+    vis = torch.full((n_qb * bm,), tiles.nk, dtype=torch.int64)
+    vis[: tiles.nq] = visible_count(tiles.nq, tiles.nk, causal)
+    m = torch.empty(B, n_qb, bm)
+    l, n_resc = torch.empty_like(m), torch.empty(m.shape, dtype=torch.int64)
+    o = torch.empty(B, n_qb, bm, dv)
+    m_tr = torch.empty(n_kb, B, n_qb, bm) if trace else None
+    l_tr = torch.empty_like(m_tr) if trace else None
+    tau = float(torch.tensor(run.tau, dtype=torch.float32))  # compared in fp32, as torch does
+    job = _Job(
+        _sgemm(), q.data_ptr(), k.data_ptr(), v.data_ptr(), perm.data_ptr(), vis.data_ptr(),
+        B, n_qb, bm, _group(run, tiles), n_kb, bn, d, dv, int(perm.shape[0] > 1),
+        scale_s, tau, int(variant == "lazy"), int(run.base2), CASTS[run.ar.fmt("p_cast").name],
+        int(run.ar.policy.l_from == "p_cast"), m.data_ptr(), l.data_ptr(), o.data_ptr(),
+        m_tr.data_ptr() if trace else None, l_tr.data_ptr() if trace else None,
+        n_resc.data_ptr())
+    native.library().fn_fused_forward(ctypes.byref(job), torch.get_num_threads())
+    traces = [[(m_tr[t], l_tr[t]) for t in range(n_kb)] if trace else None]
+    return [State(m, l, o, n_resc)], traces

@@ -1,0 +1,150 @@
+"""The fused forward (flashnum.engine.fused) gives the torch path's bits on every call it
+claims, and hands every other call to the torch path.
+
+The oracle is the torch path itself (flashnum.engine.fast and recurrence, torch ops and
+torch.matmul), run on the same case with the fused path switched off: the fused path
+shares none of its loop, only native.c's exp (checked on every float32 input by
+bench/exp_exhaustive.py). Cases are drawn from every shipped forward experiment's grid.
+"""
+
+import random
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+import flashnum
+from flashnum.engine import fused, native
+from flashnum.harness.grid import CONF, expand
+from flashnum.harness.run import policy_of
+from flashnum.inputs.distributions import DISTRIBUTIONS, make
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler: no fused path")
+
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")
+                     if not p.stem.startswith("bwd_"))
+PER_GRID = 6  # claimed cases drawn from each experiment
+TRIES = 40  # cases tried per experiment (grids the path does not claim stay quick)
+MAX_LOGITS = 1 << 22  # heads x Nq x Nk of a drawn case (the test stays quick)
+
+
+def same_bits(a, b):
+    """Equal bit for bit, NaN where NaN (the payload of a NaN is not compared)."""
+    if a is None or b is None:
+        return a is None and b is None
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    bits = {torch.float64: torch.int64, torch.float32: torch.int32}[a.dtype]  # -0 is not +0
+    return a.shape == b.shape and torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(
+        torch.nan_to_num(a, nan=0.0).view(bits), torch.nan_to_num(b, nan=0.0).view(bits))
+
+
+def run(case, on: bool):
+    """The case's attention call as the runner makes it, with the fused path on or off;
+    also whether the fused path ran it."""
+    inp = make(case.distribution, batch=case.batch, heads=case.heads, seq_len_q=case.seq_len_q,
+               seq_len_k=case.seq_len_k, head_dim=case.head_dim, seed=case.seed,
+               block_n=case.block_n, **case.params)
+    prec, pol = policy_of(case)
+    ran = []
+    real = fused.fused_forward
+
+    def spy(*a, **kw):
+        out = real(*a, **kw)
+        ran.append(out is not None)
+        return out
+
+    fused.set_enabled(on)
+    try:
+        fused.fused_forward, flashnum.engine.flash.fused_forward = spy, spy
+        res = flashnum.attention(
+            inp.q, inp.k, inp.v, precision=prec, policy=pol, block_m=case.block_m,
+            block_n=case.block_n, order=case.order, variant=case.variant,
+            causal=bool(case.causal or inp.causal), scale=inp.scale, rounding=case.rounding,
+            seed=case.seed, tau=case.tau, beta=case.beta, trace=True)
+    finally:
+        fused.fused_forward = flashnum.engine.flash.fused_forward = real
+        fused.set_enabled(True)
+    return res, any(ran)
+
+
+def drawn(name):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={name}"])
+    cases = [c for c in expand(cfg) if c.backend == "emulate" and c.num_splits == 1
+             and c.precision != "mp" and c.distribution in DISTRIBUTIONS
+             and c.batch * c.heads * c.seq_len_q * c.seq_len_k <= MAX_LOGITS]
+    random.Random(name).shuffle(cases)
+    return cases
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+@pytest.mark.filterwarnings("ignore:.*overflow the inputs format:RuntimeWarning")
+def test_cases_drawn_from_each_grid_are_bit_identical_with_the_fused_path_on_and_off(name):
+    claimed = 0
+    for case in drawn(name)[:TRIES]:
+        on, ran = run(case, True)
+        if not ran:
+            continue  # not claimed: the torch path ran both times
+        off, ran_off = run(case, False)
+        assert not ran_off
+        for f in ("out", "m", "l", "lse", "masked", "n_rescales", "nonfinite"):
+            assert same_bits(getattr(on, f), getattr(off, f)), (case, f)
+        assert same_bits(on.trace.m, off.trace.m) and same_bits(on.trace.l, off.trace.l), case
+        assert torch.equal(on.trace.order, off.trace.order)
+        claimed += 1
+        if claimed == PER_GRID:
+            break
+    # the grids where fa2 runs on the fp32 carrier (bf16, fp16, fp32 inputs) are claimed
+    uses_it = {"bf16_sweep", "block_order", "block_size", "fp16_sweep", "fp32_sweep",
+               "kernel_vs_emulator", "seqlen_growth", "smoke", "worst_case"}
+    if name in uses_it:
+        assert claimed == PER_GRID
+
+
+@pytest.mark.parametrize("n", [1, 5, 8, 13, 16, 31, 32, 64, 100, 128, 256, 511, 512, 4096,
+                               70000])
+def test_the_row_sum_is_torch_s_float_sum_in_its_order(n):
+    # values spread over 2^+-12 so that any other order of the additions shows
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(7, n, generator=g) * torch.exp(6 * torch.randn(7, n, generator=g))
+    out = torch.empty(7)
+    native.library().fn_torch_rowsum(x.data_ptr(), out.data_ptr(), 7, n)
+    assert torch.equal(out, x.sum(-1))
+
+
+@pytest.mark.parametrize("kw,why", [
+    (dict(variant="fa1"), "variant fa1"),
+    (dict(variant="qiu_yao"), "variant qiu_yao"),
+    (dict(policy="lowp"), "not fp32"),
+    (dict(precision="tf32"), "not fp32"),
+    (dict(rounding="stochastic"), "not fp32"),
+])
+def test_what_it_does_not_claim_goes_to_the_torch_path_and_says_why(monkeypatch, kw, why):
+    from flashnum.engine.arith import Arith, carrier
+    from flashnum.engine.recurrence import Run
+    from flashnum.engine.tiles import Tiles
+    from flashnum.numerics.policy import make_policy
+
+    pol = make_policy(kw.get("policy", "fa2"), kw.get("precision", "bf16"))
+    ar = Arith(pol, kw.get("rounding", "nearest"), 0, carrier(pol))
+    run_ = Run(ar, base2=False, tau=8.0, beta=2.0, f_diff=None, tall=True)
+    x = torch.zeros(1, 2, 16, 8)
+    tiles = Tiles(x, x, x, 32, 32)
+    assert why in fused.claim(run_, tiles, kw.get("variant", "fa2"))
+    monkeypatch.setattr(fused, "_enabled", False)
+    assert fused.claim(run_, tiles, "fa2") == "disabled"
+
+
+def test_the_engine_benchmark_case_is_claimed():
+    # bench/bench_engine.py's case: bf16 fa2, 64 x 64 blocks, d = 64
+    from flashnum.engine.arith import Arith, carrier
+    from flashnum.engine.recurrence import Run
+    from flashnum.engine.tiles import Tiles
+    from flashnum.numerics.policy import make_policy
+
+    pol = make_policy("fa2", "bf16")
+    run_ = Run(Arith(pol, "nearest", 0, carrier(pol)), base2=False, tau=8.0, beta=2.0,
+               f_diff=None, tall=True)
+    x = torch.zeros(8, 64, 64, 64)
+    assert fused.claim(run_, Tiles(x, x, x, 4096, 4096), "fa2") is None
