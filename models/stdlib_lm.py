@@ -17,10 +17,11 @@ its relative path as a comment line; files whose sha256 of the path falls in the
 drawn uniformly from the training text by a seeded torch.Generator.
 
 Train (the command the README quotes; seeded, checkpoints every `--ckpt-every` seconds so
-a run cut by the wall-clock cap still leaves a model; rerunning with --steps set to the
+a run cut by the wall-clock cap still leaves a model; rerunning with --stop-after set to the
 step count it reached reproduces it on the same machine and thread count):
 
-    nice -n 10 python models/stdlib_lm.py train --out models/stdlib_lm_run --minutes 30
+    nice -n 10 python models/stdlib_lm.py train --out scratch/stdlib_lm_run --minutes 30
+    nice -n 10 python models/stdlib_lm.py capture --run scratch/stdlib_lm_run
 
 The run directory gets model.safetensors (fp32 weights), config.json and log.json (loss
 curve: step, tokens, wall and CPU seconds, train and validation loss in nats per byte).
@@ -295,7 +296,8 @@ def train(a: argparse.Namespace) -> None:
         step += 1
         run_loss = loss.item() if run_loss is None else 0.9 * run_loss + 0.1 * loss.item()
         wall = time.time() - t0
-        done = step >= a.steps or wall >= 60 * a.minutes
+        last = min(a.steps, a.stop_after or a.steps)
+        done = step >= last or wall >= 60 * a.minutes
         if step % a.log_every == 0 or done:
             entry = {"step": step, "tokens": step * a.batch * cfg.context,
                      "wall_s": round(wall, 1), "cpu_s": round(time.process_time() - c0, 1),
@@ -309,7 +311,7 @@ def train(a: argparse.Namespace) -> None:
             log["steps_done"] = step
             log["wall_s"] = round(time.time() - t0, 1)
             log["cpu_s"] = round(time.process_time() - c0, 1)
-            log["stopped_by"] = ("steps" if step >= a.steps else "minutes") if done else None
+            log["stopped_by"] = ("steps" if step >= last else "minutes") if done else None
             save(model, Path(a.out), log)
             last_ckpt = time.time()
         if done:
@@ -323,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--out", required=True, help="run directory (weights, config, loss log)")
     t.add_argument("--minutes", type=float, default=30.0, help="wall-clock cap")
     t.add_argument("--steps", type=int, default=400, help="planned steps (cosine schedule)")
+    t.add_argument("--stop-after", type=int, default=None,
+                   help="stop after this many steps, on the schedule of --steps (what remakes "
+                        "a run the wall-clock cap cut: its steps_done)")
     t.add_argument("--batch", type=int, default=4)
     t.add_argument("--lr", type=float, default=2e-3)
     t.add_argument("--warmup", type=int, default=30)
@@ -354,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--rows must be in 1..{context} (the model's context), got {a.rows}")
         capture(a)
         return 0
+    if a.stop_after is not None and a.stop_after <= 0:
+        ap.error(f"--stop-after must be positive, got {a.stop_after}")
     for name in ("minutes", "steps", "batch", "lr", "layers", "d_model", "heads", "context"):
         if getattr(a, name) <= 0:
             ap.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")

@@ -84,6 +84,20 @@ def test_the_capture_keeps_the_last_rows_of_two_heads_per_layer(trained):
     assert kept == [(i, h) for i, c in enumerate(calls) for h in c.heads]
 
 
+@pytest.mark.slow
+def test_a_run_cut_short_is_remade_bit_for_bit_by_stop_after(tmp_path):
+    args = ["--steps", "6", "--stop-after", "2", "--layers", "1", "--d-model", "16",
+            "--heads", "2", "--context", "32", "--batch", "2", "--val-batches", "1",
+            "--threads", "1"]
+    for name in ("a", "b"):
+        p = run("train", "--out", str(tmp_path / name), *args)
+        assert p.returncode == 0, p.stderr
+    a, b = ((tmp_path / n / "model.safetensors").read_bytes() for n in ("a", "b"))
+    assert a == b
+    log = json.loads((tmp_path / "a" / "log.json").read_text())
+    assert (log["steps_done"], log["steps_planned"], log["stopped_by"]) == (2, 6, "steps")
+
+
 def test_bad_arguments_are_one_line_with_status_2(tmp_path):
     p = run("train", "--out", str(tmp_path), "--d-model", "30", "--heads", "4")
     assert p.returncode == 2 and "--d-model 30 must split" in p.stderr

@@ -77,7 +77,7 @@ def model_claims():
         f"is held out ({tr['corpus']['files']['val']} files)",
         f"(`models/stdlib_lm.capture.safetensors`, {cap.stat().st_size / 2**20:.1f} MiB",
         f"the last {m['rows']} query rows ({m['context'] - m['rows']}..{m['context'] - 1})",
-        f"rerun with `--steps {steps}`",
+        f"rerun with `--stop-after {steps}`",
     ]
 
 
