@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ["flashnum", "conf", "pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"]
+SOURCES = ["flashnum", "conf", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE"]
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,8 @@ def wheel(tmp_path_factory):
     for name in SOURCES:
         p = REPO / name
         if p.is_dir():
-            shutil.copytree(p, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(p, src / name, symlinks=True,  # flashnum/conf stays a link
+                            ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(p, src / name)
     out = tmp_path_factory.mktemp("dist")
