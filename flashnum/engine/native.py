@@ -15,9 +15,10 @@ bench/exp_exhaustive.py` checks all 4.5e9 arguments of exp and exp2, and the bf1
 rounding on all 2^32 bit patterns; tests check samples and the hard cases). So a
 result never depends on whether the kernels were used (docs/engine.md).
 
-Built on first use with the system C compiler (cc, or $CC) into a cache directory
-($FLASHNUM_CACHE, else ~/.cache/flashnum), linked against the OpenMP runtime torch
-already loaded so that both share one thread pool. Without a compiler, on a CPU
+Built on first use with the system C compiler (cc, or $CC) by flashnum.engine.build into
+its cache ($FLASHNUM_CACHE, else ~/.cache/flashnum; keyed by source, flags, compiler and
+CPU), linked against the OpenMP runtime torch already loaded so that both share one
+thread pool. Without a compiler, on a CPU
 other than x86-64, or with FLASHNUM_NATIVE=0, `available()` is False, `status()`
 says why, and the engine takes the torch path.
 """
@@ -26,19 +27,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import math
 import os
 import platform
-import shutil
 import subprocess
-import tempfile
 import threading
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from flashnum.engine import build
 
 _SRC = Path(__file__).with_name("native.c")
 # -ffp-contract=off: every operation is the IEEE one written (no FMA), at any vector
@@ -141,23 +141,6 @@ def source(fixes: dict[str, list[tuple[float, float]]] | None = None) -> str:
     return text
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("FLASHNUM_CACHE") or Path.home() / ".cache" / "flashnum"
-    return Path(root)
-
-
-def _compile(cc: str, src: str, so: Path, torch_lib: Path) -> None:
-    c_file = so.with_suffix(".c")
-    c_file.write_text(src)
-    # rpath to torch's lib: its libgomp (already loaded) serves our OpenMP loops
-    cmd = [cc, *_FLAGS, str(c_file), "-o", str(so), f"-Wl,-rpath,{torch_lib}"]
-    r = subprocess.run(cmd[:1] + _GCC_TUNE + cmd[1:], capture_output=True, text=True)
-    if r.returncode != 0:  # not GCC: its own tuning
-        r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise OSError(f"{cc} failed: {r.stderr.strip().splitlines()[-1:]}")
-
-
 def _open(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     f = lib.fn_exp_rows
@@ -189,26 +172,16 @@ def _kernel_misses(lib: ctypes.CDLL) -> dict[str, list[tuple[float, float]]]:
 
 
 def _build() -> ctypes.CDLL:
-    """Compile (once per source, compiler and torch), correcting the hard inputs it misses."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise OSError("no C compiler (set CC)")
+    """Compile (flashnum.engine.build: once per source, flags, compiler, CPU and torch),
+    then again with corrections for the hard inputs the first build misses, if any."""
     torch_lib = Path(torch.__file__).parent / "lib"
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    parts = [source(), " ".join(_FLAGS + _GCC_TUNE), version, str(torch_lib), repr(HARD)]
-    out = _cache_dir() / f"native-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]}.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-            first = Path(tmp) / "first.so"
-            _compile(cc, source(), first, torch_lib)
-            fixes = _kernel_misses(_open(first))
-            final = first
-            if any(fixes.values()):
-                final = Path(tmp) / "fixed.so"
-                _compile(cc, source(fixes), final, torch_lib)
-            os.replace(final, out)  # atomic: concurrent builders agree on the file
-    lib = _open(out)
+    # rpath to torch's lib: its libgomp (already loaded) serves our OpenMP loops
+    how = dict(libs=[f"-Wl,-rpath,{torch_lib}"], extra=(str(torch_lib), repr(HARD)))
+    flag_sets = [_GCC_TUNE + _FLAGS, _FLAGS]  # GCC's tuning, else the compiler's own
+    lib = _open(build.shared_library("native", source(), flag_sets, **how))
+    fixes = _kernel_misses(lib)
+    if any(fixes.values()):
+        lib = _open(build.shared_library("native", source(fixes), flag_sets, **how))
     missed = _kernel_misses(lib)
     if any(missed.values()):
         raise OSError(f"kernel not correctly rounded on {missed}")

@@ -52,16 +52,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import hashlib
 import math
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from flashnum.engine import build
 from flashnum.engine.result import Result
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -391,35 +388,33 @@ def _brgemm_call(prec, m, n, k, lda, ldb, ldc, add_c, a, b, c) -> None:
 # same operations in torch (tests check that both give the same bits)
 
 
+_WHY = None  # why torch_cpu.c is not in use (None: not asked yet, or in use)
+
+
+def why() -> str | None:
+    """Why the C loop is not in use (the compiler's message, say), or None when it is."""
+    _clib()
+    return _WHY
+
+
 @functools.cache
 def _clib():
-    """torch_cpu.c compiled once into the cache ($FLASHNUM_CACHE or ~/.cache/flashnum), or
-    None (no compiler, or FLASHNUM_NATIVE=0)."""
-    if os.environ.get("FLASHNUM_NATIVE") == "0":
-        return None
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return None
-    src = Path(__file__).with_suffix(".c").read_text()
+    """torch_cpu.c compiled once by flashnum.engine.build (its cache key holds the CPU:
+    -march=native code is never loaded on another CPU), or None: why() says why (the
+    compiler's message), and the loop runs in Python with the same values."""
+    global _WHY
     # -march=native only turns the written fmaf/floorf into instructions (the same values:
     # both are exact); -ffp-contract=off keeps every other operation as written;
     # -fno-math-errno and -fno-trapping-math let the exp loops vectorise (errno and the
     # floating-point exception flags are never read; no value changes)
     flags = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno",
              "-fno-trapping-math", "-fPIC", "-shared", "-pthread"]
-    key = hashlib.sha256("\0".join([src, cc, *flags]).encode()).hexdigest()[:16]
-    root = Path(os.environ.get("FLASHNUM_CACHE") or Path.home() / ".cache" / "flashnum")
-    so = root / f"torch_cpu-{key}.so"
-    if not so.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        c_file = so.with_name(f"{so.stem}.{os.getpid()}.c")
-        c_file.write_text(src)
-        tmp = so.with_name(f"{so.stem}.{os.getpid()}.so")
-        r = subprocess.run([cc, *flags, str(c_file), "-o", str(tmp), "-lm"], capture_output=True)
-        c_file.unlink(missing_ok=True)
-        if r.returncode != 0:
-            return None
-        os.replace(tmp, so)
+    try:
+        so = build.shared_library("torch_cpu", Path(__file__).with_suffix(".c").read_text(),
+                                  [flags], libs=["-lm"])
+    except build.BuildError as e:
+        _WHY = str(e)
+        return None
     lib = ctypes.CDLL(str(so))
     f = lib.tc_softmax_block
     f.restype = None
