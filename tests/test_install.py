@@ -86,3 +86,35 @@ def test_ci_runs_the_readme_test_command_and_it_installs_the_triton_kernel():
     assert "setup" in target.splitlines()[1] and "pytest" in target
     install = [ln for ln in make.splitlines() if "pip install" in ln and "-e" in ln]
     assert len(install) == 1 and "triton" in install[0].split("[")[1].split("]")[0].split(",")
+
+
+def _files_under(d: Path) -> set[str]:
+    return {p.relative_to(d).as_posix() for p in d.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
+def test_installed_run_and_figures_write_only_under_the_working_folder(wheel, tmp_path):
+    """A non-editable install (the unpacked wheel alone on the path) run from an empty
+    folder: the store, Hydra's multirun files and the figures go under that folder, and
+    not one file appears inside the installed package."""
+    whl, _ = wheel
+    site = tmp_path / "site"
+    with zipfile.ZipFile(whl) as z:
+        z.extractall(site)
+    installed = _files_under(site)
+    cwd = tmp_path / "empty"
+    cwd.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1",
+           "HOME": str(tmp_path / "home")}
+    small = ["shape.seq_len_q=32", "shape.head_dim=16", "tiling.block_n=16", "n_jobs=1",
+             "progress=false"]
+    for args in (["flashnum.run", *small], ["flashnum.run", "-m", "precision=fp16,bf16",
+                                            "name=mine", *small], ["flashnum.figures"]):
+        p = subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True,
+                           text=True, env=env, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+    assert _files_under(site) == installed  # nothing written inside the package
+    assert sorted(x.name for x in cwd.iterdir()) == ["experiments", "paper"]
+    tables = sorted(x.name for x in (cwd / "experiments").iterdir())
+    assert tables == [".hydra", "mine", "single"]  # Hydra's own files under the store
+    assert (cwd / "paper" / "figures" / "numbers.tex").is_file()

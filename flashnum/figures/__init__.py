@@ -111,8 +111,10 @@ from flashnum.harness.config import StoreConf
 __all__ = ["EXPERIMENTS", "FIGURES", "NUMBERS", "PLOTS", "REPROS", "SOURCES", "Figures",
            "generate", "main", "tex_name"]
 
-REPO = Path(__file__).resolve().parents[2]
-OUT = REPO / "paper" / "figures"
+# relative to the working folder, as every command's store.root: an installed package
+# reads and writes there, never inside site-packages
+EXPERIMENTS_DIR = Path("experiments")
+OUT = Path("paper") / "figures"
 
 # The registry: every figure and table, in the order they are made, each a function
 # F -> None named after the file stem it writes. A new one: its function in plots.py
@@ -143,7 +145,7 @@ REPROS = tuple(REPRO)  # the reproductions' tables, after the figures (prose.py)
 
 def generate(experiments=None, out=None) -> Figures:
     """Every figure, table and number from the tables under `experiments`, into `out`."""
-    experiments = Path(experiments) if experiments else REPO / "experiments"
+    experiments = Path(experiments) if experiments else EXPERIMENTS_DIR
     out = Path(out) if out else OUT
     out.mkdir(parents=True, exist_ok=True)
     F = Figures(experiments, out)
@@ -164,8 +166,8 @@ def generate(experiments=None, out=None) -> Figures:
 class Args:
     """python -m flashnum.figures [store.root=DIR] [out=DIR]
 
-    store.root: the experiment tables (default: the repository's experiments/);
-    out: where the figures go (default: paper/figures/).
+    store.root: the experiment tables (default: experiments/ of the working folder);
+    out: where the figures go (default: paper/figures/ of the working folder).
     """
 
     out: str = ""

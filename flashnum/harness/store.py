@@ -78,7 +78,6 @@ from flashnum.harness.files import (  # noqa: F401  (check_root: the store's, ke
 GRID = "grid.json"
 QUARANTINE = "quarantine"
 LOCK = owners.LOCK
-REPO = Path(__file__).resolve().parents[2]
 FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -89,16 +88,15 @@ class StoreFull(StoreError):
 def experiment_dir(name_or_path, root=None) -> Path:
     """The folder of an experiment: a path to it, or a name under `root`.
 
-    root defaults to ./experiments when that holds the name, else the repository's
-    experiments/ folder (so that figures find the tables from anywhere).
+    root defaults to ./experiments, relative to the working folder like every
+    command's store.root (an installed package never reads inside site-packages).
     """
     p = Path(name_or_path)
     if p.is_dir() or p.is_absolute() or len(p.parts) > 1:
         return p
     if root is not None:
         return Path(root) / p
-    here = Path("experiments") / p
-    return here if here.is_dir() else REPO / "experiments" / p
+    return Path("experiments") / p
 
 
 def _write_table(df: pd.DataFrame, path: Path, point: str | None = None) -> None:
@@ -499,7 +497,7 @@ def _check(a) -> None:
 
 
 def _root(a):
-    """store.root as given, or None (./experiments, else the repository's) by default."""
+    """store.root as given, or None (./experiments) by default."""
     return a.store.root if a.store.root != StoreConf.root else None
 
 
