@@ -114,3 +114,10 @@ def test_a_store_that_is_not_a_store_is_one_line_and_status_2_from_every_command
         assert p.returncode == 2, (p.stdout[-500:], p.stderr[-1500:])
         line, = p.stderr.splitlines()
         assert why in line
+
+
+def test_every_stored_table_is_an_experiment_that_flashnum_run_names():
+    from flashnum.harness import experiments
+
+    stored = sorted(p.name for p in (REPO / "experiments").iterdir() if p.is_dir())
+    assert stored and [n for n in stored if experiments.find(n) is None] == []

@@ -17,7 +17,7 @@ import json
 from flashnum.figures.tex import tex_name, tex_num
 
 _RUN = "python -m flashnum.run experiment={}"
-_REPRO = "python -m flashnum.reproduce {}"
+_REPRO = "python -m flashnum.run experiment=repro_{}"
 # every experiment the paper reads, and the command that writes its table
 EXPERIMENTS = {
     "bf16_sweep": _RUN.format("bf16_sweep"),
@@ -29,10 +29,10 @@ EXPERIMENTS = {
     "precision_bits": _RUN.format("precision_bits"),
     "kernel_vs_emulator": _RUN.format("kernel_vs_emulator"),
     "worst_case": _RUN.format("worst_case"),
-    "attribution": "python -m flashnum.attribution experiment=true",
-    "bwd_bf16_sweep": "python -m flashnum.harness.backward bwd_bf16_sweep",
-    "bwd_order": "python -m flashnum.harness.backward bwd_order",
-    "bwd_seqlen_growth": "python -m flashnum.harness.backward bwd_seqlen_growth",
+    "attribution": _RUN.format("attribution"),
+    "bwd_bf16_sweep": _RUN.format("bwd_bf16_sweep"),
+    "bwd_order": _RUN.format("bwd_order"),
+    "bwd_seqlen_growth": _RUN.format("bwd_seqlen_growth"),
     "repro_fa3_table3": _REPRO.format("fa3_table3"),
     "repro_is_flash_stable": _REPRO.format("is_flash_stable"),
     "repro_qiu_yao": _REPRO.format("qiu_yao"),
@@ -41,11 +41,11 @@ EXPERIMENTS = {
     "repro_pcast_threshold": _REPRO.format("pcast_threshold"),
     "repro_block_scaled": _REPRO.format("block_scaled"),
     "repro_splitkv_decode": _REPRO.format("splitkv_decode"),
-    "kernel_audit": "python -m flashnum.audit experiment=kernel_audit",
-    "kernel_table": "python -m flashnum.audit experiment=kernel_table",
+    "kernel_audit": _RUN.format("kernel_audit"),
+    "kernel_table": _RUN.format("kernel_table"),
     "trained_model": _RUN.format("trained_model"),
     "trained_model_stats": "python -m flashnum.harness.head_stats trained_model",
-    "bwd_trained_model": "python -m flashnum.harness.backward bwd_trained_model",
+    "bwd_trained_model": _RUN.format("bwd_trained_model"),
 }
 
 # the trained model's section (flashnum.figures.trained); its size from models/stdlib_lm.json

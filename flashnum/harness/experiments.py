@@ -13,6 +13,8 @@ hands a kind other than "forward" to its runner. The kinds:
     audit         conf/audit/NAME.yaml (flashnum.audit: a list of runs, or kernel_table)
     reproduction  repro_WHAT, a published result (flashnum.reproduce WHAT)
     attribution   attribution, the per-site table (flashnum.attribution experiment=true)
+    head_stats    NAME_stats, the logit statistics of forward experiment NAME's inputs
+                  (flashnum.harness.head_stats NAME)
 
 A user's folder (`--config-dir DIR` or `hydra.searchpath=[file://DIR]`) holds its own
 experiments as DIR/experiment/NAME.yaml, Hydra's layout; they are found first, so a copy
@@ -70,6 +72,9 @@ def find(name: str, dirs=()) -> Experiment | None:
         return Experiment(name, "reproduction")
     if name == "attribution":
         return Experiment(name, "attribution")
+    base = find(name.removesuffix("_stats"), dirs) if name.endswith("_stats") else None
+    if base is not None and base.kind == "forward":
+        return Experiment(name, "head_stats", base.path)
     return None
 
 

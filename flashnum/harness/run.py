@@ -505,10 +505,15 @@ def handed_over(argv: list[str]) -> tuple[experiments.Experiment, list[str]] | N
 
 
 def _elsewhere(exp, overrides: list[str]) -> int:
-    """Run a backward sweep by its runner (flashnum.harness.backward); the overrides but
+    """Run a backward sweep by its runner (flashnum.harness.backward), a forward sweep's
+    head statistics by theirs (flashnum.harness.head_stats); the overrides but
     experiment= and Hydra's go with it."""
     if exp.kind in ABOVE:
         cli.fail(PROG, f"experiment {exp.name} ({exp.kind}) runs through python -m flashnum.run")
+    if exp.kind == "head_stats":
+        from flashnum.harness import head_stats
+
+        return head_stats.main([f"experiment={exp.path.stem}", *_rest(overrides)])
     from flashnum.harness import backward
 
     shipped = exp.path.parent == CONF / "experiment"  # else the user's own YAML
