@@ -124,11 +124,12 @@ def test_what_it_does_not_claim_goes_to_the_torch_path_and_says_why(monkeypatch,
     from flashnum.engine.arith import Arith, carrier
     from flashnum.engine.recurrence import Run
     from flashnum.engine.tiles import Tiles
+    from flashnum.engine.variants import FA2
     from flashnum.numerics.policy import make_policy
 
     pol = make_policy(kw.get("policy", "fa2"), kw.get("precision", "bf16"))
     ar = Arith(pol, kw.get("rounding", "nearest"), 0, carrier(pol))
-    run_ = Run(ar, base2=False, tau=8.0, beta=2.0, f_diff=None, tall=True)
+    run_ = Run(ar, variant=FA2(), f_diff=None, tall=True)
     x = torch.zeros(1, 2, 16, 8)
     tiles = Tiles(x, x, x, 32, 32)
     assert why in fused.claim(run_, tiles, kw.get("variant", "fa2"))
@@ -141,10 +142,10 @@ def test_the_engine_benchmark_case_is_claimed():
     from flashnum.engine.arith import Arith, carrier
     from flashnum.engine.recurrence import Run
     from flashnum.engine.tiles import Tiles
+    from flashnum.engine.variants import FA2
     from flashnum.numerics.policy import make_policy
 
     pol = make_policy("fa2", "bf16")
-    run_ = Run(Arith(pol, "nearest", 0, carrier(pol)), base2=False, tau=8.0, beta=2.0,
-               f_diff=None, tall=True)
+    run_ = Run(Arith(pol, "nearest", 0, carrier(pol)), variant=FA2(), f_diff=None, tall=True)
     x = torch.zeros(8, 64, 64, 64)
     assert fused.claim(run_, Tiles(x, x, x, 4096, 4096), "fa2") is None

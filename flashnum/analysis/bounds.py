@@ -38,7 +38,10 @@ Options (defaults first):
                       (T - 1 per row); an int, or a per-row tensor such as
                       Result.n_rescales (the exact count of the run)
   causal=False, scale=None (1/sqrt(d)); causal True/"bottom_right" or "top_left"
-  variant="fa2"       fa2 | exp2 | lazy (tau) | qiu_yao (beta) | fa1
+  variant="fa2"       a name or a flashnum.engine.variants.Variant whose `bounded` is
+                      set (fa2 exp2 lazy qiu_yao fa1), tau / beta its parameters when a
+                      name; the variant's hooks bound_shift, bound_tau, bound_dM say how
+                      its running max enters the bound
   rounding="nearest"  or "stochastic" (the engine's seeded stochastic rounding: 2u)
   prob=False          also compute the probabilistic bound (costs ~10 more matmuls)
   delta=1e-3          its failure probability
@@ -65,6 +68,8 @@ import mpmath
 import torch
 
 from flashnum.engine.arith import carrier, wider
+from flashnum.engine.variants import FA2, Variant, variant_of
+from flashnum.engine.variants import VARIANTS as VARIANT_CLASSES
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import EXACT, FORMATS, Exact, Format
 from flashnum.numerics.policy import SITES, Policy, make_policy
@@ -75,7 +80,7 @@ ETA64 = 2.0**-1075  # half of float64's smallest subnormal
 EXP64 = 2.0**-52  # torch's float64 exp / exp2: within 1 ulp
 T_SCALE = 2.0**-12  # the small t of B(t u) / t (first-order parts of the majorant)
 EVAL_SLACK = 2.0**-30  # relative slack for the float64 evaluation of the bound itself
-VARIANTS = ("fa2", "exp2", "lazy", "qiu_yao", "fa1")
+VARIANTS = tuple(n for n, cls in VARIANT_CLASSES.items() if cls.bounded)
 
 
 # ---------------------------------------------------------------------------
@@ -395,8 +400,8 @@ def _pw(e, k):
     return math.expm1(k * math.log1p(e))
 
 
-def _evaluate(P: dict, D: dict, *, structure: str, variant: str, scale: float, l_from: str,
-              r: torch.Tensor, tau: float, beta: float, base2: bool, check=None):
+def _evaluate(P: dict, D: dict, *, structure: str, variant: Variant, scale: float,
+              l_from: str, r: torch.Tensor, base2: bool, check=None):
     """The deterministic bound per output entry (B, Nq, dv) for parameter values P.
 
     Factors 1 + e are carried as their excess e (_x, _pw, expm1) so that the bound stays
@@ -412,7 +417,7 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: str, scale: float, l
     n, T = D["n"], D["T"]
     if structure == "standard":
         bn_eff, T, r = n, torch.ones_like(n), torch.zeros_like(n)
-    elif variant == "fa1":
+    elif variant.normalised:
         bn_eff, T = bn, torch.full_like(n, float(D["n_kb"]))  # fa1 rounds o at every block
     else:
         bn_eff = bn
@@ -445,13 +450,8 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: str, scale: float, l
     # -- step B: the recurrence on the computed logits and values --
     M = D["M"]
     tau_m = U("mc") * (D["Sstar"] + Estar) + P["eta_mc"]
-    if variant == "qiu_yao" and structure != "standard":
-        Mp, Mn = torch.clamp(M, min=0), torch.clamp(-M, min=0)
-        dM = ((beta - 1) * Mp + beta * (Estar + tau_m) * (1 + U("m")) + beta * Mp * U("m")
-              + P["eta_m"] + Mn)
-    else:
-        dM = Estar + tau_m
-    tau_eff = tau_m + (tau if variant == "lazy" and structure != "standard" else 0.0)
+    dM = variant.bound_dM(M, Estar + tau_m, U("m"), P["eta_m"])
+    tau_eff = tau_m + variant.bound_tau()
     gbar = (M - D["Ms"]) + dM + Ebar + tau_eff
     gstar = (M - D["smin"]) + dM + Estar + tau_eff
     Rm = (M - D["Bmin"]) + dM + Estar + tau_m
@@ -461,7 +461,7 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: str, scale: float, l
     if structure == "standard":
         Xc_m1 = ue * torch.ones_like(M)
     else:
-        k_exp = (2 + r) if variant == "fa1" else (1 + r)
+        k_exp = (2 + r) if variant.normalised else (1 + r)
         Xc_m1 = _x(_x(torch.expm1(U("m") * Rm), _pw(ue, k_exp)), fpc)
     Xc = 1 + Xc_m1
     ud = U("diff")
@@ -492,10 +492,10 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: str, scale: float, l
     else:
         # +1: a key's P @ V tile and row sum are rounded into o's and l's formats once,
         # before they are added (flashnum.engine.recurrence; a no-op when o and l are fp32)
-        k_o = (3 * T + 1) if variant == "fa1" else (T + r + 1)
-        k_l = (2 * T + 1) if variant == "fa1" else (T + r + 1)
+        k_o = (3 * T + 1) if variant.normalised else (T + r + 1)
+        k_l = (2 * T + 1) if variant.normalised else (T + r + 1)
         Ostar = _x(_x(_x(fno, pw("pv", bn)), tf_pv), pw("o", k_o))
-        if variant == "fa1":
+        if variant.normalised:
             Ostar = _x(Ostar, pw("div", T))
         Lstar = _x(pw("lacc", bn), pw("l", k_l))
         H = n * P["eta_p"] * Xc + (r * n) * P["eta_p"] * wide
@@ -506,7 +506,7 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: str, scale: float, l
         A_N = row(1 + Ostar) * (row(n * Xc) * (eta_pc_n * vabsA + eta_key)
                                  + row((r + T) * P["eta_o"] * Xc))
         A_D = (r + T) * P["eta_l"] * (1 + Lstar) * Xc
-        if variant == "fa1":
+        if variant.normalised:
             H = H + (T * bn) * P["eta_p"] * wide
             L_hi = n * wide * (1 + Lstar)
             A_N = A_N + row((1 + Ostar) * Xc * (4 * T * P["eta_o"] + T * P["eta_div"] * L_hi))
@@ -533,7 +533,7 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: str, scale: float, l
     return torch.where(row(D["vis_rows"]), b, torch.zeros_like(b))
 
 
-def _overflow_check(pol: Policy, structure: str, variant: str, base2: bool, scale: float):
+def _overflow_check(pol: Policy, structure: str, variant: Variant, base2: bool, scale: float):
     """A function returning (B, Nq, dv) bool: True where no site can overflow (else the
     bound is inf: the model fl(x) = x (1 + delta) + eta fails past the largest number).
 
@@ -552,7 +552,7 @@ def _overflow_check(pol: Policy, structure: str, variant: str, base2: bool, scal
         p_mag = torch.exp(tau_eff) * (1 + ue)
         l_mag = n * p_mag * Xc * (1 + Lstar) * (1 + Hd)
         o_mag = row(n * p_mag * Xc * (1 + Ostar) * (1 + Hd)) * vabsA
-        if variant == "fa1" and structure != "standard":
+        if variant.normalised and structure != "standard":
             o_mag = o_mag + row(l_mag) * (1 + row(Ostar)) * out_mag  # l * o before / l
         # every partial sum of the unscaled dot q~.k~ (a narrow accumulator rounds each
         # one), and the dot itself, which the engine stores in the logits' format before
@@ -596,7 +596,7 @@ def _rescales(n_rescales, T: torch.Tensor, B: int, nq: int) -> torch.Tensor:
     return r.reshape(B, nq)
 
 
-def _check_reals(scale, tau, beta, variant):
+def _check_reals(scale, tau, beta, variant: Variant):
     """The real parameters the derivation assumes: scale > 0 finite (a negative one would
     make the logit bounds negative), tau >= 0 finite (the lazy threshold is added to the
     exponent bound), beta >= 1 finite for qiu_yao (a shift below the block max lets P
@@ -609,9 +609,11 @@ def _check_reals(scale, tau, beta, variant):
 
     if scale is not None and not (real(scale) and float(scale) > 0):
         raise ValueError(f"scale must be a finite number > 0 or None (1/sqrt(d)), got {scale!r}")
-    if not (real(tau) and float(tau) >= 0):
+    if tau is not None and not (real(tau) and float(tau) >= 0):
         raise ValueError(f"tau must be a finite number >= 0, got {tau!r}")
-    if not real(beta) or (variant == "qiu_yao" and float(beta) < 1):
+    beta = getattr(variant, "beta", beta)
+    if beta is not None and (not real(beta) or (variant.max_rule == "qiu_yao" and
+                                                float(beta) < 1)):
         raise ValueError(f"beta must be a finite number >= 1 for qiu_yao, got {beta!r}")
 
 
@@ -619,22 +621,32 @@ def _scaled(params: dict[str, Param], t: float, keep=lambda name, p: True) -> di
     return {name: (t * p.value if keep(name, p) else 0.0) for name, p in params.items()}
 
 
+def _bounded_variant(variant, scale, tau, beta) -> Variant:
+    """The variant bound() takes (a name with tau, beta, or an object), checked."""
+    if isinstance(variant, str) and variant not in VARIANT_CLASSES:
+        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    _check_reals(scale, tau, beta, FA2())  # real numbers, whichever variant
+    var = variant_of(variant, tau=tau, beta=beta)
+    if not var.bounded:
+        raise ValueError(f"no bound for variant {var.name!r}; valid: {', '.join(VARIANTS)}")
+    _check_reals(scale, tau, beta, var)
+    return var
+
+
 def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = False,
-          scale=None, variant: str = "fa2", prob: bool = False, delta: float = 1e-3,
-          precision: str = "bf16", rounding: str = "nearest", tau: float = 8.0,
-          beta: float = 2.0) -> dict:
+          scale=None, variant: str | Variant = "fa2", prob: bool = False,
+          delta: float = 1e-3, precision: str = "bf16", rounding: str = "nearest",
+          tau: float | None = None, beta: float | None = None) -> dict:
     """Deterministic (and probabilistic) bound on max_ij |out_ij - exact_ij|; see the module
     docstring. Returns a dict: bound, bound_prob (nan unless prob), terms, dominant_site,
     bound_rows ((..., Nq) per-row bound), first_order, higher_order, lambda, delta."""
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    var = _bounded_variant(variant, scale, tau, beta)
     if rounding not in ("nearest", "stochastic"):
         raise ValueError(f"unknown rounding {rounding!r}; valid: nearest, stochastic")
     if isinstance(block_n, bool) or not isinstance(block_n, int) or block_n <= 0:
         raise ValueError(f"block_n must be a positive integer, got {block_n!r}")
     if not (0 < delta < 1):
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-    _check_reals(scale, tau, beta, variant)
     causal = check_causal(causal)  # either alignment: rows see a prefix of the keys
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or x.ndim < 2:
@@ -644,7 +656,9 @@ def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = Fals
                          "do not fit (..., Nq, d), (..., Nk, d), (..., Nk, dv)")
     pol = make_policy(policy, precision)
     structure = pol.structure
-    base2 = variant == "exp2" and structure != "standard"
+    # the standard structure forms S: the variant's running max does not enter it
+    rec = var if structure != "standard" else FA2()
+    base2 = rec.base2
     d = q.shape[-1]
     fin = pol.fmt("inputs")
     on_grid = tuple(
@@ -657,18 +671,16 @@ def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = Fals
     scale_nat = scale_exact / (1 / math.log(2) if base2 else 1.0)  # natural-unit scale
 
     def shift0(M):
-        if variant == "qiu_yao" and structure != "standard":
-            return beta * torch.clamp(M, min=0), 0.0
-        return M, (tau if variant == "lazy" and structure != "standard" else 0.0)
+        return rec.bound_shift(M), rec.bound_tau()
 
     D = _row_data(q, k, v, causal=causal, scale=scale_nat, block_n=block_n, prob=prob,
                   shift0=shift0)
     r = _rescales(n_rescales, D["T"], D["B"], D["nq"])
-    if variant == "fa1" and structure != "standard":
+    if rec.normalised:
         r = torch.clamp(r, max=float(D["n_kb"]))
-    kw = dict(structure=structure, variant=variant, scale=scale_nat, l_from=pol.l_from, r=r,
-              tau=tau, beta=beta, base2=base2)
-    check = _overflow_check(pol, structure, variant, base2, scale_nat)
+    kw = dict(structure=structure, variant=rec, scale=scale_nat, l_from=pol.l_from, r=r,
+              base2=base2)
+    check = _overflow_check(pol, structure, rec, base2, scale_nat)
     full = {name: p.value for name, p in params.items()}
     Bfull = _evaluate(full, D, check=check, **kw)
     t = T_SCALE
@@ -700,8 +712,7 @@ def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = Fals
     if prob:
         K = int(D["vis_rows"].sum()) * dv
         lam = math.sqrt(2 * math.log(2 * max(K, 1) / delta))
-        G = _prob_std(params, D, structure=structure, variant=variant, r=r,
-                      l_from=pol.l_from, beta=beta, tau=tau)
+        G = _prob_std(params, D, structure=structure, variant=rec, r=r, l_from=pol.l_from)
         B1r = _evaluate(_scaled(params, t, lambda name, p: p.kind == "rand"), D, **kw) / t
         B1d = _evaluate(_scaled(params, t, lambda name, p: p.kind == "det"), D, **kw) / t
         rem = torch.clamp((1 + t) * Bfull - Bt, min=0)  # >= |R|: see the module docstring
@@ -713,7 +724,7 @@ def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = Fals
     return out
 
 
-def _prob_std(params, D, *, structure, variant, r, l_from, beta, tau):
+def _prob_std(params, D, *, structure, variant: Variant, r, l_from):
     """sqrt(sum_k a_k^2 u_k^2) over the random roundings, per output entry: the scale of
     the linear error term that Azuma-Hoeffding bounds (see the module docstring)."""
     u = {name[2:]: p.value for name, p in params.items() if name.startswith("u_")}
@@ -722,9 +733,7 @@ def _prob_std(params, D, *, structure, variant, r, l_from, beta, tau):
     y2, nu2, delta2 = D["y"] ** 2, D["nu"] ** 2, D["delta"] ** 2
     W1, Wv = D["W1"], D["Wv"]
     M = D["M"]
-    Ms0 = beta * torch.clamp(M, min=0) if variant == "qiu_yao" else M
-    tau0 = tau if variant == "lazy" else 0.0
-    Rm0 = torch.clamp(Ms0 + tau0 - D["Bmin"], min=0)
+    Rm0 = torch.clamp(variant.bound_shift(M) + variant.bound_tau() - D["Bmin"], min=0)
     g = u["inv"] ** 2 * Wv + u["inq"] ** 2 * row(D["Qterm"]) * D["var"] + u["ink"] ** 2 * D["Wk"]
     g = g + u["qk"] ** 2 * d * D["WA2"]
     g = g + (u["sc"] ** 2 + u["sp"] ** 2) * D["Ws2"] + u["diff"] ** 2 * D["Wg"]
@@ -734,11 +743,11 @@ def _prob_std(params, D, *, structure, variant, r, l_from, beta, tau):
         g = g + row(n) * (u["pv"] ** 2 * nu2 + u["lacc"] ** 2 * y2)
         g = g + u["l"] ** 2 * y2 + u["out"] ** 2 * y2
         return torch.sqrt(g)
-    n_alpha = (T + r) if variant == "fa1" else r
+    n_alpha = (T + r) if variant.normalised else r
     g = g + row(n_alpha) * u["p"] ** 2 * delta2 + u["m"] ** 2 * row(Rm0**2) * delta2
     g = g + u["pc"] ** 2 * (W1 if l_from == "p_cast" else Wv)
     g = g + bn * (u["pv"] ** 2 * nu2 + u["lacc"] ** 2 * y2)
-    if variant == "fa1":
+    if variant.normalised:
         n_kb = float(D["n_kb"])
         g = g + 2 * n_kb * u["l"] ** 2 * y2 + 3 * n_kb * u["o"] ** 2 * nu2
         g = g + n_kb * u["div"] ** 2 * nu2

@@ -12,9 +12,10 @@ the inputs as the kernel stored them, `res` the AttentionResult, `ref` the refer
           the reference's own) of the exact row max that flashnum.reference computed
           in float64 from the same stored inputs. The oracle shares no code with the
           engine (its logits, tiles and roundings are not consulted); the bitwise check
-          of m on inputs whose logits are exact lives in tests/test_oracles.py. lazy may
-          stay up to tau below it, qiu_yao may exceed it. With a trace, m must also
-          never decrease from one key block to the next.
+          of m on inputs whose logits are exact lives in tests/test_oracles.py. The
+          variant widens that window (its m_window: lazy may stay up to tau below it,
+          qiu_yao may exceed it). With a trace, m must also never decrease from one
+          key block to the next.
     l_ok  l > 0 and finite in every row that sees a key; l = 0 and the row flagged
           masked in every row that sees none.
 """
@@ -25,11 +26,18 @@ import math
 
 import torch
 
+from flashnum.engine.variants import variant_of
 from flashnum.numerics.constants import LOG2E, gamma
 from flashnum.numerics.formats import Format
 from flashnum.numerics.tiling import causal_visible, visible_count
 
 U64 = 2.0**-53  # unit roundoff of the float64 reference
+
+
+def _variant(case):
+    """The case's variant (flashnum.engine.variants) with the case's tau and beta."""
+    return variant_of(case.variant, tau=getattr(case, "tau", None),
+                      beta=getattr(case, "beta", None))
 
 
 def logit_slack(case, pol, absdot, row_max, scale, on_grid=False):
@@ -59,7 +67,7 @@ def logit_slack(case, pol, absdot, row_max, scale, on_grid=False):
     e_ref = gamma(d + 4, U64)
     t = scale * absdot * (e + e_ref) + (d + 4) * 2.0**-150
     t = t + u_m * (row_max.abs() + t) + 4 * U64 * row_max.abs()
-    if case.variant == "exp2":
+    if _variant(case).base2:
         t = t * (1 + 4 * U64) + 4 * U64 * row_max.abs()  # m / log2(e) back to natural units
     return t
 
@@ -77,8 +85,9 @@ def _row_max_window(case, pol, q, k, ref, causal, scale):
         bool(fin.representable(x)) for x in (q, k))
     slack = logit_slack(case, pol, absdot, ref.row_max.nan_to_num(0.0, 0.0, 0.0), scale_f,
                         on_grid)
-    smax = ref.row_max * (LOG2E if case.variant == "exp2" else 1.0)
-    slack = slack * (LOG2E if case.variant == "exp2" else 1.0)
+    base2 = _variant(case).base2
+    smax = ref.row_max * (LOG2E if base2 else 1.0)
+    slack = slack * (LOG2E if base2 else 1.0)
     return smax, slack
 
 
@@ -93,11 +102,7 @@ def invariants(case, pol, eng_prec, q, k, res, ref, causal, scale) -> tuple[bool
     m = res.m
     u_m = pol.fmt("m").u if pol is not None else 2.0 ** -case.mp_bits
     smax, slack = _row_max_window(case, pol, q, k, ref, causal, scale)
-    lo, hi = smax, smax
-    if case.variant == "lazy":
-        lo = lo - case.tau  # lazy keeps the old max unless it grows by more than tau
-    if case.variant == "qiu_yao":  # beta * max, rounded to m's format, or 0
-        hi = torch.maximum(hi * case.beta, torch.zeros_like(hi)) * (1 + u_m) + slack * case.beta
+    lo, hi = _variant(case).m_window(smax, smax, slack, u_m)
     mv, lov, hiv, sl = m[vis], lo[vis], hi[vis], slack[vis]
     m_ok = bool(((mv >= lov - sl) & (mv <= hiv + sl)).all()) and bool(
         torch.isneginf(m[~vis]).all()

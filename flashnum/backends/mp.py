@@ -23,13 +23,16 @@ import numpy as np
 import torch
 
 from flashnum.engine.result import Result, Trace
+from flashnum.engine.variants import variant_of
 from flashnum.numerics.tiling import causal_visible, key_block_order, n_blocks, needs_block_max
-
-QIU_YAO_WINDOW = 1e-3
 
 
 def attention_mp(q, k, v, *, bits=256, block_m=64, block_n=64, order="forward", variant="fa2",
-                 causal=False, scale=None, seed=0, trace=False, tau=8.0, beta=2.0) -> Result:
+                 causal=False, scale=None, seed=0, trace=False, tau=None, beta=None) -> Result:
+    """The recurrence at `bits` bits; `variant` a flashnum.engine.variants.Variant or its
+    name (tau, beta: its parameters when a name), whose max rules on mpmath scalars
+    (block_max_mp, running_max_mp) this runs."""
+    var = variant_of(variant, tau=tau, beta=beta)
     ctx = mpmath.MPContext()
     ctx.prec = int(bits)
     lead = q.shape[:-2]
@@ -39,7 +42,7 @@ def attention_mp(q, k, v, *, bits=256, block_m=64, block_n=64, order="forward", 
     K = k.detach().to(torch.float64).reshape(-1, nk, d).numpy()
     V = v.detach().to(torch.float64).reshape(-1, nk, dv).numpy()
     B = Q.shape[0]
-    base2 = variant == "exp2"
+    base2 = var.base2
     sc = ctx.mpf(1) / ctx.sqrt(d) if scale is None else ctx.mpf(float(scale))
     if base2:
         sc = sc / ctx.ln2  # log2(e) folded into the scale
@@ -78,19 +81,14 @@ def attention_mp(q, k, v, *, bits=256, block_m=64, block_n=64, order="forward", 
             for t, kb in enumerate(perm[i // block_m]):
                 js = range(kb * block_n, min(nk, (kb + 1) * block_n))
                 s = [S[i][j] for j in js]
-                m_blk = max(s)
-                if variant == "qiu_yao" and m_blk != minf and m_blk != 0:
-                    if sum(1 for x in s if x >= m_blk - QIU_YAO_WINDOW) >= 2:
-                        m_blk = beta * m_blk if m_blk > 0 else ctx.mpf(0)
-                m_new = max(m, m_blk)
-                if variant == "lazy" and m != minf and m_new - m <= tau:
-                    m_new = m
+                m_blk = var.block_max_mp(ctx, s, max(s))
+                m_new = var.running_max_mp(m, m_blk)
                 if m != minf and m_new > m:
                     resc[b, i] += 1
                 if m_new == minf:
                     tm[b, t, i], tl[b, t, i] = -math.inf, 0.0
                     continue
-                if variant == "fa1":
+                if var.normalised:  # fa1
                     mb = m_blk if m_blk != minf else m_new
                     p = [exp(x - mb) if x != minf else ctx.mpf(0) for x in s]
                     a_old = exp(m - m_new) if m != minf else ctx.mpf(0)
@@ -110,7 +108,7 @@ def attention_mp(q, k, v, *, bits=256, block_m=64, block_n=64, order="forward", 
                 out_mp[b, i] = [ctx.mpf(0)] * dv
                 m_out[b, i], l_out[b, i], lse[b, i] = -math.inf, 0.0, -math.inf
                 continue
-            out_mp[b, i] = o if variant == "fa1" else [x / l for x in o]
+            out_mp[b, i] = o if var.normalised else [x / l for x in o]
             m_out[b, i], l_out[b, i] = float(m), float(l)
             ln_l = ctx.ln(l)
             lse[b, i] = float(m * ctx.ln2 + ln_l) if base2 else float(m + ln_l)

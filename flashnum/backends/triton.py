@@ -95,6 +95,7 @@ import torch
 
 from flashnum.engine.result import Result, Trace
 from flashnum.engine.tiles import exp2_scale as exp2_scale_of
+from flashnum.engine.variants import Variant, supporting, variant_of
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import get_format
 from flashnum.numerics.policy import Policy, make_policy
@@ -115,7 +116,7 @@ from triton.language import standard as _tl_standard  # noqa: E402
 
 BLOCKS = (16, 32, 64, 128)
 HEAD_DIMS = (16, 256)  # smallest and largest head dim (others padded to a power of two)
-VARIANTS = ("fa2", "exp2")
+VARIANTS = supporting("triton")  # fa2, exp2: the plain running max (flashnum.engine.variants)
 PRECISIONS = ("ieee", "tf32", "tf32x3")
 IN_FORMATS = ("fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2")
 OUT_FORMATS = ("fp16", "bf16", "fp32")
@@ -490,14 +491,14 @@ def attention_triton(
     block_m: int = 64,
     block_n: int = 64,
     order="forward",
-    variant: str = "fa2",
+    variant: str | Variant = "fa2",
     causal: bool = False,
     scale: float | None = None,
     seed: int = 0,
     trace: bool = False,
     input_precision: str | None = None,
     rounding: str = "nearest",
-    exp2_scale: str = "once",
+    exp2_scale: str | None = None,
     fp_fusion: bool = False,
     fp8_max_imprecise_acc: int | None = None,
     num_warps: int | None = None,
@@ -511,9 +512,11 @@ def attention_triton(
                      precision None: bf16 for a preset, the Policy's inputs for a Policy)
     block_m/block_n: 16 32 64 128
     order:           forward reverse random max_ascending max_descending, or a permutation
-    variant:         fa2 (exp), exp2 (log2 e folded into the scale)
-    exp2_scale:      once (fl32(scale log2 e), the default) or twice (the tutorial's
-                     fl32(fl32(scale) fl32(1.44269504))): flashnum.engine.tiles.exp2_scale
+    variant:         fa2 (exp), exp2 (log2 e folded into the scale): a name or a
+                     flashnum.engine.variants.Variant (Exp2(exp2_scale="twice"))
+    exp2_scale:      with the name exp2: once (fl32(scale log2 e), the default) or twice
+                     (the tutorial's fl32(fl32(scale) fl32(1.44269504))):
+                     flashnum.engine.tiles.exp2_scale
     input_precision: None (from the policy), ieee, tf32, tf32x3 (fp32 dots only)
     rounding:        nearest (the only one a kernel does)
     fp_fusion:       allow FMA contraction on a GPU (Triton's enable_fp_fusion)
@@ -526,8 +529,9 @@ def attention_triton(
         precision = policy.inputs if isinstance(policy, Policy) else "bf16"
     pol = make_policy(policy, precision)
     qk_prec, pv_prec = _kernel_spec(pol, input_precision)
-    if variant not in VARIANTS:
-        raise ValueError(f"variant {variant!r} is not implemented by the triton kernel; "
+    var = variant_of(variant, exp2_scale=exp2_scale)
+    if "triton" not in var.backends:
+        raise ValueError(f"variant {var.name!r} is not implemented by the triton kernel; "
                          f"valid: {', '.join(VARIANTS)}")
     if rounding != "nearest":
         raise ValueError(f"rounding {rounding!r} is not available on the triton kernel; "
@@ -550,11 +554,11 @@ def attention_triton(
     lead = q.shape[:-2]
     nq, nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    base2 = variant == "exp2"
+    base2 = var.base2
     # the scale is held in fp32, computed on the host: scale * log2(e) rounded once from
     # its float64 value (exp2_scale "once", the engine's default), or as the Triton
     # tutorial forms it in its kernel (exp2_scale "twice": flashnum.engine.tiles.exp2_scale)
-    qk_scale = (exp2_scale_of(scale, exp2_scale) if base2
+    qk_scale = (exp2_scale_of(scale, var.exp2_form) if base2
                 else float(torch.tensor(scale, dtype=torch.float64).float()))
     device = torch.device("cpu") if INTERPRET else torch.device("cuda")
     # inputs as stored: correctly rounded from float64; on the interpreter bf16 is
@@ -605,7 +609,7 @@ def attention_triton(
         info=dict(
             precision=precision, policy=pol.name,
             block_m=block_m, block_n=block_n,
-            order=order if isinstance(order, str) else "permutation", variant=variant,
+            order=order if isinstance(order, str) else "permutation", variant=var.name,
             causal=bool(causal), scale=scale, rounding=rounding, seed=seed,
             input_precision=(qk_prec, pv_prec), interpreter=INTERPRET, fp_fusion=fp_fusion,
             fp8_max_imprecise_acc=fp8_max_imprecise_acc,

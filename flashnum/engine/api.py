@@ -45,20 +45,9 @@ of a rounding boundary. The fp32 exp site runs in flashnum.engine.native's fused
 when that is built, else in torch: the same values either way (docs/engine.md). FMA
 contraction is not modelled (a GPU kernel may contract s * scale - m).
 
-Variants:
-    fa2      divide once at the end (FlashAttention-2)
-    fa1      normalise every step: P relative to the block max, o kept normalised
-             (FlashAttention-1, Algorithm 1)
-    exp2     fa2 with log2(e) folded into the scale and exp2 (Triton's tutorial)
-    lazy     fa2 that rescales only when the max grows by more than `tau` (in the
-             units of the logits; FlashAttention-4 uses 8 in log2 units)
-    qiu_yao  fa2 with Qiu & Yao's max adjustment: where >= 2 logits of a block lie
-             within 1e-3 of its max, use beta * max (max > 0) or 0 (max < 0) as the
-             block max, so that no P is exactly 1 (the paper's idealised fix)
-    qiu_yao_released  their attention.py (02f0ab6, STABLE=1) as released: the window
-             max - 1e-3 rounded into the logits' format, the block row sum clamped at
-             1e-10 (the output collapses once the tied P, exp(-max) with beta = 2, sum
-             below it: max > 23.7 for two ties), fully masked rows taken as ties
+Variants (flashnum.engine.variants, one class each: fa2, fa1, exp2, lazy, qiu_yao,
+qiu_yao_released) change the running max, the base of the exponential, a floor of the
+block row sum, or keep o normalised at every step (fa1).
 Fully masked rows (causal with Nq > Nk) give out = 0 and are flagged in
 `res.masked`; l stays 0 and m stays -inf for them, never NaN.
 """
@@ -80,14 +69,12 @@ from flashnum.engine.checks import (  # noqa: F401 (BACKENDS: the engine's names
 )
 from flashnum.engine.emulate import emulate
 from flashnum.engine.kernel_models import KERNEL_MODELS
-from flashnum.engine.recurrence import STEPS
 from flashnum.engine.result import Result
 from flashnum.engine.splitkv import split_attention
-from flashnum.engine.tiles import EXP2_SCALES
+from flashnum.engine.variants import EXP2_SCALES, Variant, variant_of
 from flashnum.numerics.blockscaled import transform_inputs
 from flashnum.numerics.policy import POLICIES, Policy, make_policy
 
-assert set(VARIANTS) == set(STEPS), "every variant has its step in flashnum.engine.recurrence"
 
 
 def _warn_overflow(pol: Policy, **xs: torch.Tensor) -> bool:
@@ -136,7 +123,7 @@ def attention(
     block_m: int = 64,
     block_n: int = 64,
     order="forward",
-    variant: str = "fa2",
+    variant: str | Variant = "fa2",
     causal: bool | str = False,
     scale: float | None = None,
     rounding: str = "nearest",
@@ -144,13 +131,13 @@ def attention(
     trace: bool = False,
     backend: str = "emulate",
     mp_bits: int = 256,
-    tau: float = 8.0,
-    beta: float = 2.0,
+    tau: float | None = None,
+    beta: float | None = None,
     num_splits: int = 1,
     split_precision: str | None = None,
     merge_precision: str | None = None,
     input_transform: str = "none",
-    exp2_scale: str = "once",
+    exp2_scale: str | None = None,
 ) -> Result:
     """Attention softmax(scale Q K^T) V through the blocked online softmax.
 
@@ -173,7 +160,13 @@ def attention(
                tutorial's fp16 kernel, its own tiles), or jax_xla, torch_math, ort_cpu
                (flashnum.engine.kernel_models: library kernels that form S)
     order:     forward reverse random max_ascending max_descending, or a permutation
-    variant:   fa2 fa1 exp2 lazy (tau) qiu_yao qiu_yao_released (beta)
+    variant:   a flashnum.engine.variants.Variant with its own parameters (Lazy(tau=4.0),
+               QiuYao(beta=2.0), Exp2(exp2_scale="twice"), FA2(), FA1(), QiuYaoReleased()),
+               or its name: fa2 fa1 exp2 lazy qiu_yao qiu_yao_released
+    tau, beta, exp2_scale: shorthands for the parameters of a variant given by name
+               (variant="lazy", tau=4.0 is Lazy(tau=4.0)); None: the variant's default
+               (tau 8, beta 2, exp2_scale once); ignored by a variant that does not take
+               them; with a Variant object, one given must agree with the object's
     rounding:  nearest stochastic (seeded by `seed`; inputs are always rounded to nearest)
     backend:   emulate (this module), triton (flashnum.backends), mp (mpmath at mp_bits)
     exp2_scale: how variant exp2 forms scale * log2(e) in fp32 (flashnum.engine.tiles.
@@ -234,10 +227,11 @@ def prepare(q, k, v, *, precision, policy, block_m, block_n, order, variant, cau
     o = check_options(q, k, v, precision=precision, policy=policy, block_m=block_m,
                       block_n=block_n, order=order, variant=variant, causal=causal,
                       scale=scale, rounding=rounding, seed=seed, trace=trace, backend=backend,
-                      mp_bits=mp_bits, tau=tau, beta=beta, num_splits=num_splits,
+                      mp_bits=mp_bits, tau=tau, beta=beta, exp2_scale=exp2_scale,
+                      num_splits=num_splits,
                       split_precision=split_precision, merge_precision=merge_precision,
                       input_transform=input_transform)
-    if exp2_scale not in EXP2_SCALES:
+    if exp2_scale is not None and exp2_scale not in EXP2_SCALES:
         raise ValueError(f"unknown exp2_scale {exp2_scale!r}; valid: {', '.join(EXP2_SCALES)}")
     known = backend != "mp" and (isinstance(policy, Policy) or policy in POLICIES)
     check_memory(q, k, v, o, standard=known and make_policy(policy, precision).structure ==
@@ -247,11 +241,11 @@ def prepare(q, k, v, *, precision, policy, block_m, block_n, order, variant, cau
         q, k, v = transform_inputs(q, k, v, input_transform, o.seed)
     warned = known and _warn_overflow(make_policy(policy, precision), q=q, k=k, v=v)
     return dict(q=q, k=k, v=v, precision=precision, policy=policy, block_m=o.block_m,
-                block_n=o.block_n, order=order, variant=variant, causal=o.causal,
+                block_n=o.block_n, order=order, variant=o.variant, causal=o.causal,
                 scale=o.scale, rounding=rounding, seed=o.seed, trace=bool(trace),
-                backend=backend, mp_bits=int(mp_bits), tau=tau, beta=beta,
+                backend=backend, mp_bits=int(mp_bits), tau=None, beta=None,
                 num_splits=o.num_splits, split_precision=split_precision,
-                merge_precision=merge_precision, exp2_scale=exp2_scale), warned
+                merge_precision=merge_precision, exp2_scale=None), warned
 
 
 def attention_splitkv(q, k, v, *, num_splits: int, split_precision: str | None = None,
@@ -266,10 +260,13 @@ def attention_splitkv(q, k, v, *, num_splits: int, split_precision: str | None =
 
 
 def run(q, k, v, *, precision, policy, block_m, block_n, order, variant, causal, scale,
-        rounding, seed, trace, backend, mp_bits, tau, beta, num_splits=1,
-        split_precision=None, merge_precision=None, exp2_scale="once") -> Result:
+        rounding, seed, trace, backend, mp_bits, tau=None, beta=None, num_splits=1,
+        split_precision=None, merge_precision=None, exp2_scale=None) -> Result:
     """attention() on checked arguments (flashnum.engine.checks): the dispatch to split-KV,
-    a kernel model, a backend or the engine. Split-KV runs each split through here."""
+    a kernel model, a backend or the engine. Split-KV runs each split through here. The
+    variant goes on as its object (flashnum.engine.variants), which holds its parameters."""
+    variant = variant_of(variant, tau=tau, beta=beta, exp2_scale=exp2_scale)
+    tau = beta = exp2_scale = None
     gqa = q.ndim >= 3 and k.ndim >= 3 and q.shape[-3] != k.shape[-3]
     if num_splits != 1 or gqa:  # each split comes back through this function
         return split_attention(

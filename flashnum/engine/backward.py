@@ -159,7 +159,7 @@ def attention_backward(
     out, lse: the forward's O and natural-log LSE, if not to be recomputed
     measure_ds: also return g.ds_rowsum (one more pass over every dS tile)
     exp2:     P = exp2(S2 - L2) in log2 units (see the module docstring), flash only
-    variant:  the forward's variant (flashnum.attention: fa2, fa1, exp2, lazy, qiu_yao)
+    variant:  the forward's variant (flashnum.attention: a name or a Variant object)
               when the forward runs here: it changes O and L, which the backward reads
     """
     o = _check(q, k, v, do, out, lse, precision=precision, policy=policy, block_m=block_m,
@@ -232,7 +232,8 @@ def attention_backward(
                   order=order if isinstance(order, str) else "permutation",
                   dq_order=dq_order if isinstance(dq_order, str) else "permutation",
                   causal=causal, scale=scale, rounding=rounding, seed=seed, exp2=exp2,
-                  variant=variant if out_given is None else "given"),
+                  variant=getattr(variant, "name", variant) if out_given is None
+                  else "given"),
     )
 
 

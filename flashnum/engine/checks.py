@@ -38,11 +38,13 @@ import numpy as np
 import torch
 
 from flashnum.engine.kernel_models import KERNEL_MODELS
+from flashnum.engine.variants import VARIANTS as VARIANT_CLASSES
+from flashnum.engine.variants import Variant, supporting, variant_of
 from flashnum.numerics.formats import ROUNDINGS, get_format
 from flashnum.numerics.policy import POLICIES, Policy, check_precision
 from flashnum.numerics.tiling import ORDERS, check_block, check_causal, clamp_block, n_blocks
 
-VARIANTS = ("fa2", "fa1", "exp2", "lazy", "qiu_yao", "qiu_yao_released")
+VARIANTS = tuple(VARIANT_CLASSES)  # the variants' names (flashnum.engine.variants)
 BACKENDS = ("emulate", "triton", "mp")
 # models of one real kernel: their own splits, order and casts
 KERNEL_POLICIES = ("torch_cpu", "triton_tutorial", *KERNEL_MODELS)
@@ -197,12 +199,14 @@ class Options:
     causal: bool | str
     seed: int
     scale: float | None
+    variant: Variant | None = None  # the variant a name (and tau, beta, exp2_scale) stands for
 
 
 def check_options(q, k, v, *, precision, policy, block_m, block_n, order, causal, scale,
                   rounding, seed, variant="fa2", backend="emulate", num_splits=1,
-                  trace=False, mp_bits=256, tau=8.0, beta=2.0, split_precision=None,
-                  merge_precision=None, input_transform="none", dq_order=None,
+                  trace=False, mp_bits=256, tau=None, beta=None, exp2_scale=None,
+                  split_precision=None, merge_precision=None, input_transform="none",
+                  dq_order=None,
                   backward=False, policies=POLICIES + KERNEL_POLICIES) -> Options:
     """Every option of attention / attention_backward (checked tensors q, k, v given);
     raises the first bad one. Blocks and splits come back clamped to the shape."""
@@ -225,8 +229,7 @@ def check_options(q, k, v, *, precision, policy, block_m, block_n, order, causal
     check_order("order", order, n_kb)
     if dq_order is not None:
         check_order("dq_order", dq_order, n_kb, valid=("forward", "reverse", "random"))
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    variant = check_variant(variant, backend, tau=tau, beta=beta, exp2_scale=exp2_scale)
     causal = check_causal(causal)
     check_flag("trace", trace)
     if scale is not None:  # None: 1/sqrt(d)
@@ -235,17 +238,12 @@ def check_options(q, k, v, *, precision, policy, block_m, block_n, order, causal
         raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
     seed = check_int("seed", seed, *SEED_RANGE)
     check_int("mp_bits", mp_bits, lo=2)
-    check_number("tau", tau, lo=0.0)
-    check_number("beta", beta)
     for name, f in (("split_precision", split_precision), ("merge_precision", merge_precision)):
         if f is not None and not hasattr(get_format(f), "round"):
             raise ValueError(f"{name} must be a format with a rounding, got {f!r}")
     if input_transform not in INPUT_TRANSFORMS:
         raise ValueError(f"unknown input_transform {input_transform!r}; valid: "
                          f"{', '.join(INPUT_TRANSFORMS)}")
-    if backend == "mp" and variant == "qiu_yao_released":
-        raise ValueError("variant 'qiu_yao_released' models bf16 code; backend 'mp' takes "
-                         f"{', '.join(v for v in VARIANTS if v != 'qiu_yao_released')}")
     if backend == "triton":
         # asked without importing it: flashnum.backends.triton sets TRITON_INTERPRET first
         if importlib.util.find_spec("triton") is None:
@@ -261,7 +259,20 @@ def check_options(q, k, v, *, precision, policy, block_m, block_n, order, causal
                          f" != Nk={nk} causal=True (bottom-right) is not what it computes; "
                          "valid: causal='top_left' or False")
     return Options(block_m=block_m, block_n=block_n, num_splits=num_splits, causal=causal,
-                   seed=seed, scale=scale)
+                   seed=seed, scale=scale, variant=variant)
+
+
+def check_variant(variant, backend: str = "emulate", **params) -> Variant:
+    """The Variant a name or object stands for (flashnum.engine.variants.variant_of), its
+    shorthand parameters checked as numbers, refused where `backend` does not run it."""
+    for name, lo in (("tau", 0.0), ("beta", None)):
+        if params.get(name) is not None:
+            check_number(name, params[name], lo=lo)
+    var = variant_of(variant, **params)
+    if backend not in var.backends:
+        raise ValueError(f"variant {var.name!r} is not run by backend {backend!r}; valid "
+                         f"there: {', '.join(supporting(backend))}")
+    return var
 
 
 # ---------------------------------------------------------------------------

@@ -1,11 +1,11 @@
 """The in-place fast path of the fa2-like variants: the readable steps' operations, in place.
 
     from flashnum.engine.fast import in_place_ok, run_in_place
-    if variant != "fa1" and in_place_ok(ar):
-        states, traces = run_in_place(run, tiles, perm, scale_s, causal, variant, trace)
+    if not run.variant.normalised and in_place_ok(ar):
+        states, traces = run_in_place(run, tiles, perm, scale_s, causal, trace)
 
 When s, m, p, l and o are all fp32 on the fp32 carrier and rounding is to nearest, the
-steps of flashnum.engine.recurrence (fa2, exp2, lazy, qiu_yao, qiu_yao_released) run here
+fa2 step of flashnum.engine.recurrence (every variant that is not `normalised`) runs here
 instead: the same operations in the same order, on buffers each step reuses, a few heads
 at a time. It changes no rounding: an in-place op rounds exactly as the op that returns a
 new tensor, and fp32 sites on the fp32 carrier need no rounding step. It exists for
@@ -26,18 +26,7 @@ import math
 import torch
 
 from flashnum.engine import native
-from flashnum.engine.recurrence import (
-    Run,
-    State,
-    finite_or_zero,
-    grew,
-    lazy_max,
-    qiu_yao_block_max,
-    qiu_yao_floor,
-    qiu_yao_released_block_max,
-    row_max,
-    scan,
-)
+from flashnum.engine.recurrence import Run, State, finite_or_zero, grew, row_max, scan
 from flashnum.engine.tiles import Tiles, gather, is_fp32, tile_dot, tile_visible
 from flashnum.numerics.formats import EXACT
 
@@ -74,19 +63,18 @@ class InPlace:
     """One chunk of heads on the fast path: the loader of each step's (S_j, V_j) into the
     buffers, and the fa2-like step, both fixed before the loop."""
 
-    def __init__(self, run: Run, tiles: Tiles, perm, scale_s, causal, variant):
+    def __init__(self, run: Run, tiles: Tiles, perm, scale_s, causal):
         self.run, self.tiles, self.perm, self.causal = run, tiles, perm, causal
         self.scale_s = scale_s
         self.bufs = Buffers(tiles.q.shape[0], tiles.n_qb, tiles.bm, tiles.bn, tiles.v.shape[-1])
         # the key block per step when every query block shares the order
         self.js = perm.reshape(-1, tiles.n_kb)[0].tolist() if run.tall else None
         # fold: the exp pass takes the scale (only the max and P read the scaled logits)
-        self.fold = variant in ("fa2", "exp2", "lazy") and scale_s > 0 and native.available()
-        self.native_state = self.fold and variant != "lazy"  # fa2's state update in C
-        self.qiu_yao = variant == "qiu_yao"
-        self.released = variant == "qiu_yao_released"
-        self.l_floor = qiu_yao_floor(run) if self.released else None
-        self.lazy = variant == "lazy"
+        var = self.variant = run.variant
+        self.fold = not var.reads_logits and scale_s > 0 and native.available()
+        # fa2's state update in C: the plain running max
+        self.native_state = self.fold and var.max_rule == "max"
+        self.l_floor = var.floor(run.ar)
 
     def load(self, t: int):
         run_tall = self.js is not None
@@ -98,19 +86,15 @@ class InPlace:
         return s, v_j
 
     def step(self, run: Run, st: State, s: torch.Tensor, v_j: torch.Tensor) -> State:
-        """recurrence.fa2_step (lazy_step, qiu_yao_step) with s overwritten by P, l and o
-        updated in place."""
-        ar, bufs = run.ar, self.bufs
+        """recurrence.fa2_step with s overwritten by P, l and o updated in place."""
+        ar, bufs, var = run.ar, self.bufs, self.variant
         m_blk = s.amax(dim=-1).mul_(self.scale_s) if self.fold else row_max(run, s)
-        if self.qiu_yao:
-            m_blk = qiu_yao_block_max(run, s, m_blk)
-        elif self.released:
-            m_blk = qiu_yao_released_block_max(run, s, m_blk, st.m)
+        m_blk = var.block_max(ar, s, m_blk, st.m)  # s is unscaled when fold (not read)
         if self.native_state and native.fa2_state(st.m, m_blk, st.n_rescales, bufs.m_safe,
                                                   bufs.alpha, run.base2) is not None:
             m_new, m_safe, alpha = st.m, bufs.m_safe, bufs.alpha  # m, n_rescales in place
         else:
-            m_new = lazy_max(run, st.m, m_blk) if self.lazy else torch.maximum(st.m, m_blk)
+            m_new = var.running_max(st.m, m_blk)
             st.n_rescales += grew(st.m, m_new)
             m_safe = finite_or_zero(m_new)
             alpha = ar.exp(ar.rnd(st.m - m_safe, ar.fmt("m")), ar.fmt("p"), run.base2)
@@ -119,8 +103,7 @@ class InPlace:
         return State(m_new, l, o, st.n_rescales)
 
 
-def run_in_place(run: Run, tiles: Tiles, perm, scale_s: float, causal: bool, variant: str,
-                 trace: bool):
+def run_in_place(run: Run, tiles: Tiles, perm, scale_s: float, causal: bool, trace: bool):
     """The fast path over every head, a few at a time: each (batch, head) is independent,
     the GEMM shapes per head are unchanged, and a chunk holds about one L2's worth of
     logits per intra-op thread. Returns the final State and the trace (m, l) per chunk."""
@@ -131,7 +114,7 @@ def run_in_place(run: Run, tiles: Tiles, perm, scale_s: float, causal: bool, var
     for b0 in range(0, B, step):
         sub = tiles.heads(b0, b0 + step)
         path = InPlace(run, sub, perm[b0 : b0 + step] if perm.shape[0] > 1 else perm, scale_s,
-                       causal, variant)
+                       causal)
         st = State.initial(torch.zeros(*sub.q.shape[:3], sub.v.shape[-1], dtype=torch.float32))
         tr = [] if trace else None
         states.append(scan(run, st, tiles.n_kb, path.load, path.step, tr))

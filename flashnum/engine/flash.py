@@ -1,17 +1,16 @@
 """The blocked online softmax (the `flash` structure): tiles, key order, the loop, the result.
 
     from flashnum.engine.flash import flash
-    res = flash(q, k, v, policy, block_m=64, block_n=64, order="forward", variant="fa2",
-                causal=False, scale=0.125, rounding="nearest", seed=0, trace=False,
-                tau=8.0, beta=2.0, exp2_scale="once")
+    res = flash(q, k, v, policy, block_m=64, block_n=64, order="forward", variant=Lazy(tau=8.0),
+                causal=False, scale=0.125, rounding="nearest", seed=0, trace=False)
 
 Called by flashnum.engine.attention once its arguments are checked. For every query block
 (all at once, vectorised over batch, heads and query blocks) it visits the key blocks in
 the chosen order and runs one step of flashnum.engine.recurrence per key block, then
 divides o by l. The path is chosen once, before the loop: the readable steps
-(recurrence.STEPS), or their in-place equivalent (flashnum.engine.fast) when every
-large-tensor site is fp32, or all of it in one C loop where flashnum.engine.fused claims
-the call. Memory is O(Nq * block_n): no Nq x Nk matrix is formed.
+(recurrence.step_of the variant), or their in-place equivalent (flashnum.engine.fast) when
+every large-tensor site is fp32, or all of it in one C loop where flashnum.engine.fused
+claims the call. Memory is O(Nq * block_n): no Nq x Nk matrix is formed.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import torch
 from flashnum.engine.arith import Arith, carrier, wider
 from flashnum.engine.fast import in_place_ok, run_in_place
 from flashnum.engine.fused import fused_forward
-from flashnum.engine.recurrence import STEPS, Run, State, scan
+from flashnum.engine.recurrence import Run, State, scan, step_of
 from flashnum.engine.result import Result, Trace
 from flashnum.engine.tiles import (
     Tiles,
@@ -32,27 +31,28 @@ from flashnum.engine.tiles import (
     stored_inputs,
     tile_logits,
 )
+from flashnum.engine.variants import Variant
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.policy import Policy
 from flashnum.numerics.tiling import key_block_order, needs_block_max
 
 
-def flash(q, k, v, pol: Policy, *, block_m, block_n, order, variant, causal, scale, rounding,
-          seed, trace, tau, beta, exp2_scale="once") -> Result:
-    """Blocked online-softmax attention under `pol` (see the module docstring)."""
+def flash(q, k, v, pol: Policy, *, block_m, block_n, order, variant: Variant, causal, scale,
+          rounding, seed, trace) -> Result:
+    """Blocked online-softmax attention under `pol` (see the module docstring); `variant`
+    a flashnum.engine.variants.Variant."""
     ar = Arith(pol, rounding, seed, carrier(pol))
     q3, k3, v3 = stored_inputs(ar, q, k, v)
     tiles = Tiles.of(q3, k3, v3, block_m, block_n)
-    base2 = variant == "exp2"
-    run = Run(ar, base2=base2, tau=tau, beta=beta, f_diff=wider(pol.fmt("s"), pol.fmt("m")),
+    run = Run(ar, variant=variant, f_diff=wider(pol.fmt("s"), pol.fmt("m")),
               tall=not needs_block_max(order))
-    scale_s = scale_in_logits_format(ar, scale, base2, exp2_scale)
+    scale_s = scale_in_logits_format(ar, scale, variant.base2, variant.exp2_form)
     perm = _key_order(run, tiles, order, seed, scale_s, causal)
     fused = fused_forward(run, tiles, perm, scale_s, causal, variant, trace)
     if fused is not None:  # the same operations in one C loop (fused.claim decides)
         states, traces = fused
-    elif variant != "fa1" and in_place_ok(ar):
-        states, traces = run_in_place(run, tiles, perm, scale_s, causal, variant, trace)
+    elif not variant.normalised and in_place_ok(ar):
+        states, traces = run_in_place(run, tiles, perm, scale_s, causal, trace)
     else:
         def load(t):
             kb = perm[..., t]
@@ -61,8 +61,8 @@ def flash(q, k, v, pol: Policy, *, block_m, block_n, order, variant, causal, sca
 
         o = torch.zeros(*tiles.q.shape[:3], tiles.v.shape[-1], dtype=ar.dtype)
         traces = [[] if trace else None]
-        states = [scan(run, State.initial(o), tiles.n_kb, load, STEPS[variant], traces[0])]
-    return _result(run, states, traces, perm, variant, q.shape[:-2], tiles)
+        states = [scan(run, State.initial(o), tiles.n_kb, load, step_of(variant), traces[0])]
+    return _result(run, states, traces, perm, q.shape[:-2], tiles)
 
 
 def _key_order(run: Run, tiles: Tiles, order, seed: int, scale_s: float, causal: bool):
@@ -84,15 +84,15 @@ def _key_order(run: Run, tiles: Tiles, order, seed: int, scale_s: float, causal:
     return key_block_order(order, n_qb, n_kb, seed, bmax)
 
 
-def _result(run: Run, states, traces, perm, variant: str, lead, tiles: Tiles) -> Result:
+def _result(run: Run, states, traces, perm, lead, tiles: Tiles) -> Result:
     """out = o / l (fa1: o as it is), rounded into the output format; masked rows 0."""
     ar, nq = run.ar, tiles.nq
     m, l, o, n_rescales = (torch.cat([getattr(st, x) for st in states]) if len(states) > 1
                            else getattr(states[0], x) for x in ("m", "l", "o", "n_rescales"))
     B, n_qb, bm = m.shape
     masked = m == -math.inf  # +inf (an overflowed logit) is not masking: it shows as NaN
-    if variant == "fa1":
-        out = o  # already normalised at every step
+    if run.variant.normalised:
+        out = o  # already normalised at every step (fa1)
     else:
         l_safe = torch.where(l > 0, l, torch.ones_like(l))
         out = ar.site(o / l_safe[..., None], "div")

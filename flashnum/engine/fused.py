@@ -39,9 +39,11 @@ from flashnum.engine import native
 from flashnum.engine.fast import in_place_ok
 from flashnum.engine.recurrence import Run, State
 from flashnum.engine.tiles import Tiles, is_fp32
+from flashnum.engine.variants import Variant, variant_of
 from flashnum.numerics.tiling import visible_count
 
-VARIANTS = ("fa2", "exp2", "lazy")  # the variants whose step the C loop performs
+# the running-max rules the C loop performs (flashnum.engine.variants: fa2, exp2, lazy)
+MAX_RULES = ("max", "lazy")
 CASTS = {"fp32": 0, "bf16": 1, "fp16": 2}  # P casts it rounds itself (native.c)
 # torch's CPU capabilities whose float sum native.c repeats: 8-lane Vectorized<float> (the
 # AVX-512 build has no AVX-512 copy of the sum kernel and runs the AVX2 one; measured, and
@@ -117,13 +119,14 @@ def _agrees(rows: int, bm: int, bn: int, d: int, dv: int) -> bool:
             and torch.equal(pv, pv_small) and torch.equal(sums, s.sum(-1)))
 
 
-def claim(run: Run, tiles: Tiles, variant: str) -> str | None:
+def claim(run: Run, tiles: Tiles, variant: Variant | str) -> str | None:
     """None if the fused path runs this call bit-identically, else why it does not."""
-    ar = run.ar
+    ar, variant = run.ar, variant_of(variant)
     if not _enabled:
         return "disabled"
-    if variant not in VARIANTS:
-        return f"variant {variant}"
+    if (variant.max_rule not in MAX_RULES or variant.normalised or variant.reads_logits
+            or variant.floor(ar) is not None):
+        return f"variant {variant.name}"
     if not in_place_ok(ar) or not all(is_fp32(ar.fmt(x)) for x in ("qk_acc", "pv_acc")):
         return "a large-tensor site or a GEMM accumulator is not fp32"
     f_pc = ar.fmt("p_cast")
@@ -154,7 +157,7 @@ def _group(run: Run, tiles: Tiles) -> int:
 
 
 def fused_forward(run: Run, tiles: Tiles, perm: torch.Tensor, scale_s: float, causal: bool,
-                  variant: str, trace: bool):
+                  variant: Variant, trace: bool):
     """The final State and the trace, as fast.run_in_place returns them; None if `claim`
     declines the call (the caller takes the torch path)."""
     if claim(run, tiles, variant) is not None:
@@ -171,11 +174,12 @@ def fused_forward(run: Run, tiles: Tiles, perm: torch.Tensor, scale_s: float, ca
     o = torch.empty(B, n_qb, bm, dv)
     m_tr = torch.empty(n_kb, B, n_qb, bm) if trace else None
     l_tr = torch.empty_like(m_tr) if trace else None
-    tau = float(torch.tensor(run.tau, dtype=torch.float32))  # compared in fp32, as torch does
+    # compared in fp32, as torch does (any value where the rule is not lazy's: unread)
+    tau = float(torch.tensor(getattr(variant, "tau", 0.0), dtype=torch.float32))
     job = _Job(
         _sgemm(), q.data_ptr(), k.data_ptr(), v.data_ptr(), perm.data_ptr(), vis.data_ptr(),
         B, n_qb, bm, _group(run, tiles), n_kb, bn, d, dv, int(perm.shape[0] > 1),
-        scale_s, tau, int(variant == "lazy"), int(run.base2), CASTS[run.ar.fmt("p_cast").name],
+        scale_s, tau, int(variant.max_rule == "lazy"), int(run.base2), CASTS[run.ar.fmt("p_cast").name],
         int(run.ar.policy.l_from == "p_cast"), m.data_ptr(), l.data_ptr(), o.data_ptr(),
         m_tr.data_ptr() if trace else None, l_tr.data_ptr() if trace else None,
         n_resc.data_ptr())

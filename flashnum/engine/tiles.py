@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from flashnum.engine.arith import Arith, carrier, wider
+from flashnum.engine.variants import EXP2_SCALES, variant_of
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import EXACT, FORMATS
 from flashnum.numerics.policy import make_policy
@@ -90,7 +91,6 @@ def _round_input(ar: Arith, x: torch.Tensor, fin) -> torch.Tensor:
     return ar.rnd(x.to(torch.float64), fin, nearest=True).to(ar.dtype)
 
 
-EXP2_SCALES = ("once", "twice")  # how an exp2 kernel forms scale * log2(e) (exp2_scale)
 
 
 def exp2_scale(scale: float, form: str = "once") -> float:
@@ -174,7 +174,7 @@ def tile_logits(ar: Arith, tiles: Tiles, kb, scale_s: float, causal: bool, tall:
 
 
 def logits(q, k, *, precision="bf16", policy="fa2", block_m=64, block_n=64, causal=False,
-           scale=None, order="forward", variant="fa2", exp2_scale="once") -> torch.Tensor:
+           scale=None, order="forward", variant="fa2", exp2_scale=None) -> torch.Tensor:
     """The computed logits (..., Nq, Nk) exactly as the emulated flash recurrence forms them
     (same tiles, same roundings), masked entries -inf. Forms the whole Nq x Nk matrix:
     for checks (the invariant "final m is the row max of the computed logits"), not sweeps.
@@ -185,7 +185,8 @@ def logits(q, k, *, precision="bf16", policy="fa2", block_m=64, block_n=64, caus
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     q3, k3 = stored_inputs(ar, q, k)
     tiles = Tiles.of(q3, k3, k3, block_m, block_n)
-    scale_s = scale_in_logits_format(ar, scale, variant == "exp2", exp2_scale)
+    var = variant_of(variant, exp2_scale=exp2_scale)
+    scale_s = scale_in_logits_format(ar, scale, var.base2, var.exp2_form)
     tall = not needs_block_max(order)
     cols = [tile_logits(ar, tiles, torch.full((1, tiles.n_qb), j), scale_s, causal, tall)
             for j in range(tiles.n_kb)]

@@ -64,6 +64,7 @@ import torch
 from flashnum.engine.arith import Arith
 from flashnum.engine.flash import flash
 from flashnum.engine.result import Result
+from flashnum.engine.variants import Exp2
 from flashnum.numerics.formats import FORMATS
 from flashnum.numerics.policy import make_policy
 from flashnum.numerics.tiling import visible
@@ -111,9 +112,8 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None,
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     causal = check(q, k, precision, scale, causal)
     res = flash(q, k, v, make_policy("fa2", "fp16"), block_m=BLOCK_M, block_n=BLOCK_N,
-                order="forward", variant="exp2", causal=causal, scale=scale,
-                rounding="nearest", seed=0, trace=False, tau=8.0, beta=2.0,
-                exp2_scale="twice")
+                order="forward", variant=Exp2(exp2_scale="twice"), causal=causal,
+                scale=scale, rounding="nearest", seed=0, trace=False)
     # epilogue, L243: m_i += log2(l_i) in fp32 (m, l in log2 units, fp32 values)
     m32, l32 = res.m.to(torch.float32), res.l.to(torch.float32)
     M = m32 + torch.log2(l32.double()).float()

@@ -18,7 +18,8 @@ the valid choices.
     distribution  name and params, one of flashnum.inputs.distributions.DISTRIBUTIONS;
                 path, call, head_ids, rows: shorthands for params.* (distribution=captured)
     shape       batch heads seq_len_q seq_len_k (null: seq_len_q) head_dim
-    variant     fa2 fa1 exp2 lazy (tau) qiu_yao qiu_yao_released (beta); rounding nearest
+    variant     a name of flashnum.engine.variants.VARIANTS, with tau and beta its
+                parameters where it takes them (lazy tau, qiu_yao beta); rounding nearest
                 stochastic
     num_splits, split_precision   split-KV decoding: the keys in num_splits chunks, each
                 chunk's partial (o, lse) stored in split_precision, merged in fp32

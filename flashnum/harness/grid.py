@@ -28,12 +28,12 @@ a different case.
         distribution: [gaussian, {name: late_max, params: {gap: 8.0}}]
 
 Canonical form (so that one computation has one case_id): axes that cannot
-change the result are set to fixed values: tau unless variant is lazy, beta
-unless qiu_yao, mp_bits unless the backend is mp, split_precision unless
-num_splits > 1, the tiling of standard attention on the emulator (policy naive:
-no blocks, so block_m, block_n and order take the config's defaults), the policy
-of precision mp (the mp recurrence has none: "exact"). seq_len_k null means
-seq_len_q; `seq_len` sets both.
+change the result are set to fixed values: tau and beta unless the variant takes
+them (its fields in flashnum.engine.variants: lazy tau, qiu_yao beta), mp_bits unless
+the backend is mp, split_precision unless num_splits > 1, the tiling of standard
+attention on the emulator (policy naive: no blocks, so block_m, block_n and order take
+the config's defaults), the policy of precision mp (the mp recurrence has none:
+"exact"). seq_len_k null means seq_len_q; `seq_len` sets both.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from flashnum.engine.variants import PARAMS as VARIANT_PARAMS
+from flashnum.engine.variants import VARIANTS as VARIANT_CLASSES
 from flashnum.harness.config import base_case, check_case, plain
 from flashnum.harness.paths import CONF  # conf/ of the checkout, flashnum/conf/ when installed
 from flashnum.inputs.distributions import captured_case, params
@@ -174,10 +176,9 @@ def canonical(d: dict, base: dict, conf_dir: Path = CONF, search: dict | None = 
         d.update(shape, causal=bool(d["causal"] or shape["causal"]))
     if d["seq_len_k"] is None:
         d["seq_len_k"] = d["seq_len_q"]
-    if d["variant"] != "lazy":
-        d["tau"] = 8.0
-    if d["variant"] not in ("qiu_yao", "qiu_yao_released"):
-        d["beta"] = 2.0
+    for name in _FLOAT:  # a parameter the variant does not take: its fixed value
+        if name not in VARIANT_CLASSES[d["variant"]].params():
+            d[name] = VARIANT_PARAMS[name]
     if d["precision"] == "mp":  # every operation at mp_bits: what `uniform` names
         d["backend"], d["policy"], d["policy_sites"] = "mp", "uniform", {}
     if d["backend"] != "mp":
