@@ -98,7 +98,7 @@ from flashnum.engine.tiles import exp2_scale as exp2_scale_of
 from flashnum.engine.variants import Variant, supporting, variant_of
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import get_format
-from flashnum.numerics.policy import Policy, make_policy
+from flashnum.numerics.policy import Policy, check_sites, make_policy
 from flashnum.numerics.tiling import (
     causal_visible,
     check_block,
@@ -121,6 +121,11 @@ PRECISIONS = ("ieee", "tf32", "tf32x3")
 IN_FORMATS = ("fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2")
 OUT_FORMATS = ("fp16", "bf16", "fp32")
 FP8 = ("fp8_e4m3", "fp8_e5m2")
+# the formats the kernel rounds each site into (the softmax state lives in registers as fp32;
+# a site not named here, p_cast, is any format that widens exactly into the inputs')
+KERNEL_SITES = {"inputs": IN_FORMATS, "qk_acc": ("fp32", "tf32"),
+                **{site: ("fp32",) for site in ("s", "m", "p")}, "pv_acc": ("fp32", "tf32"),
+                **{site: ("fp32",) for site in ("l_acc", "l", "o", "div")}, "out": OUT_FORMATS}
 # inputs format -> the formats P may be cast to: their numbers widen exactly into the
 # inputs' dtype, in which the P @ V dot runs
 _EXACT_INTO = {
@@ -325,27 +330,15 @@ if INTERPRET and not _interpreted(_tl_standard._sum_combine):
 
 def _kernel_spec(pol: Policy, input_precision: str | None):
     """Map a Policy to the kernel's constexprs, or say what the kernel implements."""
-    fp32_sites = ("s", "m", "p", "l_acc", "l", "o", "div")
-    bad = []
     if pol.structure != "flash":
-        bad.append(f"structure={pol.structure!r}")
-    if pol.inputs not in IN_FORMATS:
-        bad.append(f"inputs={pol.inputs!r}")
-    bad += [f"{s}={getattr(pol, s)!r}" for s in fp32_sites if getattr(pol, s) != "fp32"]
-    bad += [f"{s}={getattr(pol, s)!r}" for s in ("qk_acc", "pv_acc")
-            if getattr(pol, s) not in ("fp32", "tf32")]
-    if pol.out not in OUT_FORMATS:
-        bad.append(f"out={pol.out!r}")
+        raise ValueError(f"policy {pol.name!r} cannot run on the triton kernel (structure="
+                         f"{pol.structure!r}); it implements structure='flash'")
+    check_sites(pol, KERNEL_SITES, "the triton kernel")  # the sites' formats, in one place
     if pol.inputs in _EXACT_INTO and pol.p_cast not in _EXACT_INTO[pol.inputs]:
-        bad.append(f"p_cast={pol.p_cast!r} with inputs={pol.inputs!r}")
-    if bad:
         raise ValueError(
-            f"policy {pol.name!r} cannot run on the triton kernel ({', '.join(bad)}). The kernel "
-            "implements structure='flash' with fp32 s, m, p, l_acc, l, o, div; inputs "
-            f"{'/'.join(IN_FORMATS)}; qk_acc, pv_acc fp32 or tf32; p_cast a format whose numbers "
-            f"widen exactly into the inputs'; out {'/'.join(OUT_FORMATS)}: the presets fa2 in "
-            "fp16, bf16, fp32, tf32 (fp8 on a GPU)"
-        )
+            f"policy {pol.name!r} cannot run on the triton kernel (p_cast={pol.p_cast!r} with "
+            f"inputs={pol.inputs!r}); it implements a p_cast whose numbers widen exactly into "
+            "the inputs': the presets fa2 in fp16, bf16, fp32, tf32 (fp8 on a GPU)")
     if input_precision is not None and input_precision not in PRECISIONS:
         raise ValueError(
             f"unknown input_precision {input_precision!r}; valid: {', '.join(PRECISIONS)}, or "

@@ -76,7 +76,6 @@ from flashnum.numerics.blockscaled import transform_inputs
 from flashnum.numerics.policy import POLICIES, Policy, make_policy
 
 
-
 def _warn_overflow(pol: Policy, **xs: torch.Tensor) -> bool:
     """Warn when finite inputs overflow the inputs format when stored (their rows come
     out non-finite, or saturated), naming how many values of which input."""

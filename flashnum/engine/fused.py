@@ -179,8 +179,9 @@ def fused_forward(run: Run, tiles: Tiles, perm: torch.Tensor, scale_s: float, ca
     job = _Job(
         _sgemm(), q.data_ptr(), k.data_ptr(), v.data_ptr(), perm.data_ptr(), vis.data_ptr(),
         B, n_qb, bm, _group(run, tiles), n_kb, bn, d, dv, int(perm.shape[0] > 1),
-        scale_s, tau, int(variant.max_rule == "lazy"), int(run.base2), CASTS[run.ar.fmt("p_cast").name],
-        int(run.ar.policy.l_from == "p_cast"), m.data_ptr(), l.data_ptr(), o.data_ptr(),
+        scale_s, tau, int(variant.max_rule == "lazy"), int(run.base2),
+        CASTS[run.ar.fmt("p_cast").name], int(run.ar.policy.l_from == "p_cast"),
+        m.data_ptr(), l.data_ptr(), o.data_ptr(),
         m_tr.data_ptr() if trace else None, l_tr.data_ptr() if trace else None,
         n_resc.data_ptr())
     native.library().fn_fused_forward(ctypes.byref(job), torch.get_num_threads())

@@ -5,24 +5,10 @@ format (a name from `flashnum.numerics.formats`). The engine rounds at exactly t
 places and nowhere else; everything between two sites is computed in the
 float64 carrier (or, for fp32 accumulations, in real fp32 arithmetic).
 
-Sites, in the order the data flows (the FA2 recurrence, Dao 2023):
+Sites, in the order the data flows (the FA2 recurrence, Dao 2023), as FORWARD_SITES below
+declares them (the one declaration: Policy's fields, the presets and this list follow it):
 
-    inputs   Q, K, V as stored in memory
-    qk_acc   accumulation of the dot S = Q K^T ('tf32': operands rounded to tf32,
-             products summed in fp32, as tensor cores do)
-    s        logits: the scaled dot scale * QK^T, and s - m before the exponential
-    m        running row max m_i (max is exact; rounding matters only when m is
-             narrower than s)
-    p        exponentials P = exp(s - m) and the rescale alpha = exp(m_old - m_new)
-    p_cast   P as it enters P @ V (FA2 casts P to the input dtype here)
-    pv_acc   accumulation of the dot P @ V
-    l_acc    accumulation of the block row sum rowsum(P)
-    l        the running normaliser l_i = l_{i-1} alpha + rowsum(P), and each block's
-             rowsum(P) as stored before it is added
-    o        the accumulator o_i = o_{i-1} alpha + P V, and each block's P V tile as
-             stored before it is added
-    div      the final division o / l
-    out      the output as stored
+{sites}
 
 `l_from` says whether l sums P as computed (FA2, Triton: "p") or the P that
 enters P @ V ("p_cast"), so that l and P @ V see the same P.
@@ -60,37 +46,85 @@ output is bf16 (FlashAttention-3's fp8 forward writes bf16).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+import textwrap
+from collections.abc import Collection, Mapping
+from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 
 from flashnum.numerics.formats import FORMAT_NAMES, PRECISIONS, get_format
 
-SITES = (
-    "inputs", "qk_acc", "s", "m", "p", "p_cast", "pv_acc", "l_acc", "l", "o", "div", "out",
+
+@dataclass(frozen=True)
+class Site:
+    """One place where attention rounds a value: its name, what it holds, and its format in
+    the presets fa2, naive and lowp as a role: "x" the precision's tensors, "dot" the dots'
+    accumulator, "wide" the softmax state (fp32; fp64 in fp64), "out" the output format,
+    "fwd" (backward sites) the forward policy's format at the site of the same name."""
+
+    name: str
+    holds: str
+    fa2: str
+    naive: str
+    lowp: str
+
+
+# The forward's sites, the one declaration of them: Policy's fields (in this order), the
+# presets (make_policy), the list in this module's docstring and docs/architecture.md's
+# (tests/test_sites.py) all come from it. A new site is a line here, its rounding where
+# the engine computes the value (flashnum.engine.recurrence), its term in the bound.
+FORWARD_SITES = (
+    Site("inputs", "Q, K, V as stored in memory", "x", "x", "x"),
+    Site("qk_acc", "accumulation of the dot S = Q K^T ('tf32': operands rounded to tf32, "
+         "products summed in fp32, as tensor cores do)", "dot", "dot", "dot"),
+    Site("s", "logits: the scaled dot scale * QK^T, and s - m before the exponential",
+         "wide", "x", "x"),
+    Site("m", "running row max m_i (max is exact; rounding matters only when m is narrower "
+         "than s)", "wide", "wide", "x"),
+    Site("p", "exponentials P = exp(s - m) and the rescale alpha = exp(m_old - m_new)",
+         "wide", "wide", "x"),
+    Site("p_cast", "P as it enters P @ V (FA2 casts P to the input dtype here)", "x", "x", "x"),
+    Site("pv_acc", "accumulation of the dot P @ V", "dot", "dot", "dot"),
+    Site("l_acc", "accumulation of the block row sum rowsum(P)", "wide", "wide", "wide"),
+    Site("l", "the running normaliser l_i = l_{i-1} alpha + rowsum(P), and each block's "
+         "rowsum(P) as stored before it is added", "wide", "wide", "x"),
+    Site("o", "the accumulator o_i = o_{i-1} alpha + P V, and each block's P V tile as "
+         "stored before it is added", "wide", "wide", "x"),
+    Site("div", "the final division o / l", "wide", "wide", "x"),
+    Site("out", "the output as stored", "out", "out", "out"),
 )
+SITES = tuple(site.name for site in FORWARD_SITES)
 STRUCTURES = ("flash", "standard")
 PRESETS = ("fa2", "naive", "lowp", "exact")
 POLICIES = PRESETS + ("uniform",)  # every policy name make_policy (and the config) accepts
 
 
-@dataclass(frozen=True)
-class Policy:
-    """A format name for every site. `Policy(**{site: 'bf16', ...})`; see SITES."""
+def site_list(sites=FORWARD_SITES, indent: int = 4) -> str:
+    """The declared sites as a list: `name  what it holds`, wrapped at 88 columns."""
+    pad = " " * indent
+    return "\n".join(textwrap.fill(f"{x.name:8s} {x.holds}", 88, initial_indent=pad,
+                                    subsequent_indent=pad + " " * 9) for x in sites)
 
-    inputs: str = "exact"
-    qk_acc: str = "exact"
-    s: str = "exact"
-    m: str = "exact"
-    p: str = "exact"
-    p_cast: str = "exact"
-    pv_acc: str = "exact"
-    l_acc: str = "exact"
-    l: str = "exact"
-    o: str = "exact"
-    div: str = "exact"
-    out: str = "exact"
-    structure: str = "flash"
-    l_from: str = "p"  # l sums P as computed ("p", FA2/Triton) or as cast ("p_cast")
-    name: str = "custom"
+
+def check_sites(pol, supported: Mapping[str, Collection[str]], where: str) -> None:
+    """The one refusal of a path that rounds some sites only into some formats: `supported`
+    maps a site to the formats the path implements there (a site not named: any format).
+    Raises one ValueError naming every site it cannot honour and what it can."""
+    bad = [f"{site}={getattr(pol, site)!r}" for site, ok in supported.items()
+           if getattr(pol, site) not in ok]
+    if bad:
+        can = "; ".join(f"{site} {'/'.join(ok)}" for site, ok in supported.items())
+        raise ValueError(f"policy {pol.name!r} cannot run on {where} ({', '.join(bad)}); "
+                         f"it implements {can}")
+
+
+def _policy_fields(sites, extra) -> list:
+    """The dataclass fields of a policy: one format name per declared site ("exact" by
+    default), then `extra` (name, type, default)."""
+    return [(x.name, str, field(default="exact")) for x in sites] + [
+        (n, t, field(default=d)) for n, t, d in extra]
+
+
+class _PolicyRules:
+    """What a Policy does with its fields (the fields come from FORWARD_SITES)."""
 
     def __post_init__(self):
         for site in SITES:
@@ -131,6 +165,17 @@ class Policy:
 
     def asdict(self) -> dict:
         return asdict(self)
+
+
+Policy = make_dataclass(
+    "Policy", _policy_fields(FORWARD_SITES, [
+        ("structure", str, "flash"),
+        ("l_from", str, "p"),  # l sums P as computed ("p", FA2/Triton) or as cast ("p_cast")
+        ("name", str, "custom")]),
+    bases=(_PolicyRules,), frozen=True)
+Policy.__module__ = __name__
+Policy.__doc__ = ("A format name for every site (FORWARD_SITES), the structure, l_from and a "
+                  "name. `Policy(**{site: 'bf16', ...})`.")
 
 
 def is_pbits(precision) -> bool:
@@ -178,87 +223,58 @@ def _preset(name: str, precision: str) -> Policy:
     wide = "fp64" if precision == "fp64" else "fp32"  # fp32 softmax state, fp64 in fp64
     if name == "exact":
         return Policy(name="exact")
-    if name == "fa2":
-        return Policy(
-            inputs=x, qk_acc=dot, s=wide, m=wide, p=wide, p_cast=x, pv_acc=dot,
-            l_acc=wide, l=wide, o=wide, div=wide, out=out, name="fa2",
-        )
-    if name == "naive":
-        return Policy(
-            inputs=x, qk_acc=dot, s=x, m=wide, p=wide, p_cast=x, pv_acc=dot,
-            l_acc=wide, l=wide, o=wide, div=wide, out=out, structure="standard",
-            name="naive",
-        )
-    # lowp: reductions accumulate in fp32, every stored value is in the dtype
-    return Policy(
-        inputs=x, qk_acc=dot, s=x, m=x, p=x, p_cast=x, pv_acc=dot,
-        l_acc=wide, l=x, o=x, div=x, out=out, name="lowp",
-    )
+    # each site's role in the preset (FORWARD_SITES); lowp: reductions accumulate in fp32,
+    # every stored value is in the dtype; naive: the standard structure
+    role = dict(x=x, dot=dot, wide=wide, out=out)
+    return Policy(**{site.name: role[getattr(site, name)] for site in FORWARD_SITES},
+                  name=name, **({"structure": "standard"} if name == "naive" else {}))
 
 
 # ---------------------------------------------------------------------------
 # the backward pass (FlashAttention-2, Dao 2023, Algorithm 2)
 #
-# Sites of the backward, in the order the data flows (flashnum.engine.backward):
-#
-#     lse      the stored log-sum-exp of each row, L = m + log l (P = exp(S - L))
-#     do       dO as stored in memory
-#     qk_acc   accumulation of the recomputed S = Q K^T
-#     s        the recomputed logits scale * QK^T, and S - L before the exponential
-#     p        the recomputed P = exp(S - L)
-#     p_cast   P as it enters P^T dO (FA2 and the Triton tutorial cast it to the
-#              input dtype)
-#     dv_acc   accumulation of a tile's P^T dO
-#     dv       the dV accumulator across query blocks (each tile stored before it is added)
-#     dp_acc   accumulation of dP = dO V^T
-#     dp       dP as stored (autograd stores it in the dtype; kernels keep fp32)
-#     delta    D = rowsum(dO * O) (flash) or rowsum(P * dP) (autograd's softmax backward),
-#              summed in fp32 or wider, stored in this format
-#     ds       dS = P * (dP - D): the difference and the product
-#     ds_cast  dS as it enters the dS^T Q and dS K GEMMs (the input dtype in FA2); in the
-#              standard structure also dS * scale (autograd's backward of the scaling)
-#     dk_acc   accumulation of a tile's dS^T Q
-#     dk       the dK accumulator across query blocks, and dK * scale
-#     dq_acc   accumulation of a tile's dS K
-#     dq       the dQ accumulator across key blocks (atomic adds in flash-attn), and dQ * scale
-#     out      dQ, dK, dV as stored (the output format)
+# Sites of the backward, in the order the data flows (flashnum.engine.backward): BWD_SITES
+# below, the one declaration (BackwardPolicy's fields, the backward presets).
 #
 # `structure` "flash": Algorithm 2 (P recomputed from the stored LSE, D from dO and O,
 # scale applied to the fp32 accumulators at the end); "standard": autograd of
 # softmax(scale Q K^T) V (P is the forward's stored softmax output, computed with
 # the forward policy's sites; lse, qk_acc, s, p, p_cast of this policy are then unused).
 
-BWD_SITES = (
-    "lse", "do", "qk_acc", "s", "p", "p_cast", "dv_acc", "dv", "dp_acc", "dp", "delta",
-    "ds", "ds_cast", "dk_acc", "dk", "dq_acc", "dq", "out",
+BACKWARD_SITES = (
+    Site("lse", "the stored log-sum-exp of each row, L = m + log l (P = exp(S - L))",
+         "wide", "wide", "x"),
+    Site("do", "dO as stored in memory", "x", "x", "x"),
+    Site("qk_acc", "accumulation of the recomputed S = Q K^T", "dot", "dot", "dot"),
+    Site("s", "the recomputed logits scale * QK^T, and S - L before the exponential",
+         "wide", "fwd", "x"),
+    Site("p", "the recomputed P = exp(S - L)", "wide", "fwd", "x"),
+    Site("p_cast", "P as it enters P^T dO (FA2 and the Triton tutorial cast it to the input "
+         "dtype)", "x", "fwd", "x"),
+    Site("dv_acc", "accumulation of a tile's P^T dO", "dot", "dot", "dot"),
+    Site("dv", "the dV accumulator across query blocks (each tile stored before it is added)",
+         "wide", "wide", "x"),
+    Site("dp_acc", "accumulation of dP = dO V^T", "dot", "dot", "dot"),
+    Site("dp", "dP as stored (autograd stores it in the dtype; kernels keep fp32)",
+         "wide", "x", "x"),
+    Site("delta", "D = rowsum(dO * O) (flash) or rowsum(P * dP) (autograd's softmax "
+         "backward), summed in fp32 or wider, stored in this format", "wide", "wide", "x"),
+    Site("ds", "dS = P * (dP - D): the difference and the product", "wide", "wide", "x"),
+    Site("ds_cast", "dS as it enters the dS^T Q and dS K GEMMs (the input dtype in FA2); in "
+         "the standard structure also dS * scale (autograd's backward of the scaling)",
+         "x", "x", "x"),
+    Site("dk_acc", "accumulation of a tile's dS^T Q", "dot", "dot", "dot"),
+    Site("dk", "the dK accumulator across query blocks, and dK * scale", "wide", "wide", "x"),
+    Site("dq_acc", "accumulation of a tile's dS K", "dot", "dot", "dot"),
+    Site("dq", "the dQ accumulator across key blocks (atomic adds in flash-attn), and "
+         "dQ * scale", "wide", "wide", "x"),
+    Site("out", "dQ, dK, dV as stored (the output format)", "out", "out", "out"),
 )
+BWD_SITES = tuple(site.name for site in BACKWARD_SITES)
 
 
-@dataclass(frozen=True)
-class BackwardPolicy:
-    """A format for every backward site (BWD_SITES) and the forward policy it follows."""
-
-    lse: str = "exact"
-    do: str = "exact"
-    qk_acc: str = "exact"
-    s: str = "exact"
-    p: str = "exact"
-    p_cast: str = "exact"
-    dv_acc: str = "exact"
-    dv: str = "exact"
-    dp_acc: str = "exact"
-    dp: str = "exact"
-    delta: str = "exact"
-    ds: str = "exact"
-    ds_cast: str = "exact"
-    dk_acc: str = "exact"
-    dk: str = "exact"
-    dq_acc: str = "exact"
-    dq: str = "exact"
-    out: str = "exact"
-    structure: str = "flash"
-    forward: Policy = Policy(name="exact")
-    name: str = "custom"
+class _BackwardRules:
+    """What a BackwardPolicy does with its fields (the fields come from BACKWARD_SITES)."""
 
     def __post_init__(self):
         for site in BWD_SITES:
@@ -300,6 +316,16 @@ class BackwardPolicy:
         return d
 
 
+BackwardPolicy = make_dataclass(
+    "BackwardPolicy", _policy_fields(BACKWARD_SITES, [
+        ("structure", str, "flash"), ("forward", Policy, Policy(name="exact")),
+        ("name", str, "custom")]),
+    bases=(_BackwardRules,), frozen=True)
+BackwardPolicy.__module__ = __name__
+BackwardPolicy.__doc__ = ("A format for every backward site (BACKWARD_SITES) and the forward "
+                          "policy it follows.")
+
+
 def make_backward_policy(name: str | BackwardPolicy, precision: str = "bf16") -> BackwardPolicy:
     """The backward preset `name` ('fa2', 'naive', 'lowp', 'exact') in `precision`; its
     forward is make_policy(name, precision). See flashnum.engine.backward for what each models."""
@@ -310,21 +336,13 @@ def make_backward_policy(name: str | BackwardPolicy, precision: str = "bf16") ->
     fwd = make_policy(name, precision)  # validates the precision
     if name == "exact":
         return BackwardPolicy(forward=fwd, name="exact")
-    x, out = fwd.inputs, fwd.out
-    dot, wide = fwd.qk_acc, fwd.l  # fp32 (fp64 in fp64) in fa2 and naive
-    kw = dict(do=x, qk_acc=dot, dv_acc=dot, dp_acc=dot, dk_acc=dot, dq_acc=dot, out=out,
-              forward=fwd, name=name)
-    if name == "fa2":
-        return BackwardPolicy(
-            lse=wide, s=wide, p=wide, p_cast=x, dv=wide, dp=wide, delta=wide, ds=wide,
-            ds_cast=x, dk=wide, dq=wide, **kw,
-        )
-    if name == "naive":
-        return BackwardPolicy(
-            lse=wide, s=fwd.s, p=fwd.p, p_cast=fwd.p_cast, dv=wide, dp=x, delta=wide, ds=wide,
-            ds_cast=x, dk=wide, dq=wide, structure="standard", **kw,
-        )
+    # each site's role (BACKWARD_SITES): wide is fp32 (fp64 in fp64) in fa2 and naive;
     # lowp: every stored value and every accumulator across blocks in the dtype
+    role = dict(x=fwd.inputs, out=fwd.out, dot=fwd.qk_acc, wide=fwd.l)
     return BackwardPolicy(
-        lse=x, s=x, p=x, p_cast=x, dv=x, dp=x, delta=x, ds=x, ds_cast=x, dk=x, dq=x, **kw,
-    )
+        **{x.name: role[r] if r != "fwd" else getattr(fwd, x.name)
+           for x in BACKWARD_SITES for r in (getattr(x, name),)},
+        forward=fwd, name=name, **({"structure": "standard"} if name == "naive" else {}))
+
+
+__doc__ = __doc__.replace("{sites}", site_list(FORWARD_SITES))
