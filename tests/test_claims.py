@@ -840,7 +840,7 @@ def qiu_yao_agreement_docs():
             f"bit for bit on >= {pct_floor(low)} of the elements in every case"]
 
 
-# -- docs/reproductions.md: sections 5-8 (flashnum.reproduce.lowprec) --------------------
+# -- docs/reproductions.md: sections 5-8 (fa4_offset, pcast_collapse, mx_formats, splitkv) --
 
 def ceil_to(x, digits):
     """0.091 style for an 'at most' claim: rounded up, so the text never understates."""

@@ -151,10 +151,10 @@ def test_a_scaled_cast_is_a_format_name():
 
 
 def test_the_fp8_offset_table_flags_saturation_where_the_budget_is_broken():
-    from flashnum.reproduce import lowprec
+    from flashnum.reproduce import fa4_offset
 
-    df = lowprec.fp8_offset(quick=True)
-    n = lowprec.OFFSET_SIZES["quick"]["n"]
+    df = fa4_offset.fp8_offset(quick=True)
+    n = fa4_offset.OFFSET_SIZES["quick"]["n"]
     u = df["format"].map(lambda f: get_format(f).u)
     # budget kept: P in o off by a factor 1 +- u, or by 2^-10 / 2^offset absolute in e4m3's
     # subnormals, over l >= 1: |out - exact| <= (u + n 2^-(10 + offset)) max|v|
@@ -167,9 +167,9 @@ def test_the_fp8_offset_table_flags_saturation_where_the_budget_is_broken():
 
 
 def test_the_pcast_table_collapses_past_the_predicted_threshold_and_not_before():
-    from flashnum.reproduce import lowprec
+    from flashnum.reproduce import pcast_collapse
 
-    df = lowprec.pcast_threshold(quick=True)
+    df = pcast_collapse.pcast_threshold(quick=True)
     fwd = df[df["order"] == "forward"]
     past = fwd["delta"] > fwd["delta_all"]  # spread 0: every non-sink P flushed past it
     assert (fwd.loc[past, "rel_err"] > 0.999).all()

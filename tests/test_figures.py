@@ -231,7 +231,7 @@ def synthetic_tree(root: Path, skip=()) -> Path:
         for i, (pol, sd, n) in enumerate((pol, sd, n) for pol in ("fa2", "naive", "lowp")
                                           for sd in range(2) for n in (128, 256, 512))
     ]
-    # the low-precision measurements (flashnum.reproduce.lowprec; values made up)
+    # the low-precision measurements (flashnum.reproduce.fa4_offset ...; values made up)
     t["repro_pcast_threshold"] = [
         dict(experiment="repro_pcast_threshold", case_id=f"t{i}", spread=0.0, delta=dl,
              p_scale=sc, order=o, rel_err=1.0 if dl > 6.93 + math.log(sc) else 0.01,

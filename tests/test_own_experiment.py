@@ -121,3 +121,10 @@ def test_every_stored_table_is_an_experiment_that_flashnum_run_names():
 
     stored = sorted(p.name for p in (REPO / "experiments").iterdir() if p.is_dir())
     assert stored and [n for n in stored if experiments.find(n) is None] == []
+
+
+def test_the_runner_names_every_reproduction_the_registry_holds():
+    from flashnum import reproduce
+    from flashnum.harness import experiments
+
+    assert experiments.REPRODUCTIONS == reproduce.REPRODUCTIONS

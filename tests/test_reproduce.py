@@ -2,7 +2,7 @@
 findings that are robust there still hold, by margins of measured standard errors.
 
 Every comparison of two errors demands a gap of at least 3 standard errors, where the
-standard error comes from the spread over independent heads (flashnum.reproduce._errors).
+standard error comes from the spread over independent heads (flashnum.reproduce.measure.errors).
 """
 
 import math

@@ -1,0 +1,90 @@
+"""What every reproduction measures with: the fp64 references, the errors with their
+standard errors over independent heads, ratios and the match factor."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from flashnum.analysis.metrics import max_abs_err, signed_err
+from flashnum.numerics.formats import FORMATS
+from flashnum.numerics.policy import SITES, Policy
+from flashnum.reference import plain64
+
+E4M3 = FORMATS["fp8_e4m3"]
+LN2 = math.log(2.0)
+
+
+def softmax64(q, k, v, scale: float) -> torch.Tensor:
+    q, k, v = (x.to(torch.float64) for x in (q, k, v))
+    s = q @ k.transpose(-1, -2) * scale
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    return p @ v / p.sum(-1, keepdim=True)
+
+
+
+
+# ---------------------------------------------------------------------------
+# shared pieces: the fp64 reference (scaled casts, quantization and rotation live in
+# flashnum.numerics.blockscaled)
+
+
+def reference64(q, k, v, scale: float) -> torch.Tensor:
+    """softmax(scale Q K^T) V in float64, max-shifted (FA3's "attention in FP64")."""
+    return plain64(q, k, v, scale=scale)
+
+
+def uniform(precision: str) -> Policy:
+    """Every site in `precision`, dot accumulations included (the textbook model)."""
+    return Policy(**{s: precision for s in SITES}, name="uniform")
+
+
+def head_rmse(out, ref) -> tuple[float, float]:
+    """RMSE over all entries and its standard error from the spread of per-head MSEs.
+
+    Heads are independent draws of Q, K, V, so the per-head MSEs are i.i.d.; the delta
+    method turns se(MSE) into se(RMSE) = se(MSE) / (2 RMSE).
+    """
+    e2 = (out - ref).pow(2)
+    per_head = e2.mean(dim=(-1, -2)).reshape(-1)
+    mse = float(per_head.mean())
+    n = per_head.numel()
+    se_mse = float(per_head.std(correction=1)) / math.sqrt(n) if n > 1 else math.nan
+    r = math.sqrt(mse)
+    return r, (se_mse / (2 * r) if r > 0 else 0.0)
+
+
+def head_mean_z(x: torch.Tensor) -> tuple[float, float, float]:
+    """Mean of per-head values x (..., heads), its standard error over heads, and the z-score.
+
+    The heads of one draw are independent (own Q, K, V), the rows and columns of one head
+    are not (they share K and V), so the honest sample is one number per head.
+    """
+    x = x.reshape(-1).to(torch.float64)
+    mean = float(x.mean())
+    se = float(x.std(correction=1)) / math.sqrt(x.numel()) if x.numel() > 1 else math.nan
+    z = mean / se if se > 0 else (0.0 if mean == 0 else math.copysign(math.inf, mean))
+    return mean, se, z
+
+
+def errors(out, ref) -> dict:
+    """The measures every reproduction reports, with standard errors over heads."""
+    e = out - ref
+    r, r_se = head_rmse(out, ref)
+    _, mse_se, _ = head_mean_z(e.pow(2).mean(dim=(-1, -2)))
+    mean, se, z = head_mean_z(e.mean(dim=(-1, -2)))
+    return dict(max_abs_err=max_abs_err(out, ref), rmse=r, rmse_se=r_se, mse=r * r,
+                mse_se=mse_se, mean_signed_err=mean, signed_err_se=se, z_heads=z,
+                z_entries=signed_err(out, ref)["signed_err_z"])
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else (math.nan if a == 0 else math.inf)
+
+
+def match_factor(ours, published) -> float:
+    """exp of the RMS of log(ours / published): 1 is a perfect match, 2 is 'off by ~2x'."""
+    r = np.log(np.asarray(ours, dtype=float) / np.asarray(published, dtype=float))
+    return float(np.exp(np.sqrt(np.mean(r**2))))
