@@ -35,6 +35,17 @@ def test_a_missing_table_names_the_folder_and_the_command(tmp_path):
         store.load(tmp_path / "nothing_here")
 
 
+def test_a_missing_table_is_reported_at_once_not_retried_as_a_race(tmp_path, monkeypatch):
+    # a FileNotFoundError from a compaction's race is read again; "no table at all" is not
+    # (the figures ask for thirty missing tables in a fresh folder)
+    listed = []
+    files = store._files
+    monkeypatch.setattr(store, "_files", lambda d: listed.append(d) or files(d))
+    with pytest.raises(FileNotFoundError):
+        store.load("nothing_here", root=tmp_path)
+    assert len(listed) == 1
+
+
 def test_later_rows_of_a_case_win_and_no_case_appears_twice(tmp_path):
     store.write_part(tmp_path, rows(["a", "b"], 1.0))
     store.write_part(tmp_path, rows(["b"], 2.0))  # b computed again (recompute=true)

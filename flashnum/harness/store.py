@@ -158,6 +158,8 @@ def _again(read, attempts: int = 60):
     for attempt in range(attempts):
         try:
             return read()
+        except NoResults:
+            raise  # no table at all: nothing a retry can find
         except FileNotFoundError:
             if attempt == attempts - 1:
                 raise
