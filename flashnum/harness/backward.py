@@ -1,11 +1,13 @@
 """Backward-pass experiments: grids of emulated backward cases, stored like the forward's.
 
-    python -m flashnum.harness.backward bwd_bf16_sweep          # conf/experiment/<name>.yaml
-    python -m flashnum.harness.backward bwd_order limit=20      # the first 20 cases only
-    python -m flashnum.harness.backward bwd_order summary=true  # the stored table, summarised
-    python -m flashnum.harness.backward bwd_seqlen_growth where=precision:fp16  # a subset
-    python -m flashnum.harness.backward bwd_seqlen_growth n_jobs=2  # on two processes
-    (key=value options, flashnum.harness.cli: limit, batch, summary, where, n_jobs, store.root)
+    python -m flashnum.run experiment=bwd_bf16_sweep          # conf/experiment/<name>.yaml
+    python -m flashnum.run experiment=bwd_order limit=20      # the first 20 cases only
+    python -m flashnum.run experiment=bwd_order summary=true  # the stored table, summarised
+    python -m flashnum.run experiment=bwd_seqlen_growth where=precision:fp16  # a subset
+    python -m flashnum.run experiment=bwd_seqlen_growth n_jobs=2  # on two processes
+    python -m flashnum.harness.backward bwd_order             # the same (an alias)
+    (key=value options, flashnum.harness.cli: limit, batch, summary, where, n_jobs, store.root,
+    compare_with: a store root whose rows the rows computed now must equal, as for the forward)
     df = flashnum.harness.store.load("bwd_order")
 
 An experiment file has `experiment`, `description`, a `base` case and `grid`: a list of
@@ -44,7 +46,6 @@ fits (`growth`): err ~ N^alpha per policy, precision, distribution, gradient and
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import math
@@ -57,8 +58,9 @@ import torch
 
 from flashnum.analysis.bounds_backward import bound_backward
 from flashnum.engine.backward import attention_backward
-from flashnum.harness import manifest, owners, store
+from flashnum.harness import compare, manifest, owners, store
 from flashnum.harness.config import StoreConf
+from flashnum.harness.grid import hash_id
 from flashnum.harness.paths import CONF as CONF_ROOT
 from flashnum.harness.scheduler import execute, n_workers
 from flashnum.inputs.distributions import make
@@ -137,7 +139,7 @@ def _captured(case: dict) -> None:
 
 def case_id(case: dict) -> str:
     key = {a: case[a] for a in AXES if a not in LATER_AXES or case[a] != DEFAULT[a]}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return hash_id(key, spaced=True)
 
 
 def inputs(case: dict):
@@ -432,6 +434,10 @@ class Args:
     where: str | None = None  # only the cases with these axis values: precision:fp16+seed:0
     n_jobs: int = 1  # worker processes; 0: every core this process may use; 1: in-process
     store: StoreConf = field(default_factory=StoreConf)
+    # a store root (e.g. experiments): after the run, compare the rows computed now with the
+    # rows stored there (flashnum.harness.compare, as the forward runner); exit status 1 if any
+    # differ
+    compare_with: str | None = None
 
 
 def _check_args(cfg) -> None:
@@ -442,6 +448,9 @@ def _check_args(cfg) -> None:
         raise ValueError(f"batch must be >= 1, got {cfg.batch}")
     if cfg.n_jobs < 0:
         raise ValueError(f"n_jobs must be >= 0, got {cfg.n_jobs}; valid: 0 (all cores), 1, 2, ...")
+    if cfg.compare_with is not None and cfg.compare_with == cfg.store.root:
+        raise ValueError(f"compare_with={cfg.compare_with} is the store this run writes to; "
+                         "valid: another store root (e.g. store.root=scratch)")
     _where(cfg.where)
 
 
@@ -524,6 +533,12 @@ def _run(cfg) -> int:
         store.compact(exp_dir)
     except store.StoreFull as e:
         print(f"flashnum.harness.backward: warning: {e}", file=sys.stderr, flush=True)
+    if cfg.compare_with:  # the rows computed now against the stored ones
+        now = store.load(exp_dir)
+        now = now[now["case_id"].isin({c["case_id"] for c in todo})]
+        text, same = compare.against(now, Path(cfg.compare_with) / conf["experiment"])
+        print(text, flush=True)
+        return 0 if same else 1
     return 0
 
 

@@ -125,9 +125,19 @@ def canonical_json(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
+def hash_id(obj, spaced: bool = False) -> str:
+    """The one case-id function of every table: 16 hex digits of sha256 over `obj` as JSON
+    with sorted keys. canonical_json (no spaces, NaN refused) by default; spaced=True:
+    json.dumps' own ", " and ": " separators (anything JSON lacks as its str()), with which
+    the backward's, the reproductions' and the head statistics' tables were keyed, so
+    that their stored rows keep their ids."""
+    text = json.dumps(obj, sort_keys=True, default=str) if spaced else canonical_json(obj)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def case_id(case: Case) -> str:
     d = {k: v for k, v in asdict(case).items() if k not in OPTIONAL or v != OPTIONAL[k]}
-    return hashlib.sha256(canonical_json(d).encode()).hexdigest()[:16]
+    return hash_id(d)
 
 
 def columns(cases) -> tuple[str, ...]:

@@ -21,7 +21,6 @@ head of the input), case_id (input_id, b and head hashed), then logit_stats.STAT
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from flashnum.analysis.logit_stats import STATS, head_stats
 from flashnum.harness import manifest, store
 from flashnum.harness.cli import main_of
 from flashnum.harness.config import StoreConf
+from flashnum.harness.grid import hash_id
 from flashnum.harness.paths import CONF
 from flashnum.inputs.distributions import make
 
@@ -41,7 +41,7 @@ INPUT_FIELDS = ("distribution", "dist_params", "batch", "heads", "seq_len_q", "s
 
 
 def _sha(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+    return hash_id(obj, spaced=True)
 
 
 def inputs_of(experiment: str) -> list[dict]:

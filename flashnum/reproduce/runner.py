@@ -12,8 +12,6 @@ columns (every column not in MEASURES).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import sys
 import time
@@ -24,6 +22,7 @@ import pandas as pd
 from flashnum.harness import manifest, store
 from flashnum.harness.cli import main_of
 from flashnum.harness.config import StoreConf
+from flashnum.harness.grid import hash_id
 from flashnum.reproduce import (
     fa3,
     fa4_offset,
@@ -59,8 +58,7 @@ def case_ids(name: str, df: pd.DataFrame) -> list[str]:
     for rec in df[proto].to_dict("records"):
         clean = {k: (None if isinstance(x, float) and math.isnan(x) else x)
                  for k, x in rec.items()}
-        text = json.dumps([name, clean], sort_keys=True, default=str)
-        ids.append(hashlib.sha256(text.encode()).hexdigest()[:16])
+        ids.append(hash_id([name, clean], spaced=True))
     if len(set(ids)) != len(ids):
         raise ValueError(f"{name}: two rows share their protocol columns; add a column")
     return ids

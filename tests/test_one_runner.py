@@ -1,0 +1,61 @@
+"""One runner: every table's case ids come from one function (flashnum.harness.grid.
+hash_id), the store alone writes result tables, and the stored ids are what that function
+gives today (so a rerun resumes and compares against the shipped rows)."""
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from flashnum.harness import backward, store
+from flashnum.harness.grid import hash_id
+from flashnum.reproduce import REPRODUCTIONS, case_ids
+
+REPO = Path(__file__).resolve().parents[1]
+PKG = REPO / "flashnum"
+# sha256 truncated to 16 hex digits elsewhere keys a compiled binary, not a row
+NOT_CASE_IDS = {"flashnum/engine/build.py"}
+# parquet files that are not result tables: an audit report's own table and the kernel
+# table's list of audited cases, both beside the table the store writes
+NOT_TABLES = {"flashnum/audit/report.py", "flashnum/audit/kernel_table.py"}
+
+
+def sources():
+    for p in sorted(PKG.rglob("*.py")):
+        yield p.relative_to(REPO).as_posix(), p.read_text()
+
+
+def test_one_function_computes_case_ids():
+    hashing = {name for name, text in sources() if "hexdigest()[:16]" in text}
+    assert hashing - NOT_CASE_IDS == {"flashnum/harness/grid.py"}
+    grid = (PKG / "harness" / "grid.py").read_text()
+    assert grid.count("hexdigest()[:16]") == 1  # in hash_id, which case_id calls
+
+
+def test_one_module_writes_the_tables():
+    writers = {name for name, text in sources()
+               if re.search(r"\.to_parquet\(|pq\.write_table\(", text)}
+    assert writers - NOT_TABLES == {"flashnum/harness/store.py"}
+
+
+def test_the_backward_ids_stored_are_the_ones_the_one_function_gives():
+    conf = backward.load_conf("bwd_order")
+    ids = {c["case_id"] for c in backward.expand(conf)}
+    assert ids == set(store.load(REPO / "experiments" / "bwd_order").case_id)
+
+
+@pytest.mark.parametrize("name", REPRODUCTIONS)
+def test_the_reproduction_ids_stored_are_the_ones_the_one_function_gives(name):
+    df = pd.read_parquet(REPO / "experiments" / f"repro_{name}" / "results.parquet")
+    assert case_ids(f"repro_{name}", df.drop(columns="case_id")) == list(df.case_id)
+
+
+def test_the_spaced_form_is_json_dumps_default_and_the_plain_form_has_no_spaces():
+    import hashlib
+    import json
+
+    obj = {"b": [1, 2.5], "a": "x"}
+    spaced = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+    plain = hashlib.sha256(b'{"a":"x","b":[1,2.5]}').hexdigest()[:16]
+    assert hash_id(obj, spaced=True) == spaced and hash_id(obj) == plain != spaced
