@@ -20,7 +20,7 @@ from flashnum.analysis.bounds_backward import bound_backward
 from flashnum.engine.backward import attention_backward
 from flashnum.harness import backward as hb
 from flashnum.numerics.policy import make_backward_policy
-from flashnum.reference_backward import reference_backward
+from flashnum.reference import reference_backward
 
 OUT = Path(__file__).parent / "results" / "bwd_delta_site.json"
 

@@ -14,16 +14,16 @@ Layers: what each holds is in docs/architecture.md; their order is stated once, 
 import-linter contract in pyproject.toml ([tool.importlinter]), which `lint-imports` checks.
 """
 
-from flashnum import backends  # noqa: F401  (puts mp and triton behind attention(backend=))
+from flashnum import (
+    backends,  # noqa: F401  (puts mp and triton behind attention(backend=))
+    reference,  # a callable package: flashnum.reference(q, k, v, ...)
+)
 from flashnum.engine import attention
 from flashnum.engine.backward import attention_backward
 from flashnum.inputs.capture import CapturedCall, capture, load_capture
 from flashnum.numerics.formats import FORMATS, get_format
 from flashnum.numerics.policy import SITES, Policy, make_policy
-
-# imported eagerly: the submodule flashnum.reference would otherwise shadow the function
-from flashnum.reference import reference  # noqa: E402  (after engine: no cycle either way)
-from flashnum.reference_backward import reference_backward  # noqa: E402  (the same shadowing)
+from flashnum.reference import reference_backward
 
 __version__ = "0.1.0"
 

@@ -20,8 +20,7 @@ import flashnum.engine.checks
 from flashnum import attention, attention_backward
 from flashnum.engine.api import attention_splitkv
 from flashnum.engine.splitkv import split_attention
-from flashnum.reference import reference
-from flashnum.reference_backward import reference_backward
+from flashnum.reference import reference, reference_backward
 
 
 def qkv(nq=8, nk=8, d=4, h=2, seed=0, dtype=torch.float32):

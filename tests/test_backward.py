@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flashnum.engine.backward import attention_backward
-from flashnum.reference_backward import reference_backward
+from flashnum.reference import reference_backward
 
 PRESETS = ("fa2", "naive", "lowp", "exact")
 
@@ -198,7 +198,7 @@ def test_certified_reference_agrees_with_float64_autograd(causal):
 
 def test_reference_backward_is_cached():
     from flashnum import reference_backward as rb_mod  # noqa: F401  (the function)
-    from flashnum.reference_backward import cache_info
+    from flashnum.reference.backward import cache_info
 
     q, k, v, do = inputs(20, 20, lead=(1,), seed=9)
     a = reference_backward(q, k, v, do, method="fp64")

@@ -10,7 +10,7 @@ import torch
 from flashnum.analysis.attribution_backward import attribute_backward, rounded_backward_sites
 from flashnum.engine.backward import attention_backward
 from flashnum.numerics.policy import BackwardPolicy, Policy, make_backward_policy
-from flashnum.reference_backward import reference_backward
+from flashnum.reference import reference_backward
 
 FLOAT64_LEVEL = 1e-12  # an exact run differs from the reference by float64 roundings only
 

@@ -6,7 +6,7 @@ import torch
 
 from flashnum.analysis.bounds_backward import GROUPS, bound_backward
 from flashnum.engine.backward import attention_backward
-from flashnum.reference_backward import reference_backward
+from flashnum.reference import reference_backward
 
 
 def case(nq, nk, d=32, dv=16, seed=1, dtype=torch.bfloat16):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from flashnum.backends.triton_backward import attention_backward_triton, compare_backward
-from flashnum.reference_backward import reference_backward
+from flashnum.reference import reference_backward
 
 
 def case(nq, nk, d=32, dv=16, seed=2):

@@ -81,7 +81,7 @@ def attribute_backward(q, k, v, do, *, precision: str = "bf16", policy="fa2", re
         if s not in valid:
             raise ValueError(f"unknown backward site {s!r}; valid: {', '.join(valid)}")
     if ref is None:
-        from flashnum.reference_backward import reference_backward
+        from flashnum.reference import reference_backward
 
         ref = reference_backward(q, k, v, do, causal=kw.get("causal", False),
                                  scale=kw.get("scale"))

@@ -37,7 +37,7 @@ import zlib
 import torch
 
 from flashnum.audit.standard import check_output, standard_attention
-from flashnum.reference_backward import reference_backward
+from flashnum.reference import reference_backward
 
 GRADS = ("dq", "dk", "dv")
 

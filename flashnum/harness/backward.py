@@ -65,7 +65,7 @@ from flashnum.harness.paths import CONF as CONF_ROOT
 from flashnum.harness.scheduler import execute, n_workers
 from flashnum.inputs.distributions import make
 from flashnum.numerics.tiling import causal_visible
-from flashnum.reference_backward import reference_backward
+from flashnum.reference import reference_backward
 
 CONF = CONF_ROOT / "experiment"
 AXES = ("policy", "precision", "seq_len", "head_dim", "block", "dq_order", "distribution",

@@ -1,6 +1,6 @@
 """Exact gradients of attention: the reference every backward error is measured against.
 
-    from flashnum.reference_backward import reference_backward   (or flashnum.reference_backward)
+    from flashnum.reference import reference_backward      (or flashnum.reference_backward)
     g = reference_backward(q, k, v, do)                  # certified, correctly rounded fp64
     g = reference_backward(q, k, v, do, method="fp64")   # plain float64, max-shifted
     g.dq, g.dk, g.dv, g.delta, g.method, g.info
@@ -32,43 +32,19 @@ up to 16 * bits; values still uncertain are counted in info["uncertain"]. An exa
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
-import os
-from collections import OrderedDict
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from flashnum.numerics.tiling import check_causal
-from flashnum.reference import (
-    REL_BITS,
-    _as_f64,
-    _cache_dir,
-    _flint_prec,
-    _visible_len,
-    check_scale,
-)
+from flashnum.reference.balls import REL_BITS, flint_prec
+from flashnum.reference.cache import BACKWARD
+from flashnum.reference.inputs import as_f64, check_scale, visible_len
+from flashnum.reference.result import ReferenceGradients
 
 METHODS = ("certified", "fp64")
-_LRU: OrderedDict = OrderedDict()
-_LRU_SIZE = 16
-_STATS = {"computed": 0, "memory_hits": 0, "disk_hits": 0}
-
-
-@dataclass
-class ReferenceGradients:
-    """dQ (..., Nq, d), dK (..., Nk, d), dV (..., Nk, dv), D (..., Nq), all float64."""
-
-    dq: torch.Tensor
-    dk: torch.Tensor
-    dv: torch.Tensor
-    delta: torch.Tensor
-    method: str
-    bits: int
-    info: dict = field(default_factory=dict)
 
 
 def _check(q, k, v, do, causal, scale, method, bits):
@@ -80,7 +56,7 @@ def _check(q, k, v, do, causal, scale, method, bits):
         causal = check_causal(causal)
     except TypeError as e:
         raise ValueError(str(e)) from None
-    (q, qd), (k, kd), (v, vd), (do, dd) = (_as_f64(n, x) for n, x in
+    (q, qd), (k, kd), (v, vd), (do, dd) = (as_f64(n, x) for n, x in
                                            (("q", q), ("k", k), ("v", v), ("do", do)))
     if min(t.ndim for t in (q, k, v, do)) < 2 or q.shape[-1] != k.shape[-1] or \
             k.shape[-2] != v.shape[-2] or not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
@@ -103,71 +79,30 @@ def _hash(tensors, dtypes, causal, scale, method, bits) -> str:
     return h.hexdigest()
 
 
-def cache_info() -> dict:
-    return dict(_STATS, size=len(_LRU))
-
-
-def clear_cache() -> None:
-    _LRU.clear()
-
-
-def _copy(g: ReferenceGradients) -> ReferenceGradients:
-    return dataclasses.replace(g, dq=g.dq.clone(), dk=g.dk.clone(), dv=g.dv.clone(),
-                               delta=g.delta.clone(), info=dict(g.info))
-
-
-def _disk(key: str) -> str | None:
-    d = _cache_dir()
-    return None if d is None else os.path.join(d, f"bwd-{key}.pt")
-
-
 def reference_backward(q, k, v, do, *, causal=False, scale=None, method="certified", bits=128,
                        cache=True) -> ReferenceGradients:
     """Exact dQ, dK, dV of attention; see the module docstring."""
     q, k, v, do, causal, scale, dtypes = _check(q, k, v, do, causal, scale, method, bits)
     key = _hash((q, k, v, do), dtypes, causal, scale, method, bits) if cache else None
     if key is not None:
-        if key in _LRU:
-            _LRU.move_to_end(key)
-            _STATS["memory_hits"] += 1
-            return _copy(_LRU[key])
-        path = _disk(key)
-        if path is not None and os.path.exists(path):
-            _STATS["disk_hits"] += 1
-            g = ReferenceGradients(**torch.load(path, weights_only=True))
-            _remember(key, g)
-            return _copy(g)
+        g = BACKWARD.get(key)
+        if g is not None:
+            return g
     lead, nq, d, nk, dv = q.shape[:-2], q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
     B = math.prod(lead)
     q3, k3, v3, do3 = (x.reshape(B, *x.shape[-2:]) for x in (q, k, v, do))
-    vis = _visible_len(nq, nk, causal)
+    vis = visible_len(nq, nk, causal)
     if method == "fp64":
         dq, dk, dvv, delta = _fp64(q3, k3, v3, do3, vis, scale)
         info = {}
     else:
         dq, dk, dvv, delta, info = _certified(q3, k3, v3, do3, vis, scale, bits)
-    _STATS["computed"] += 1
+    BACKWARD.stats["computed"] += 1
     g = ReferenceGradients(
         dq=dq.reshape(*lead, nq, d), dk=dk.reshape(*lead, nk, d), dv=dvv.reshape(*lead, nk, dv),
         delta=delta.reshape(*lead, nq), method=method, bits=bits, info=info,
     )
-    if key is not None:
-        _remember(key, g)
-        path = _disk(key)
-        if path is not None:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            torch.save(dataclasses.asdict(g), tmp)
-            os.replace(tmp, path)  # atomic: parallel sweeps may race
-        return _copy(g)
-    return g
-
-
-def _remember(key, g):
-    _LRU[key] = g
-    _LRU.move_to_end(key)
-    while len(_LRU) > _LRU_SIZE:
-        _LRU.popitem(last=False)
+    return BACKWARD.put(key, g) if key is not None else g
 
 
 def _fp64(q, k, v, do, vis, scale):
@@ -240,7 +175,7 @@ def _head(q, k, v, do, vis, scale, prec):
 
     nq, d = q.shape
     nk, dv = v.shape
-    with _flint_prec(prec):
+    with flint_prec(prec):
         sc = _exact_scale(d, scale)
         sgn = -1.0 if (scale is not None and scale < 0) else 1.0
         live = vis > 0
@@ -284,3 +219,8 @@ def _head(q, k, v, do, vis, scale, prec):
             outs.append(x)
             bad += nb if shape != (nq,) else 0  # D is reported, not required to be certain
     return outs, bad
+
+
+def cache_info() -> dict:
+    """How many reference gradients were computed, and served from memory or disk."""
+    return BACKWARD.info()
