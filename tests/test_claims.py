@@ -400,25 +400,6 @@ def engine_docs():
         f"of {s['step_overhead_us']:.0f} us"]
 
 
-def unchanged_docs():
-    u = json.loads((RESULTS / "unchanged.json").read_text())
-    x = u["experiments"]
-    naive = ("naive_ratio", "naive_rmse_ratio")
-    rel = max(v for n in ("bf16_sweep", "fp16_sweep", "block_order")
-              for c, v in x[n]["max_rel_difference"].items() if v is not None and c not in naive)
-    nr = max(x[n]["max_rel_difference"]["naive_rmse_ratio"]
-             for n in ("bf16_sweep", "fp16_sweep", "block_order"))
-    kv = x["kernel_vs_emulator"]["max_rel_difference"]
-    return [f"shard {u['shard']} of {u['num_shards']} of bf16_sweep "
-            f"({x['bf16_sweep']['cases']} cases), fp16_sweep ({x['fp16_sweep']['cases']}), "
-            f"block_order ({x['block_order']['cases']}) and kernel_vs_emulator "
-            f"({x['kernel_vs_emulator']['cases']})",
-            f"(relative differences up to {sci(rel)}; naive_rmse_ratio",
-            f"up to {sci(nr)})",
-            f"differ from the stored ones by {100 * kv['naive_ratio']:.0f}% and "
-            f"{100 * kv['naive_rmse_ratio']:.0f}%"]
-
-
 # -- docs/bounds.md: where the bound is tight, the ties bias ----------------------------
 
 def tex_sci(x, digits=2):
@@ -1346,7 +1327,7 @@ CLAIMS = {
                   reference_readme, triton_readme, tightness_median, provenance_readme,
                   tutorial_backward_readme],
     "docs/experiments.md": [bf16_sweep_summary_line, experiments_table],
-    "docs/engine.md": [engine_docs, unchanged_docs],
+    "docs/engine.md": [engine_docs],
     "docs/kernel.md": [kernel_docs],
     "docs/distributions.md": [distributions_docs],
     "docs/reference.md": [reference_docs],
