@@ -44,7 +44,7 @@ EXPERIMENTS = {
     "kernel_audit": _RUN.format("kernel_audit"),
     "kernel_table": _RUN.format("kernel_table"),
     "trained_model": _RUN.format("trained_model"),
-    "trained_model_stats": "python -m flashnum.harness.head_stats trained_model",
+    "trained_model_stats": _RUN.format("trained_model_stats"),
     "bwd_trained_model": _RUN.format("bwd_trained_model"),
 }
 
