@@ -148,9 +148,14 @@ def fa3_docs():
 def engine_bench():
     e = json.loads((RESULTS / "engine.json").read_text())
     s, m = e["speed"], e["memory"]
+    loads = (*e["load_average_before"], *e["load_average_after"])
     return [f"{s['emulate_bf16_fa2_s']:.3f} s vs {s['sdpa_fp32_s']:.3f} s: ratio "
             f"{s['ratio']:.2f} (one thread: {s['ratio_one_thread']:.2f})",
+            f"{s['emulate_in_place_s']:.3f} s: ratio {s['ratio_in_place']:.2f}",
+            f"ratio {s['cpu_ratio_one_thread']:.2f}; {s['cpu_ratio_one_thread_in_place']:.2f}",
             f"{s['emulate_torch_path_s']:.3f} s: ratio {s['ratio_torch_path']:.2f}",
+            f"{e['cpu_model']}",
+            f"load average between {min(loads):.1f} and {max(loads):.1f}",
             f"| {s['gemms_s']:.3f} s |",
             f"{m['peak_rss_gib']:.2f} GiB, {m['wall_s']:.1f} s",
             f"| {e['mp']['wall_s']:.2f} s |"]
@@ -397,6 +402,9 @@ def engine_docs():
         f"{s['ratio']:.2f} ({s['ratio_one_thread']:.2f} on one thread; "
         f"{s['ratio_torch_path']:.2f} through the torch path)",
         f"key block alone take {s['gemms_s']:.3f} s",
+        f"{s['ratio_in_place']:.2f} in the in-place path",
+        f"fused loop takes {s['cpu_ratio_one_thread']:.2f}x SDPA's and the in-place path "
+        f"{s['cpu_ratio_one_thread_in_place']:.2f}x",
         f"of {s['step_overhead_us']:.0f} us"]
 
 
