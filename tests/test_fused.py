@@ -102,3 +102,52 @@ def test_cases_drawn_from_each_grid_are_bit_identical_with_the_fused_path_on_and
                "trained_model"}
     if name in uses_it:
         assert claimed >= 5
+
+
+@pytest.mark.parametrize("n", [1, 5, 8, 13, 16, 31, 32, 64, 100, 128, 256, 511, 512, 4096,
+                               70000])
+def test_the_row_sum_is_torch_s_float_sum_in_its_order(n):
+    # values spread over 2^+-12 so that any other order of the additions shows
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(7, n, generator=g) * torch.exp(6 * torch.randn(7, n, generator=g))
+    out = torch.empty(7)
+    native.library().fn_torch_rowsum(x.data_ptr(), out.data_ptr(), 7, n)
+    assert torch.equal(out, x.sum(-1))
+
+
+@pytest.mark.parametrize("kw,why", [
+    (dict(variant="fa1"), "variant fa1"),
+    (dict(variant="qiu_yao"), "variant qiu_yao"),
+    (dict(policy="lowp"), "not fp32"),
+    (dict(precision="tf32"), "not fp32"),
+    (dict(rounding="stochastic"), "not fp32"),
+])
+def test_what_it_does_not_claim_goes_to_the_torch_path_and_says_why(monkeypatch, kw, why):
+    from flashnum.engine.arith import Arith, carrier
+    from flashnum.engine.recurrence import Run
+    from flashnum.engine.tiles import Tiles
+    from flashnum.engine.variants import FA2
+    from flashnum.numerics.policy import make_policy
+
+    pol = make_policy(kw.get("policy", "fa2"), kw.get("precision", "bf16"))
+    ar = Arith(pol, kw.get("rounding", "nearest"), 0, carrier(pol))
+    run_ = Run(ar, variant=FA2(), f_diff=None, tall=True)
+    x = torch.zeros(1, 2, 16, 8)
+    tiles = Tiles(x, x, x, 32, 32)
+    assert why in fused.claim(run_, tiles, kw.get("variant", "fa2"))
+    monkeypatch.setattr(fused, "_enabled", False)
+    assert fused.claim(run_, tiles, "fa2") == "disabled"
+
+
+def test_the_engine_benchmark_case_is_claimed():
+    # bench/bench_engine.py's case: bf16 fa2, 64 x 64 blocks, d = 64
+    from flashnum.engine.arith import Arith, carrier
+    from flashnum.engine.recurrence import Run
+    from flashnum.engine.tiles import Tiles
+    from flashnum.engine.variants import FA2
+    from flashnum.numerics.policy import make_policy
+
+    pol = make_policy("fa2", "bf16")
+    run_ = Run(Arith(pol, "nearest", 0, carrier(pol)), variant=FA2(), f_diff=None, tall=True)
+    x = torch.zeros(8, 64, 64, 64)
+    assert fused.claim(run_, Tiles(x, x, x, 4096, 4096), "fa2") is None
