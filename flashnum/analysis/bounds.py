@@ -264,6 +264,45 @@ def _visible_counts(nq: int, nk: int, causal) -> torch.Tensor:
     return visible_count(nq, nk, causal)
 
 
+def _v_extremes(v3, n, causal):
+    """Per row and column, the max, min and max |.| of V over the keys the row sees (a
+    prefix of n[i] keys under the causal mask): (B, Nq, dv) each."""
+    B, nq, dv = v3.shape[0], n.shape[0], v3.shape[-1]
+    if causal:
+        vmax_pref = torch.cummax(v3, dim=1).values
+        vmin_pref = torch.cummin(v3, dim=1).values
+        vabs_pref = torch.cummax(v3.abs(), dim=1).values
+        idx = torch.clamp(n - 1, min=0)
+        return vmax_pref[:, idx], vmin_pref[:, idx], vabs_pref[:, idx]
+    return (v3.amax(1, keepdim=True).expand(B, nq, dv),
+            v3.amin(1, keepdim=True).expand(B, nq, dv),
+            v3.abs().amax(1, keepdim=True).expand(B, nq, dv))
+
+
+def _prob_terms(pi, y, qc, S, Sv, Av, Msafe, v3, V2, K2, scale, shift0) -> dict:
+    """The probabilistic bound's weighted variances of some rows (softmax pi, output y,
+    logits S and their masked forms Sv, Av), as _row_data stores them."""
+    out = {"var": torch.clamp(pi @ V2 - y * y, min=0)}
+    pi2 = pi * pi
+
+    def wsq(W):
+        # sum_j W_j (v_jc - y_c)^2, W >= 0
+        return torch.clamp(W @ V2 - 2 * y * (W @ v3) + y * y * W.sum(-1)[..., None], min=0)
+
+    out["Wv"] = pi2 @ V2
+    out["W1"] = wsq(pi2)
+    out["Ws2"] = wsq(pi2 * Sv * Sv)
+    out["WA2"] = wsq(pi2 * Av * Av)
+    qk2 = scale * scale * ((qc * qc) @ K2.transpose(-1, -2))
+    # pi = 0 on masked keys, so the weights need no masking
+    out["Wk"] = wsq(pi2 * qk2)
+    ms0, tau0 = shift0(Msafe)
+    g0 = (ms0 + tau0)[..., None] - S
+    out["Wg"] = wsq(pi2 * g0 * g0)
+    out["Qterm"] = scale * scale * ((qc * qc) * (pi @ K2)).sum(-1)
+    return out
+
+
 def _row_data(q, k, v, *, causal, scale, block_n, prob, shift0):
     """Per row (B, Nq) and per entry (B, Nq, dv) quantities of the exact problem, in float64.
 
@@ -278,17 +317,7 @@ def _row_data(q, k, v, *, causal, scale, block_n, prob, shift0):
     n = _visible_counts(nq, nk, causal)  # (nq,)
     bn = block_n
     n_kb = max(1, math.ceil(nk / bn))
-    # extremes of V over the visible (prefix) keys of each row
-    if causal:
-        vmax_pref = torch.cummax(v3, dim=1).values
-        vmin_pref = torch.cummin(v3, dim=1).values
-        vabs_pref = torch.cummax(v3.abs(), dim=1).values
-        idx = torch.clamp(n - 1, min=0)
-        vmax, vmin, vabs = vmax_pref[:, idx], vmin_pref[:, idx], vabs_pref[:, idx]
-    else:
-        vmax = v3.amax(1, keepdim=True).expand(B, nq, dv)
-        vmin = v3.amin(1, keepdim=True).expand(B, nq, dv)
-        vabs = v3.abs().amax(1, keepdim=True).expand(B, nq, dv)
+    vmax, vmin, vabs = _v_extremes(v3, n, causal)
     kabs, qabs = k3.abs(), q3.abs()
     k_l1 = kabs.sum(-1)  # (B, nk)
     V2 = v3 * v3
@@ -345,26 +374,9 @@ def _row_data(q, k, v, *, causal, scale, block_n, prob, shift0):
         C["y"][:, r0:r1] = y
         C["nu"][:, r0:r1] = pi @ v3.abs()
         if prob:
-            piV2 = pi @ V2
-            C["var"][:, r0:r1] = torch.clamp(piV2 - y * y, min=0)
-            pi2 = pi * pi
-
-            def wsq(W, y=y):
-                # sum_j W_j (v_jc - y_c)^2, W >= 0
-                return torch.clamp(W @ V2 - 2 * y * (W @ v3) + y * y * W.sum(-1)[..., None],
-                                   min=0)
-
-            C["Wv"][:, r0:r1] = pi2 @ V2
-            C["W1"][:, r0:r1] = wsq(pi2)
-            C["Ws2"][:, r0:r1] = wsq(pi2 * Sv * Sv)
-            C["WA2"][:, r0:r1] = wsq(pi2 * Av * Av)
-            qk2 = scale * scale * ((qc * qc) @ K2.transpose(-1, -2))
-            # pi = 0 on masked keys, so the weights need no masking
-            C["Wk"][:, r0:r1] = wsq(pi2 * qk2)
-            ms0, tau0 = shift0(Msafe)
-            g0 = (ms0 + tau0)[..., None] - S
-            C["Wg"][:, r0:r1] = wsq(pi2 * g0 * g0)
-            R["Qterm"][:, r0:r1] = scale * scale * ((qc * qc) * (pi @ K2)).sum(-1)
+            for name, x in _prob_terms(pi, y, qc, S, Sv, Av, Msafe, v3, V2, K2, scale,
+                                       shift0).items():
+                (R if name == "Qterm" else C)[name][:, r0:r1] = x
     vis_rows = (n > 0).expand(B, nq)
     yv = C["y"]
     delta = torch.maximum(vmax - yv, yv - vmin)
@@ -400,6 +412,54 @@ def _pw(e, k):
     return math.expm1(k * math.log1p(e))
 
 
+def _logit_errors(P: dict, D: dict, U, scale: float, d: int):
+    """Step A of _evaluate: (Ebar, Estar), the softmax-weighted and the largest error of a
+    row's computed logits (input rounding of Q, K; tf32 operands; the dot; s's roundings);
+    U(name) is _evaluate's one-rounding excess."""
+    sigma = P["sigma"]
+    # -- step A: logits (input rounding of Q, K; tf32 operands; accumulation; s roundings) --
+    # |q~_t k~_t - q_t k_t| <= ((1 + rho_q)(1 + rho_k) - 1)|q_t k_t| + alp (1 + rho)(|q_t|
+    # + |k_t|) + alp^2, q~ = tf32(in(q)): rho, alp the larger of q's and k's
+    rho_q, rho_k = _x(U("inq"), U("qktf")), _x(U("ink"), U("qktf"))
+    alp_q = P["eta_inq"] * (1 + U("qktf")) + P["eta_qktf"]
+    alp_k = P["eta_ink"] * (1 + U("qktf")) + P["eta_qktf"]
+    rho, alp = rho_q + rho_k, alp_q + alp_k  # majorants of the larger of the two
+    cA_dot = _x(rho_q, rho_k)
+    cL_dot = scale * alp * (1 + rho)
+    c0_dot = scale * d * alp**2
+    Fm1 = _x(_x(sigma, U("sc")), U("sp"))  # F - 1
+    F = 1 + Fm1
+    cqk = _pw(U("qk"), d)
+    a_A = cA_dot * F * (1 + cqk) + F * cqk
+    a_L = cL_dot * F * (1 + cqk)
+    a_s = Fm1
+    a_0 = (c0_dot * F * (1 + cqk) + F * scale * d * P["eta_qk"]
+           + scale * (1 + sigma) * (1 + U("sp")) * P["eta_sc"] + P["eta_sp"])
+    Ebar = a_A * D["Abar"] + a_s * D["Sbar"] + a_L * D["L1bar"] + a_0
+    Estar = a_A * D["Astar"] + a_s * D["Sstar"] + a_L * D["L1star"] + a_0
+    return Ebar, Estar
+
+
+def _standard_terms(P: dict, U, n, bn_eff, tf_pv, vabsA, eta_key, M):
+    """Step B's terms for the standard structure (S, softmax and P V each rounded once):
+    (Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin), as _evaluate combines them."""
+    def pw(name, k):
+        return _pw(U(name), k)
+
+    def row(x):
+        return x[..., None]
+
+    Ostar = _x(_x(_x(U("div"), U("pc")), pw("pv", bn_eff)), tf_pv)
+    Lstar = _x(pw("lacc", bn_eff), U("l"))
+    H = n * P["eta_p"]
+    A_N = torch.zeros_like(M)[..., None]
+    A_D = torch.zeros_like(M)
+    # p = rnd_pc(rnd_div(e / l)): their eta are absolute errors of normalised weights
+    A_out = row(n * (1 + pw("pv", bn_eff)) * (1 + tf_pv)) * (
+        (P["eta_div"] * (1 + U("pc")) + P["eta_pc"]) * vabsA + eta_key)
+    return Ostar, Lstar, H, A_N, A_D, A_out, U("out"), P["eta_out"]
+
+
 def _evaluate(P: dict, D: dict, *, structure: str, variant: Variant, scale: float,
               l_from: str, r: torch.Tensor, base2: bool, check=None):
     """The deterministic bound per output entry (B, Nq, dv) for parameter values P.
@@ -421,27 +481,7 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: Variant, scale: floa
         bn_eff, T = bn, torch.full_like(n, float(D["n_kb"]))  # fa1 rounds o at every block
     else:
         bn_eff = bn
-    sigma = P["sigma"]
-    # -- step A: logits (input rounding of Q, K; tf32 operands; accumulation; s roundings) --
-    # |q~_t k~_t - q_t k_t| <= ((1 + rho_q)(1 + rho_k) - 1)|q_t k_t| + alp (1 + rho)(|q_t|
-    # + |k_t|) + alp^2, q~ = tf32(in(q)): rho, alp the larger of q's and k's
-    rho_q, rho_k = _x(U("inq"), U("qktf")), _x(U("ink"), U("qktf"))
-    alp_q = P["eta_inq"] * (1 + U("qktf")) + P["eta_qktf"]
-    alp_k = P["eta_ink"] * (1 + U("qktf")) + P["eta_qktf"]
-    rho, alp = rho_q + rho_k, alp_q + alp_k  # majorants of the larger of the two
-    cA_dot = _x(rho_q, rho_k)
-    cL_dot = scale * alp * (1 + rho)
-    c0_dot = scale * d * alp**2
-    Fm1 = _x(_x(sigma, U("sc")), U("sp"))  # F - 1
-    F = 1 + Fm1
-    cqk = pw("qk", d)
-    a_A = cA_dot * F * (1 + cqk) + F * cqk
-    a_L = cL_dot * F * (1 + cqk)
-    a_s = Fm1
-    a_0 = (c0_dot * F * (1 + cqk) + F * scale * d * P["eta_qk"]
-           + scale * (1 + sigma) * (1 + U("sp")) * P["eta_sc"] + P["eta_sp"])
-    Ebar = a_A * D["Abar"] + a_s * D["Sbar"] + a_L * D["L1bar"] + a_0
-    Estar = a_A * D["Astar"] + a_s * D["Sstar"] + a_L * D["L1star"] + a_0
+    Ebar, Estar = _logit_errors(P, D, U, scale, d)
     KE = torch.exp(Estar + Ebar)
     row = lambda x: x[..., None]  # noqa: E731  (B, Nq) -> (B, Nq, 1)
     nu, y, delta, vabs = D["nu"], D["y"].abs(), D["delta"], D["vabs"]
@@ -479,16 +519,8 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: Variant, scale: floa
     eta_key = (row(P["eta_pv"] + P["eta_pvtf"] * (1 + U("pvtf")) * p_hi + P["eta_pvtf"] ** 2)
                + P["eta_pvtf"] * (1 + U("pvtf")) * vabsA)
     if structure == "standard":
-        Ostar = _x(_x(_x(U("div"), U("pc")), pw("pv", bn_eff)), tf_pv)
-        Lstar = _x(pw("lacc", bn_eff), U("l"))
-        H = n * P["eta_p"]
-        A_N = torch.zeros_like(M)[..., None]
-        A_D = torch.zeros_like(M)
-        # p = rnd_pc(rnd_div(e / l)): their eta are absolute errors of normalised weights
-        A_out = row(n * (1 + pw("pv", bn_eff)) * (1 + tf_pv)) * (
-            (P["eta_div"] * (1 + U("pc")) + P["eta_pc"]) * vabsA + eta_key)
-        Fin_m1 = U("out")
-        eta_fin = P["eta_out"]
+        Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin = _standard_terms(
+            P, U, n, bn_eff, tf_pv, vabsA, eta_key, M)
     else:
         # +1: a key's P @ V tile and row sum are rounded into o's and l's formats once,
         # before they are added (flashnum.engine.recurrence; a no-op when o and l are fp32)

@@ -280,21 +280,14 @@ def _amax(x: torch.Tensor) -> float:
     return top if math.isfinite(top) else float(x.nan_to_num(nan=0.0, posinf=0.0).amax())
 
 
-def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
-    """The bound's ingredients for some query rows (see the module docstring); ex: _exact's."""
-    q, k, v, fill, ws = ex["q"], ex["k"], ex["v"], ex["fill_"], ex["ws"]
-    live, m, smin, P, L = ex["live"], ex["m"], ex["smin"], ex["P"], ex["L"]
-    std = pol.structure == "standard"
+def _p_errors(ex, pol, U, geo, carrier, mags, std, x64, exp64, n_kb):
+    """The error of the logits and of P as computed (eP0) and as it enters P^T dO (eP), for
+    _chunk's rows; the overflow magnitudes of their sites go into mags (carrier runs)."""
+    fill, ws = ex["fill_"], ex["ws"]
+    m, smin, P, L = ex["m"], ex["smin"], ex["P"], ex["L"]
     sc, bn = abs(geo["scale"]), geo["bn"]
-    nk, d, dv = k.shape[0], q.shape[1], v.shape[1]
-    n_kb = n_blocks(nk, bn)
-    u_in, u_do = U["inputs"][0], U["do"][0]
-    # mags[site]: an upper bound of every value the site rounds (before its rounding), for
-    # the overflow check (the full run only: carrier); the model fl(x) = x (1 + delta) + eta
-    # holds only up to the format's largest number
-    mags: dict = {}
-    x64 = U64 if carrier else 0.0
-    exp64 = EXP64 if carrier else 0.0
+    nk, d = ex["k"].shape[0], ex["q"].shape[1]
+    u_in = U["inputs"][0]
 
     # -- logits: inputs, the dot, the scale and the two roundings of s --
     u_s = max(U["s"][0], U["fwd.s"][0])
@@ -353,11 +346,17 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
     eP = fill(_plus_(torch.mul(rho, P, out=ws("eP")), eta_pc, visf), 0.0)
     if carrier:  # P <= 1
         mags["p"], mags["p_cast"] = 1 + _amax(eP0), 1 + _amax(eP)
-    aO = ex["aO"]
-    aOh = aO * (1 + u_do)
+    return eP0, eP
 
-    # -- dV: row chunk contributions (summed over chunks by the caller) --
-    dv_parts = [eP.T @ aOh + P.T @ (u_do * aO), torch.add(P, eP, out=ws("Ph")).T @ aOh, ex["PtdO"]]
+
+def _ds_errors(ex, E_O, pol, U, geo, carrier, mags, std, x64, eP0, eP, aOh):
+    """The errors of dP, D, dS and dS's cast (e_dSc; with mag >= |dS cast| and k_err the
+    magnitude its K-side error multiplies), for _chunk's rows."""
+    fill, ws, P, aO = ex["fill_"], ex["ws"], ex["P"], ex["aO"]
+    sc = abs(geo["scale"])
+    nk, dv = ex["k"].shape[0], ex["v"].shape[1]
+    u_in, u_do = U["inputs"][0], U["do"][0]
+    visf = ex["visf"]
 
     # -- dP and D --
     g_dp = (1 + u_do) * (1 + u_in) * (1 + _acc(pol.fmt("dp_acc"), dv, geo["sr"]) *
@@ -406,10 +405,36 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
         k_err = dS_abs
     e_dSc = fill(e_dSc, 0.0)
     mag = fill(mag, 0.0)
+    return e_dSc, mag, k_err
+
+
+def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
+    """The bound's ingredients for some query rows (see the module docstring); ex: _exact's."""
+    k, ws, live, P = ex["k"], ex["ws"], ex["live"], ex["P"]
+    std = pol.structure == "standard"
+    sc, bn = abs(geo["scale"]), geo["bn"]
+    nk = k.shape[0]
+    n_kb = n_blocks(nk, bn)
+    u_in, u_do = U["inputs"][0], U["do"][0]
+    # mags[site]: an upper bound of every value the site rounds (before its rounding), for
+    # the overflow check (the full run only: carrier); the model fl(x) = x (1 + delta) + eta
+    # holds only up to the format's largest number
+    mags: dict = {}
+    x64 = U64 if carrier else 0.0
+    exp64 = EXP64 if carrier else 0.0
+
+    eP0, eP = _p_errors(ex, pol, U, geo, carrier, mags, std, x64, exp64, n_kb)
+    aO = ex["aO"]
+    aOh = aO * (1 + u_do)
+
+    # -- dV: row chunk contributions (summed over chunks by the caller) --
+    dv_parts = [eP.T @ aOh + P.T @ (u_do * aO), torch.add(P, eP, out=ws("Ph")).T @ aOh, ex["PtdO"]]
+
+    e_dSc, mag, k_err = _ds_errors(ex, E_O, pol, U, geo, carrier, mags, std, x64, eP0, eP,
+                                   aOh)
     ak, aq = ex["ak"], ex["aq"]
     if carrier:
         mags["ds_cast"] = _amax(mag)
-
     # -- dQ (complete for these rows) --
     if std:
         g_dq = _acc(pol.fmt("dq_acc"), nk, geo["sr"]) * (U["dq_acc"][0] > 0)
