@@ -166,9 +166,13 @@ def readme_claims():
     t, heads, cat, st = parts()
     m = info()["training"]
     counts = sorted(nearest(t).nearest.value_counts().items(), key=lambda kv: (-kv[1], kv[0]))
+    val = [c["val_loss"] for c in m["curve"] if "val_loss" in c][-1]
     return [
         f"{m['params'] / 1e6:.2f} M parameters, {m['steps_done']} steps, "
         f"{m['wall_s'] / 60:.0f} minutes on 2 shared cores",
+        f"held-out loss {val:.2f} nats per byte",
+        f"capture --run scratch/stdlib_lm_run` ({info()['wall_s']:.0f} s)",
+        f"two heads per layer, the last {info()['rows']} of {info()['context']} query rows",
         f"over all {t.shape[1]} settings",
         f"a head's error is at most {(t.loc[heads] / t.loc['gaussian']).values.max():.2f} "
         "times gaussian's",
