@@ -145,3 +145,28 @@ def test_flashnum_run_hands_an_audit_table_to_the_audit():
     assert (exp.name, exp.kind, rest) == ("kernel_table", "audit", ["store.root=x"])
     assert handed_over(["experiment=bf16_sweep"]) is None
     assert handed_over(["target=torch_sdpa"]) is None
+
+
+def test_torch_maths_split_scale_breaks_the_rule_in_fp32_on_large_logits():
+    """torch's math backend multiplies Q and K each by fl32(sqrt(scale)) (d = 128: not a
+    power of two, two extra roundings per logit). On late_max (logits up to ~7) its fp32
+    error exceeds flash-attn's bound; the same operations with the scale applied once to
+    S stay within it, so the split is the cause. The model torch_math repeats it exactly."""
+    from flashnum.audit.rules import aligned_reference
+    from flashnum.engine import attention
+
+    case = Case("late_max", 77, 77, 128, True, 2, 1)
+    inp = case.inputs()
+    q, k, v = (x.float() for x in (inp.q, inp.k, inp.v))
+    ref = aligned_reference(q.double(), k.double(), v.double(), causal=True,
+                            alignment="top_left", method="fp64").out
+    std = standard_attention(q, k, v, causal=True).double()
+    bound = 2 * float((std - ref).abs().max())  # flash-attn's rule without the fp32 noise
+    err = lambda o: float((o.double() - ref).abs().max())
+    kernel = resolve("torch_math")[0](q, k, v, causal=True)
+    once = torch.softmax(((q @ k.transpose(-1, -2)) * torch.tensor(128**-0.5))
+                         .masked_fill(~torch.ones(77, 77, dtype=torch.bool).tril(),
+                                      -math.inf), -1) @ v
+    model = attention(q, k, v, precision="fp32", policy="torch_math", causal="top_left").out
+    assert err(kernel) > bound >= err(once)
+    assert torch.equal(kernel.double(), model)

@@ -382,9 +382,12 @@ def table_row(target: str, precision: str, budget: str) -> tuple[dict, pd.DataFr
         m = agree[model]
         row.update(model=model_label(model), model_bitwise=_share(m),
                    model_ulp1=m[1] / m[2] if m[2] else math.nan, model_elements=m[2])
-    best = max((s for s in specs if agree[s][2]), key=lambda s: _share(agree[s]))
-    b = agree[best]
-    row.update(closest=model_label(best), closest_bitwise=_share(b), closest_ulp1=b[1] / b[2])
+    ok = [s for s in specs if agree[s][2]]
+    if ok:  # none where the kernel answered no case the models take
+        best = max(ok, key=lambda s: _share(agree[s]))
+        b = agree[best]
+        row.update(closest=model_label(best), closest_bitwise=_share(b),
+                   closest_ulp1=b[1] / b[2])
     row["time_s"] = _time_call(fn, precision)
     if backward:
         row["time_fwd_bwd_s"] = _time_backward(fn, precision)

@@ -16,7 +16,10 @@
               is top-left (span_q >= span_k). Its sm_scale defaults to 1.0, not
               1/sqrt(d): the target always passes the scale.
 
-Both take JAX's (B, N, H, d) layout; the targets transpose inside the JAX function, so
+Both run under jax.jit, as models call them, with and without gradients (un-jitted,
+dot_product_attention catches the CPU's refusal of fp16 x fp16 -> fp32 dots and falls
+back to the default precision; under jit the refusal comes at compile time, outside its
+try, and fp16 raises: the table says "unsupported"). Both take JAX's (B, N, H, d) layout; the targets transpose inside the JAX function, so
 gradients come back in torch's layout. With inputs that require grad, the call goes
 through torch.autograd (one Function wrapping jax.vjp): jax_xla's backward is
 XLA's autodiff, jax_pallas's is the kernel's own custom VJP (its dK/dV and dQ kernels,
@@ -72,12 +75,13 @@ def to_torch(a) -> torch.Tensor:
 
 
 class _JaxVJP(torch.autograd.Function):
-    """f(q, k, v) in JAX under torch autograd: forward through jax.vjp, backward its vjp."""
+    """f(q, k, v) in JAX under torch autograd: forward through jax.vjp of jax.jit(f),
+    backward its vjp."""
 
     @staticmethod
     def forward(ctx, f, q, k, v):
         jax = _jax()
-        out, vjp = jax.vjp(f, to_jax(q), to_jax(k), to_jax(v))
+        out, vjp = jax.vjp(jax.jit(f), to_jax(q), to_jax(k), to_jax(v))
         ctx.vjp = vjp
         return to_torch(out)
 
