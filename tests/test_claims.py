@@ -1079,6 +1079,60 @@ def kernel_audit_docs():
             f"the whole experiment with the fa2/lowp comparison, {wall:.0f} s"]
 
 
+# -- experiments/kernel_table (README, docs/audit.md) ------------------------------------
+
+def _kernel_table():
+    k = table("kernel_table")
+    return k, k[k.status == "ran"].set_index(["target", "precision"])
+
+
+def kernel_table_readme():
+    from flashnum.figures.audit import kernel_table_markdown
+
+    k, r = _kernel_table()
+    low = r[r.index.get_level_values("precision") != "fp32"]
+    return [kernel_table_markdown(k),
+            f"output on at least {100 * low.model_bitwise.min():.2f}% of the elements"]
+
+
+def kernel_table_docs():
+    from flashnum.figures.audit import kernel_grad_markdown, kernel_table_markdown
+
+    k, r = _kernel_table()
+    low = r[r.index.get_level_values("precision") != "fp32"]
+    fp32 = r.xs("fp32", level="precision")
+    others = fp32[~fp32.model.isin(["torch_cpu", "torch_math"])]
+    tm, pal = r.loc["torch_math"], r.loc["jax_pallas"]
+    pal = pal.drop("fp32")
+    dqk = pd.concat([pal.grad_closest_dq_bitwise, pal.grad_closest_dk_bitwise])
+    eager_xla = r.loc[["jax_xla", "hf_eager"]]
+    assert (fp32.loc[["torch_sdpa", "torch_flash_cpu", "torch_math"]].model_bitwise == 1).all()
+    assert eager_xla.grad_closest_bitwise.max() < 0.75
+    mha = r.loc["ort_mha"]
+    assert (mha.worst_case == "gaussian/B1H2/Nq100Nk300/d64/causal/s0").all()
+    eager = r.loc["hf_eager"]
+    assert (eager.broken_masked == 2).all() and (eager.broken_grad_masked == 2).all()
+    f32 = tm.loc["fp32"]
+    assert f32.worst_case == f32.grad_worst_case == "late_max/B2H1/Nq77Nk77/d128/causal/s0"
+    unsupported = k[k.status.str.startswith("unsupported")]
+    assert set(zip(unsupported.target, unsupported.precision, strict=True)) == {
+        ("ort_attention", "bf16"), ("ort_mha", "bf16"), ("jax_xla", "fp16")}
+    wall = run_wall("kernel_table")
+    return [kernel_table_markdown(k), kernel_grad_markdown(k), f"{wall:.0f} s wall",
+            f"least {100 * low.model_bitwise.min():.2f}% of the elements",
+            f"within one ulp on {math.floor(100 * others.model_ulp1.min())}-"
+            f"{math.ceil(100 * others.model_ulp1.max())}% of the elements",
+            f"({100 * tm.loc['bf16'].grad_model_bitwise:.2f}% bf16, "
+            f"{100 * tm.loc['fp16'].grad_model_bitwise:.2f}% fp16)",
+            f"`fa2` on {100 * r.loc[('flashnum_triton', 'bf16')].grad_model_bitwise:.2f}% (bf16)",
+            f"on {100 * pal.grad_closest_dv_bitwise.min():.0f}% of the entries, its dQ and dK on "
+            f"{100 * dqk.min():.0f}-{100 * dqk.max():.0f}%",
+            f"by {mha.loc['fp16'].worst_ratio:.0f}x and "
+            f"{mha.loc['fp32'].worst_ratio / 1000:,.0f},000x the bound",
+            f"its error is {f32.worst_ratio:.2f}x flash-attn's bound, dK's "
+            f"{f32.grad_worst_ratio:.2f}x"]
+
+
 # -- docs/formats.md ---------------------------------------------------------------------
 
 def run_record(name):
@@ -1333,7 +1387,7 @@ CLAIMS = {
                   lambda: fa3_protocol()[0], invariants_hold, worst_case_claims, exp_claims,
                   golden_readme, qiu_yao_readme, pcast_readme, fa3_fp8_match, audit_readme,
                   reference_readme, triton_readme, tightness_median, provenance_readme,
-                  tutorial_backward_readme],
+                  tutorial_backward_readme, kernel_table_readme],
     "docs/experiments.md": [bf16_sweep_summary_line, experiments_table],
     "docs/engine.md": [engine_docs],
     "docs/kernel.md": [kernel_docs],
@@ -1344,7 +1398,7 @@ CLAIMS = {
                               fp8_offset_docs, pcast_threshold_docs, block_scaled_docs,
                               splitkv_docs],
     "docs/audit.md": [torch_cpu_docs, qiu_yao_agreement_table, qiu_yao_clamp_audit, tutorial_docs,
-                      tutorial_backward_docs, kernel_audit_docs],
+                      tutorial_backward_docs, kernel_audit_docs, kernel_table_docs],
     "docs/formats.md": [block_scaled_harness, input_transforms_docs, blockscaled_speed,
                         splitkv_harness],
     "docs/backward.md": [bwd_sweep_docs, bwd_order_docs, bwd_growth_docs, bwd_growth_table,

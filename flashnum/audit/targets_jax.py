@@ -19,19 +19,19 @@
 Both run under jax.jit, as models call them, with and without gradients (un-jitted,
 dot_product_attention catches the CPU's refusal of fp16 x fp16 -> fp32 dots and falls
 back to the default precision; under jit the refusal comes at compile time, outside its
-try, and fp16 raises: the table says "unsupported"). Both take JAX's (B, N, H, d) layout; the targets transpose inside the JAX function, so
-gradients come back in torch's layout. With inputs that require grad, the call goes
-through torch.autograd (one Function wrapping jax.vjp): jax_xla's backward is
-XLA's autodiff, jax_pallas's is the kernel's own custom VJP (its dK/dV and dQ kernels,
-32 x 32 blocks).
+try, and fp16 raises: the table says "unsupported"). Both take JAX's (B, N, H, d)
+layout; the targets transpose inside the JAX function, so gradients come back in
+torch's layout. With inputs that require grad, the call goes through torch.autograd
+(one Function wrapping jax.vjp): jax_xla's backward is XLA's autodiff, jax_pallas's is
+the kernel's own custom VJP (its dK/dV and dQ kernels, 32 x 32 blocks).
 
 The Pallas kernel needs Nq and Nk to be multiples of its blocks (min(128, N) forward,
 min(32, N) backward, equal numbers of blocks for Q and K in the backward; it does not
 check the backward's: at N = 77 its dQ held inf and NaN). Where they are not, the target
 pads Q, K, V with zeros to a common length (a multiple of 32 up to 128, else of 128) and
-masks the padded keys through the kernel's segment ids (real positions 0, padding 1): a masked
-logit gets the kernel's -0.7 * fp32 max, its exp2 is exactly 0, and every real row sums
-the same values in the same blocks as a kernel with ragged masking would. Segment ids
+masks the padded keys through the kernel's segment ids (real positions 0, padding 1):
+a masked logit gets the kernel's -0.7 * fp32 max, its exp2 is exactly 0, and every real
+row sums the same values as a kernel with ragged masking would. Segment ids
 cover queries and keys alike, so rows past Nk (Nq > Nk) run in separate calls: under the
 causal mask, rows Nk.. see every key (top-left), so they are a call without it.
 """

@@ -199,7 +199,7 @@ NUMBERS = {
     "AuditBfOverLowp": "kernel_audit: median torch bf16 error / emulated lowp's",
     "KernelTableKernels": "kernel_table: kernels that ran on this machine",
     "KernelTableRows": "kernel_table: (kernel, dtype) rows that ran",
-    "KernelTableWorst": "kernel_table: largest error / flash-attn's bound over every row",
+    "KernelTableAllKept": "kernel_table: (kernel, dtype) rows where every case kept every rule",
     "KernelTableLowpModelMin": "kernel_table: smallest bf16/fp16 % where a kernel's model "
                                "equals it bit for bit",
     "QiuYaoReleasedErr": "repro_qiu_yao: mean signed error of their released fix, ties, lowp",
