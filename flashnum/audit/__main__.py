@@ -40,7 +40,8 @@ class Args:
     target: str = "torch_sdpa"
     precision: str = "bf16"
     budget: str = "default"
-    model: str = ""          # "" keeps the target's own (torch_sdpa: torch_cpu), "none" for none
+    model: str = ""          # "" keeps the target's own (torch_sdpa: torch_cpu), "none" for
+    #                          none, or policy[:variant[:block_n]] (fa2:exp2:128)
     alignment: str = ""      # "" keeps the target's own
     reference: str = "auto"
     isolate: bool = False    # the target in a forked child per case (memory errors fail it)

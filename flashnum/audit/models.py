@@ -58,6 +58,13 @@ class Candidate:
     def _kw(self) -> dict:
         return dict(policy=self.policy, variant=self.variant, block_n=self.block_n)
 
+    @classmethod
+    def of(cls, spec: str) -> Candidate:
+        """The candidate a model spec names: 'policy[:variant[:block_n]]' (model= of the
+        audit: "fa2:exp2:128" is Pallas's kernel, flashnum.audit.targets)."""
+        policy, *rest = spec.split(":")
+        return cls(policy, *rest[:1], *(int(b) for b in rest[1:2]))
+
 
 # variants that change a flash preset's bits in ways kernels differ: exp2 (Triton's
 # tutorial, flash-attn's CUDA code) and FA1's per-step normalisation

@@ -133,7 +133,7 @@ def _call_isolated(thunk, failed):
 def _model_out(model, q, k, v, precision, causal, alignment, scale):
     """The model's output (float64) or None where it cannot take the kernel's causal mask
     (flashnum.audit.models)."""
-    return models.forward(models.Candidate(model), q, k, v, precision=precision,
+    return models.forward(models.Candidate.of(model), q, k, v, precision=precision,
                           causal=causal, alignment=alignment, scale=scale)
 
 
@@ -257,7 +257,7 @@ def evaluate(fn, case, *, precision="bf16", alignment="top_left", model=None,
             row["model_max_diff"] = _vmax((o - mo).abs())
     if model is not None and backward:
         try:
-            mg = models.backward(models.Candidate(model), q, k, v, do, precision=precision,
+            mg = models.backward(models.Candidate.of(model), q, k, v, do, precision=precision,
                                  causal=causal, alignment=alignment, scale=scale)
         except (ValueError, NotImplementedError):  # no backward of this model here
             mg = None

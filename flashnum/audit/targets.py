@@ -44,12 +44,13 @@ NAMES = ("torch_sdpa", "torch_flash_cpu", "flashnum_triton", "flash_attn", "torc
 # target -> (module, the packages it imports, causal alignment, model): the targets of
 # other libraries, each in its own module; a missing package is named with the extra
 # that installs it. The model is the flashnum policy that reproduces the kernel most
-# closely (docs/audit.md, measured by experiment=kernel_table).
+# closely (docs/audit.md, measured by experiment=kernel_table), as a model spec
+# 'policy[:variant[:block_n]]' (flashnum.audit.models.Candidate.of).
 LIBRARY_TARGETS = {
     "torch_math": ("targets_torch", (), "top_left", "torch_math"),
     "hf_eager": ("targets_torch", (), "bottom_right", "naive"),
     "jax_xla": ("targets_jax", ("jax",), "top_left", "jax_xla"),
-    "jax_pallas": ("targets_jax", ("jax",), "top_left", "fa2"),
+    "jax_pallas": ("targets_jax", ("jax",), "top_left", "fa2:exp2:128"),
     "ort_attention": ("targets_ort", ("onnx", "onnxruntime"), "top_left", "ort_cpu"),
     "ort_mha": ("targets_ort", ("onnx", "onnxruntime"), "top_left", "torch_math"),
 }
