@@ -9,7 +9,8 @@ its class attributes say what every other module reads from it:
 
     name        the string shorthand (attention(variant="lazy"), the config, the stored rows)
     max_rule    how the running max is chosen: "max" (m_i = max(m_{i-1}, rowmax S_j)),
-                "lazy", "qiu_yao", "qiu_yao_released" (the methods below compute it)
+                "lazy", "qiu_yao", "qiu_yao_released" (the methods below compute it; the
+                fused C loop, flashnum.engine.fused, runs "max" and "lazy" itself)
     base2       the exponential: exp2 with log2(e) folded into the scale, else exp
     normalised  o kept normalised at every step (fa1's recurrence), else divided at the end
     reads_logits  the block max looks at the logits beyond their max (the fast path then
