@@ -474,6 +474,56 @@ def fa2_forward(
                 trace_l=tl_ if trace else None)
 
 
+def _check_call(pol: Policy, var, rounding: str, q, k, v, block_m: int, block_n: int) -> None:
+    """What attention_triton refuses, each with one line naming the valid choices."""
+    if "triton" not in var.backends:
+        raise ValueError(f"variant {var.name!r} is not implemented by the triton kernel; "
+                         f"valid: {', '.join(VARIANTS)}")
+    if rounding != "nearest":
+        raise ValueError(f"rounding {rounding!r} is not available on the triton kernel; "
+                         "valid: nearest")
+    fp8 = [f"{s}={getattr(pol, s)}" for s in ("inputs", "p_cast") if getattr(pol, s) in FP8]
+    fp8 += [f"{n}.dtype={x.dtype}" for n, x in (("q", q), ("k", k), ("v", v))
+            if isinstance(x, torch.Tensor) and x.dtype in _FP8_DTYPES]
+    if INTERPRET and fp8:
+        raise ValueError(
+            f"fp8 ({', '.join(fp8)}) needs a CUDA GPU (sm_89+); Triton's CPU interpreter "
+            "truncates fp8 casts. Valid on CPU: fp16, bf16, fp32"
+        )
+    _check_inputs(q, k, v, block_m, block_n)
+    if pol.inputs in FP8 and min(block_n, q.shape[-1], v.shape[-1]) <= 16:
+        raise ValueError(
+            f"fp8 dots need K >= 32 (Triton's minimum for 8-bit operands): got block_n="
+            f"{block_n}, d={q.shape[-1]}, dv={v.shape[-1]}; valid: block_n >= 32, d, dv > 16"
+        )
+
+
+def _result(k_out: dict, order_full, device, lead, nq: int, dv: int, n_kb: int, base2: bool,
+            info: dict) -> Result:
+    """The kernel's outputs as the engine's Result (float64 on the inputs' device);
+    order_full (Z, n_qb, n_kb) the key block order when a trace was asked for, else None."""
+    o, m, l, n_resc = k_out["o"], k_out["m"], k_out["l"], k_out["n_rescales"]
+    tm, tl_ = k_out["trace_m"], k_out["trace_l"]
+    home = device
+
+    def back(x, *tail):
+        return x.to(home, torch.float64).reshape(*lead, *tail)
+
+    m64, l64 = back(m, nq), back(l, nq)
+    lse = m64 / LOG2E + torch.log(l64) if base2 else m64 + torch.log(l64)  # natural log
+    tr = None
+    if order_full is not None:
+        tr = Trace(
+            m=back(tm, n_kb, nq), l=back(tl_, n_kb, nq),
+            order=order_full.reshape(*lead, *order_full.shape[1:]).to(home).clone(),
+        )
+    return Result(
+        out=back(o, nq, dv), m=m64, l=l64, lse=lse, masked=~torch.isfinite(m64),
+        n_rescales=n_resc.to(home, torch.int64).reshape(*lead, nq), trace=tr, backend="triton",
+        info=info,
+    )
+
+
 def attention_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -523,26 +573,7 @@ def attention_triton(
     pol = make_policy(policy, precision)
     qk_prec, pv_prec = _kernel_spec(pol, input_precision)
     var = variant_of(variant, exp2_scale=exp2_scale)
-    if "triton" not in var.backends:
-        raise ValueError(f"variant {var.name!r} is not implemented by the triton kernel; "
-                         f"valid: {', '.join(VARIANTS)}")
-    if rounding != "nearest":
-        raise ValueError(f"rounding {rounding!r} is not available on the triton kernel; "
-                         "valid: nearest")
-    fp8 = [f"{s}={getattr(pol, s)}" for s in ("inputs", "p_cast") if getattr(pol, s) in FP8]
-    fp8 += [f"{n}.dtype={x.dtype}" for n, x in (("q", q), ("k", k), ("v", v))
-            if isinstance(x, torch.Tensor) and x.dtype in _FP8_DTYPES]
-    if INTERPRET and fp8:
-        raise ValueError(
-            f"fp8 ({', '.join(fp8)}) needs a CUDA GPU (sm_89+); Triton's CPU interpreter "
-            "truncates fp8 casts. Valid on CPU: fp16, bf16, fp32"
-        )
-    _check_inputs(q, k, v, block_m, block_n)
-    if pol.inputs in FP8 and min(block_n, q.shape[-1], v.shape[-1]) <= 16:
-        raise ValueError(
-            f"fp8 dots need K >= 32 (Triton's minimum for 8-bit operands): got block_n="
-            f"{block_n}, d={q.shape[-1]}, dv={v.shape[-1]}; valid: block_n >= 32, d, dv > 16"
-        )
+    _check_call(pol, var, rounding, q, k, v, block_m, block_n)
 
     lead = q.shape[:-2]
     nq, nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
@@ -580,34 +611,17 @@ def attention_triton(
         fp_fusion=fp_fusion, fp8_max_imprecise_acc=fp8_max_imprecise_acc,
         num_warps=num_warps, num_stages=num_stages,
     )
-    o, m, l, n_resc = k_out["o"], k_out["m"], k_out["l"], k_out["n_rescales"]
-    tm, tl_ = k_out["trace_m"], k_out["trace_l"]
 
-    home = q.device
-
-    def back(x, *tail):
-        return x.to(home, torch.float64).reshape(*lead, *tail)
-
-    m64, l64 = back(m, nq), back(l, nq)
-    lse = m64 / LOG2E + torch.log(l64) if base2 else m64 + torch.log(l64)  # natural log
-    tr = None
-    if trace:
-        tr = Trace(
-            m=back(tm, n_kb, nq), l=back(tl_, n_kb, nq),
-            order=perm.expand(Z, n_qb, n_kb).reshape(*lead, n_qb, n_kb).to(home).clone(),
-        )
-    return Result(
-        out=back(o, nq, dv), m=m64, l=l64, lse=lse, masked=~torch.isfinite(m64),
-        n_rescales=n_resc.to(home, torch.int64).reshape(*lead, nq), trace=tr, backend="triton",
-        info=dict(
-            precision=precision, policy=pol.name,
-            block_m=block_m, block_n=block_n,
-            order=order if isinstance(order, str) else "permutation", variant=var.name,
-            causal=bool(causal), scale=scale, rounding=rounding, seed=seed,
-            input_precision=(qk_prec, pv_prec), interpreter=INTERPRET, fp_fusion=fp_fusion,
-            fp8_max_imprecise_acc=fp8_max_imprecise_acc,
-        ),
+    info = dict(
+        precision=precision, policy=pol.name,
+        block_m=block_m, block_n=block_n,
+        order=order if isinstance(order, str) else "permutation", variant=var.name,
+        causal=bool(causal), scale=scale, rounding=rounding, seed=seed,
+        input_precision=(qk_prec, pv_prec), interpreter=INTERPRET, fp_fusion=fp_fusion,
+        fp8_max_imprecise_acc=fp8_max_imprecise_acc,
     )
+    order_full = perm.expand(Z, n_qb, n_kb) if trace else None
+    return _result(k_out, order_full, q.device, lead, nq, dv, n_kb, base2, info)
 
 
 

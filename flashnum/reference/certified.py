@@ -38,6 +38,67 @@ def _dot_margin(qb: np.ndarray, k: np.ndarray, vis: np.ndarray) -> np.ndarray:
     return g * a.max(axis=1, initial=0.0) + (d + 1) * TINY * 2
 
 
+def _scale_ball(d: int, scale):
+    """(sc, pow2, sgn): the softmax scale as an exact arb ball (None: 1/sqrt(d), exact when
+    d = 4^k), whether it is a power of two, and its sign."""
+    from flint import arb
+
+    if scale is None:
+        e4 = int(round(math.log(d, 4)))
+        sc = arb(2) ** (-e4) if 4**e4 == d else arb(d).rsqrt()  # exact when d = 4^k
+        pow2 = 4**e4 == d
+    else:
+        sc = arb(scale)
+        pow2 = scale != 0 and math.frexp(abs(scale))[0] == 0.5
+    return sc, pow2, (-1.0 if (scale is not None and scale < 0) else 1.0)
+
+
+def _row_max(ql, vl, k, sgn):
+    """Locate each row's max with float64 and a proven margin, then evaluate it exactly:
+    (dh, dmax, e, inside, dstar), dstar the exact sgn-max of q_i.k_j as arb balls."""
+    from flint import arb_mat
+
+    nk = k.shape[0]
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow: handled below
+        dh = sgn * (ql @ k.T)
+    inside = np.arange(nk)[None, :] < vl[:, None]
+    dh = np.where(inside, dh, -np.inf)
+    dmax = dh.max(axis=1)
+    e = _dot_margin(ql, k, vl)
+    dstar = []
+    for t in range(ql.shape[0]):
+        if np.isfinite(dmax[t]) and np.isfinite(e[t]):
+            cand = np.nonzero(dh[t] >= dmax[t] - 2 * e[t])[0]
+        else:  # float64 overflowed: every visible key is a candidate
+            cand = np.arange(int(vl[t]))
+        dc = (arb_mat([ql[t].tolist()]) * arb_mat(k[cand].T.tolist())).entries()
+        best = dc[0]
+        for x in dc[1:]:
+            best = best.max(x) if sgn > 0 else best.min(x)
+        dstar.append(best)
+    return dh, dmax, e, inside, dstar
+
+
+def _round_rows(OL, live, dstar, sc, dv, out, lse, mx, err, certain) -> None:
+    """Divide o by l, take logs, round every value to float64 and check the rounding, into
+    the live rows of out, lse, mx, err and certain."""
+    for t, i in enumerate(live.tolist()):
+        base = t * (dv + 1)
+        l = OL[base + dv]
+        ok = True
+        worst = 0.0
+        for c in range(dv):
+            y, good, bound = round_ball(OL[base + c] / l)
+            out[i, c] = y
+            ok &= good
+            worst = max(worst, bound)
+        m = sc * dstar[t]
+        mx[i], good_m, _ = round_ball(m)
+        lse[i], good_l, _ = round_ball(m + l.log())
+        err[i] = worst
+        certain[i] = ok and good_m and good_l
+
+
 def _arb_rows(task):
     """Certified attention of some query rows of head b at precision prec.
 
@@ -65,35 +126,11 @@ def _arb_rows(task):
             v1 = np.hstack([v, np.ones((nk, 1))])
             mats[(b, prec)] = (arb_mat(kt1.tolist()), arb_mat(v1.tolist()))
         KT1, V1 = mats[(b, prec)]
-        if scale is None:
-            e4 = int(round(math.log(d, 4)))
-            sc = arb(2) ** (-e4) if 4**e4 == d else arb(d).rsqrt()  # exact when d = 4^k
-            pow2 = 4**e4 == d
-        else:
-            sc = arb(scale)
-            pow2 = scale != 0 and math.frexp(abs(scale))[0] == 0.5
-        sgn = -1.0 if (scale is not None and scale < 0) else 1.0
+        sc, pow2, sgn = _scale_ball(d, scale)
 
-        # -- locate the row max with float64, then evaluate it exactly --
         ql = qb[live]
         vl = vis[live]
-        with np.errstate(over="ignore", invalid="ignore"):  # overflow: handled below
-            dh = sgn * (ql @ k.T)
-        inside = np.arange(nk)[None, :] < vl[:, None]
-        dh = np.where(inside, dh, -np.inf)
-        dmax = dh.max(axis=1)
-        e = _dot_margin(ql, k, vl)
-        dstar = []
-        for t in range(live.size):
-            if np.isfinite(dmax[t]) and np.isfinite(e[t]):
-                cand = np.nonzero(dh[t] >= dmax[t] - 2 * e[t])[0]
-            else:  # float64 overflowed: every visible key is a candidate
-                cand = np.arange(int(vl[t]))
-            dc = (arb_mat([ql[t].tolist()]) * arb_mat(k[cand].T.tolist())).entries()
-            best = dc[0]
-            for x in dc[1:]:
-                best = best.max(x) if sgn > 0 else best.min(x)
-            dstar.append(best)
+        dh, dmax, e, inside, dstar = _row_max(ql, vl, k, sgn)
 
         # -- entries too small to matter: exp(X) <= 2^-(prec+30), proven from float64 --
         drop_bits = prec + 30
@@ -133,22 +170,7 @@ def _arb_rows(task):
         OL = (arb_mat(live.size, nk, P) * V1).entries()  # [o | l] = P [V | 1]
         del P
 
-        # -- divide, take logs, round every value to float64 and check the rounding --
-        for t, i in enumerate(live.tolist()):
-            base = t * (dv + 1)
-            l = OL[base + dv]
-            ok = True
-            worst = 0.0
-            for c in range(dv):
-                y, good, bound = round_ball(OL[base + c] / l)
-                out[i, c] = y
-                ok &= good
-                worst = max(worst, bound)
-            m = sc * dstar[t]
-            mx[i], good_m, _ = round_ball(m)
-            lse[i], good_l, _ = round_ball(m + l.log())
-            err[i] = worst
-            certain[i] = ok and good_m and good_l
+        _round_rows(OL, live, dstar, sc, dv, out, lse, mx, err, certain)
     return b, rows, out, lse, mx, err, certain
 
 
