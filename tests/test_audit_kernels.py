@@ -172,3 +172,17 @@ def test_torch_maths_split_scale_breaks_the_rule_in_fp32_on_large_logits():
     model = attention(q, k, v, precision="fp32", policy="torch_math", causal="top_left").out
     assert err(kernel) > bound >= err(once)
     assert torch.equal(kernel.double(), model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_hf_eagers_additive_mask_gives_a_row_that_sees_no_key_the_mean_of_v(dtype):
+    """transformers' causal mask adds finfo(dtype).min: a row whose every key is masked
+    has equal logits, so softmax averages V there (the audit's masked rule wants 0)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, 32, generator=g).to(dtype) for n in (6, 4, 4))
+    out = resolve("hf_eager")[0](q, k, v, causal=True)  # bottom-right: rows 0, 1 see no key
+    mean = v[0, 0].double().mean(0)
+    assert torch.allclose(out[0, 0, :2].double(), mean.expand(2, -1), atol=1e-2)
+    rep = fa.audit("hf_eager", precision="bf16", case_list=[Case("masked", 96, 64, 64, True,
+                                                                 1, 1)])
+    assert "masked" in rep.broken()
