@@ -460,6 +460,45 @@ def _standard_terms(P: dict, U, n, bn_eff, tf_pv, vabsA, eta_key, M):
     return Ostar, Lstar, H, A_N, A_D, A_out, U("out"), P["eta_out"]
 
 
+def _flash_terms(P: dict, U, variant: Variant, n, T, r, bn, tf_pv, vabsA, eta_key, M, Xc,
+                 wide, pc_common: bool, fno):
+    """Step B's terms for the flash structure (the blocked recurrence; fa1's normalised
+    steps included): (Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin) for _evaluate."""
+    def pw(name, k):
+        return _pw(U(name), k)
+
+    def row(x):
+        return x[..., None]
+
+    # +1: a key's P @ V tile and row sum are rounded into o's and l's formats once,
+    # before they are added (flashnum.engine.recurrence; a no-op when o and l are fp32)
+    k_o = (3 * T + 1) if variant.normalised else (T + r + 1)
+    k_l = (2 * T + 1) if variant.normalised else (T + r + 1)
+    Ostar = _x(_x(_x(fno, pw("pv", bn)), tf_pv), pw("o", k_o))
+    if variant.normalised:
+        Ostar = _x(Ostar, pw("div", T))
+    Lstar = _x(pw("lacc", bn), pw("l", k_l))
+    H = n * P["eta_p"] * Xc + (r * n) * P["eta_p"] * wide
+    if pc_common:
+        H = H + n * P["eta_pc"] * Xc
+    eta_pc_n = 0.0 if pc_common else P["eta_pc"]
+    # o * alpha, l * alpha may underflow: eta_o, eta_l, times the later rescales (<= Xc)
+    A_N = row(1 + Ostar) * (row(n * Xc) * (eta_pc_n * vabsA + eta_key)
+                             + row((r + T) * P["eta_o"] * Xc))
+    A_D = (r + T) * P["eta_l"] * (1 + Lstar) * Xc
+    if variant.normalised:
+        H = H + (T * bn) * P["eta_p"] * wide
+        L_hi = n * wide * (1 + Lstar)
+        A_N = A_N + row((1 + Ostar) * Xc * (4 * T * P["eta_o"] + T * P["eta_div"] * L_hi))
+        A_D = 3 * T * P["eta_l"] * (1 + Lstar) * Xc
+        Fin_m1 = U("out")
+    else:
+        Fin_m1 = _x(U("div"), U("out"))
+    A_out = torch.zeros_like(M)[..., None]
+    eta_fin = P["eta_div"] * (1 + U("out")) + P["eta_out"]
+    return Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin
+
+
 def _evaluate(P: dict, D: dict, *, structure: str, variant: Variant, scale: float,
               l_from: str, r: torch.Tensor, base2: bool, check=None):
     """The deterministic bound per output entry (B, Nq, dv) for parameter values P.
@@ -522,32 +561,8 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: Variant, scale: floa
         Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin = _standard_terms(
             P, U, n, bn_eff, tf_pv, vabsA, eta_key, M)
     else:
-        # +1: a key's P @ V tile and row sum are rounded into o's and l's formats once,
-        # before they are added (flashnum.engine.recurrence; a no-op when o and l are fp32)
-        k_o = (3 * T + 1) if variant.normalised else (T + r + 1)
-        k_l = (2 * T + 1) if variant.normalised else (T + r + 1)
-        Ostar = _x(_x(_x(fno, pw("pv", bn)), tf_pv), pw("o", k_o))
-        if variant.normalised:
-            Ostar = _x(Ostar, pw("div", T))
-        Lstar = _x(pw("lacc", bn), pw("l", k_l))
-        H = n * P["eta_p"] * Xc + (r * n) * P["eta_p"] * wide
-        if pc_common:
-            H = H + n * P["eta_pc"] * Xc
-        eta_pc_n = 0.0 if pc_common else P["eta_pc"]
-        # o * alpha, l * alpha may underflow: eta_o, eta_l, times the later rescales (<= Xc)
-        A_N = row(1 + Ostar) * (row(n * Xc) * (eta_pc_n * vabsA + eta_key)
-                                 + row((r + T) * P["eta_o"] * Xc))
-        A_D = (r + T) * P["eta_l"] * (1 + Lstar) * Xc
-        if variant.normalised:
-            H = H + (T * bn) * P["eta_p"] * wide
-            L_hi = n * wide * (1 + Lstar)
-            A_N = A_N + row((1 + Ostar) * Xc * (4 * T * P["eta_o"] + T * P["eta_div"] * L_hi))
-            A_D = 3 * T * P["eta_l"] * (1 + Lstar) * Xc
-            Fin_m1 = U("out")
-        else:
-            Fin_m1 = _x(U("div"), U("out"))
-        A_out = torch.zeros_like(M)[..., None]
-        eta_fin = P["eta_div"] * (1 + U("out")) + P["eta_out"]
+        Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin = _flash_terms(
+            P, U, variant, n, T, r, bn, tf_pv, vabsA, eta_key, M, Xc, wide, pc_common, fno)
     Hd, AD = H * Dinv, A_D * Dinv
     AN = A_N * row(Dinv)
     Cb, Ls, Hr = row(Cbar), row(Lstar), row(Hd)
