@@ -222,6 +222,40 @@ class _Stop(Exception):
     pass
 
 
+def _begin(start, kw: dict, *, metric, seq_len, head_dim, batch, heads, block_n, seed,
+           budget_s, max_evals, population):
+    """(start as Inputs or None, the shape of make()'s arguments, the search's config):
+    a captured call given by its params is made here, and its shape is the search's."""
+    start_params = None
+    if isinstance(start, dict):  # a captured call, by its distribution params
+        start_params = dict(start)
+        start = make("captured", seed=seed, block_n=block_n, **start)
+    elif start is not None and not isinstance(start, Inputs):
+        raise TypeError(f"start must be an Inputs or a dict of captured params "
+                        f"(path, call, ...), got {type(start).__name__}")
+    if start is not None:
+        batch, heads, seq_len, head_dim = start.q.shape
+    shape = dict(batch=batch, heads=heads, seq_len_q=seq_len, head_dim=head_dim,
+                 block_n=block_n, seed=seed)
+    config = dict(metric=metric, seq_len=seq_len, head_dim=head_dim, batch=batch, heads=heads,
+                  seed=seed, budget_s=budget_s, max_evals=max_evals, population=population, **kw)
+    if start is not None:
+        config.update(start=start_params or {"name": start.name, **start.params},
+                      seq_len_k=start.k.shape[-2], causal=start.causal)
+    return start, shape, config
+
+
+def _result(best: dict, baseline: float, bound: float, metric: str, **rest) -> SearchResult:
+    """The SearchResult of the best candidate; ratio_v compares errors relative to max|V|."""
+    worst: Inputs = best["inputs"]
+    ratio_v = (best["error"] / float(worst.v.abs().max())) / (baseline / bound)
+    if metric == "max_abs_v":
+        ratio_v = best["error"] / baseline
+    return SearchResult(
+        error=best["error"], baseline=baseline, ratio=best["error"] / baseline, ratio_v=ratio_v,
+        inputs=worst, family=best["family"], params=best["params"], bound=bound, **rest)
+
+
 def worst_case(policy: str = "fa2", precision: str = "bf16", seq_len: int = 1024,
                head_dim: int = 64, block_n: int = 64, block_m: int = 64,
                order: str = "forward", metric: str = "max_abs", budget_s: float = 100.0,
@@ -251,22 +285,11 @@ def worst_case(policy: str = "fa2", precision: str = "bf16", seq_len: int = 1024
     t0 = time.perf_counter()
     deadline = t0 + budget_s if budget_s > 0 else math.inf
     kw = _engine_kw(policy, precision, block_m, block_n, order, variant)
-    start_params = None
-    if isinstance(start, dict):  # a captured call, by its distribution params
-        start_params = dict(start)
-        start = make("captured", seed=seed, block_n=block_n, **start)
-    elif start is not None and not isinstance(start, Inputs):
-        raise TypeError(f"start must be an Inputs or a dict of captured params "
-                        f"(path, call, ...), got {type(start).__name__}")
-    if start is not None:
-        batch, heads, seq_len, head_dim = start.q.shape
-    shape = dict(batch=batch, heads=heads, seq_len_q=seq_len, head_dim=head_dim,
-                 block_n=block_n, seed=seed)
-    config = dict(metric=metric, seq_len=seq_len, head_dim=head_dim, batch=batch, heads=heads,
-                  seed=seed, budget_s=budget_s, max_evals=max_evals, population=population, **kw)
-    if start is not None:
-        config.update(start=start_params or {"name": start.name, **start.params},
-                      seq_len_k=start.k.shape[-2], causal=start.causal)
+    start, shape, config = _begin(start, kw, metric=metric, seq_len=seq_len,
+                                  head_dim=head_dim, batch=batch, heads=heads, block_n=block_n,
+                                  seed=seed, budget_s=budget_s, max_evals=max_evals,
+                                  population=population)
+    seq_len = shape["seq_len_q"]
 
     base = prepare(start if start is not None else make("gaussian", **shape), precision, policy)
     bound = float(base.v.abs().max())
@@ -332,17 +355,10 @@ def worst_case(policy: str = "fa2", precision: str = "bf16", seq_len: int = 1024
     if best["inputs"] is None:
         raise ValueError("the budget ended before any candidate was evaluated; raise budget_s")
 
-    worst: Inputs = best["inputs"]
-    ratio_v = (best["error"] / float(worst.v.abs().max())) / (baseline / bound)
-    if metric == "max_abs_v":
-        ratio_v = best["error"] / baseline
-    res = SearchResult(
-        error=best["error"], baseline=baseline, ratio=best["error"] / baseline, ratio_v=ratio_v,
-        inputs=worst, family=best["family"], params=best["params"], bound=bound,
-        n_evals=n[0], elapsed_s=elapsed, history=history, screen=screened, config=config,
-    )
+    res = _result(best, baseline, bound, metric, n_evals=n[0], elapsed_s=elapsed,
+                  history=history, screen=screened, config=config)
     if verify:
-        res.verified = _verify(worst, kw, metric)
+        res.verified = _verify(res.inputs, kw, metric)
     if save:
         res.path = str(save_worst(res, save if not isinstance(save, bool) else DEFAULT_DIR))
     return res
