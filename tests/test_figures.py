@@ -27,6 +27,7 @@ import pytest
 
 from flashnum import figures
 from flashnum.figures import EXPERIMENTS, NUMBERS, REPROS, generate, main
+from flashnum.figures.numbers import FACTS
 
 PAPER = Path(__file__).resolve().parents[1] / "paper" / "paper.tex"
 U = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
@@ -142,10 +143,11 @@ def synthetic_tree(root: Path, skip=()) -> Path:
             ("length", pol, n, r) for pol, r in (("naive", 1.0), ("fa2", 0.5), ("lowp", 2.0))
             for n in (256, 1024))
     ] + [
-        dict(experiment="repro_is_flash_stable", case_id=f"gt{i}", sweep="tiles",
-             policy="lowp", n=1024, block_m=bm, block_n=bn, sram=sram, swapped=sw,
+        dict(experiment="repro_is_flash_stable", case_id=f"gt{pol}{i}", sweep="tiles",
+             policy=pol, n=1024, block_m=bm, block_n=bn, sram=sram, swapped=sw,
              ours=e, ratio_to_standard=e / 1e-3, published_ratio=10.0,
              block_m_effect=0.0 if sw else np.nan)
+        for pol in ("fa2", "lowp")
         for i, (bm, bn, sram, sw, e) in enumerate(
             ((16, 16, 4096, False, 4e-3), (64, 256, 65536, False, 2e-3),
              (256, 64, 65536, True, 3e-3)))
@@ -337,6 +339,12 @@ def _macros(numbers_tex: str) -> dict:
     return dict(re.findall(r"\\newcommand\{\\(\w+)\}\{(.*)\}(?: %.*)?$", numbers_tex, re.M))
 
 
+def _facts(numbers_tex: str) -> dict:
+    """The yes/no facts paper.tex branches on: \\newif\\ifName \\Nametrue -> {Name: True}."""
+    return {k: v == "true" for k, v in
+            re.findall(r"^\\newif\\if(\w+) \\\1(true|false)", numbers_tex, re.M)}
+
+
 @pytest.fixture(scope="module")
 def full(tmp_path_factory):
     root = synthetic_tree(tmp_path_factory.mktemp("experiments"))
@@ -377,15 +385,18 @@ def test_exp_site_numbers_come_from_the_exhaustive_check(full):
 
 def test_the_fa3_protocol_sentences_quote_the_stored_spread(full):
     _, out, _ = full
-    text = _macros((out / "numbers.tex").read_text())["FaThreeProtocolText"]
-    for quoted in ("$N = 8{,}192$", "over 4 seeds", "3.0", "25\\%", "1.50", "1.25 to 2.00",
-                   "published 1.68, which lies inside"):
-        assert quoted in text, quoted
+    text = (out / "numbers.tex").read_text()
+    m = {k[len("FaThreeProtocol"):]: v for k, v in _macros(text).items()
+         if k.startswith("FaThreeProtocol")}
+    assert (m["N"], m["Seeds"], m["StdSd"], m["Ratio"]) == ("8{,}192", "4", "25", "1.50")
+    assert "3.0" in m["Std"] and (m["RatioMin"], m["RatioMax"]) == ("1.25", "2.00")
+    assert m["Published"] == "1.68" and _facts(text)["FaThreeProtocolInside"]
 
 
 def test_quoted_numbers_come_from_the_data(full):
     _, out, _ = full
     m = _macros((out / "numbers.tex").read_text())
+    fact = _facts((out / "numbers.tex").read_text())
     # planted: error ~ u sqrt(N) (times 1 + 0.01 seed, which the median keeps per N)
     assert _close(m["SlopeNBfSixteen"], SLOPE_BF16)
     assert m["NMin"] == "256" and m["NMax"] == "2{,}048"
@@ -413,24 +424,27 @@ def test_quoted_numbers_come_from_the_data(full):
     assert tab.count(r"\\") == 5 and r"4.0\times 10^{-4}" in tab
     assert tab.index("fp16 standard") < tab.index("fp16 FlashAttention-2") < tab.index("fp8")
     assert _close(m["FaThreeEightMatch"], 1.1)
-    assert _close(m["FaThreeJointMatch"], 1.3) and "$N=8192$, $d=128$" in m["FaThreeText"]
+    assert _close(m["FaThreeJointMatch"], 1.3)
+    assert (m["FaThreeJointN"], m["FaThreeJointD"]) == ("8192", "128")
     # from 16x16 to 64x256 tiles the lowp deviation halves; the swap alone moves nothing
-    assert "changes by a factor 0.50" in m["GoldenText"] and m["GoldenSwapEffect"] == "0"
+    assert m["GoldenTilesLowp"] == "0.50" and m["GoldenSwapEffect"] == "0"
+    assert fact["GoldenSwap"] and fact["GoldenSwapExact"]
     assert _close(m["FaThreeMatch"], 1.25)
     assert m["FaThreeN"] == "2{,}048" and m["FaThreeD"] == "64"
     assert _close(m["FaThreeRatio"], 3.2 / 1.9)
-    assert "matched within a factor of 2" in m["FaThreeText"]
+    assert fact["FaThreePublished"] and not fact["FaThreeDisagree"]  # all within 2x
+    assert m["AgreeFactor"] == "2"
     # Golden: a flash/standard ratio of 2 (lowp) or 0.5 (fa2) is not "about 10"
     assert _close(m["GoldenRatioLowp"], 2.0) and _close(m["GoldenRatioFa"], 0.5)
-    assert "We disagree" in m["GoldenText"]
+    assert fact["GoldenMeasured"] and not fact["GoldenMatched"]  # "We disagree"
     # Qiu & Yao: z = -4 without the fix is their negative bias; z = -0.5 with it: removed
     assert _close(m["QiuYaoZ"], -4.0) and _close(m["QiuYaoZFixed"], -0.5)
-    assert "confirms the published negative bias" in m["QiuYaoText"]
-    assert "the fix removes it" in m["QiuYaoText"]
-    assert "the bias needs the exact ties, as published" in m["QiuYaoText"]  # control z=-0.5
+    assert fact["QiuYaoTies"] and fact["QiuYaoNegative"] and not fact["QiuYaoPositive"]
+    assert fact["QiuYaoHaveFix"] and fact["QiuYaoFixRemoves"]
+    assert fact["QiuYaoHaveBroken"] and fact["QiuYaoBrokenVanishes"]  # control z=-0.5
     # P cast: a gain of 6 lies in the published 3-10
-    assert _close(m["PcastRatio"], 6.0) and "agrees with the published range" in m["PcastText"]
-    assert "$S=256$" in m["PcastText"]  # an exact parameter is printed exactly
+    assert _close(m["PcastRatio"], 6.0) and fact["PcastBest"] and fact["PcastAgrees"]
+    assert m["PcastScale"] == "256"  # an exact parameter is printed exactly
 
 
 def test_backward_growth_exponents_come_from_the_data(full):
@@ -501,8 +515,8 @@ def test_tables_that_cannot_give_their_figure_say_so(tmp_path):
     assert (out / "error_by_order.tex").read_text().startswith(r"\notdrawn{block\_order: ")
     assert r"\haveBlockOrderfalse" in (out / "numbers.tex").read_text()  # not quoted either
     assert "mse" in (out / "tab_repro_fp8_pcast.tex").read_text()
-    text = _macros((out / "numbers.tex").read_text())["PcastText"]
-    assert "lacks the columns" in text and r"\texttt{order}" in text
+    assert _facts((out / "numbers.tex").read_text())["PcastIncomplete"]
+    assert r"\texttt{order}" in _macros((out / "numbers.tex").read_text())["PcastMissing"]
     assert _macros((out / "numbers.tex").read_text())["PcastRatio"] == r"\nyr"
 
 
@@ -524,6 +538,10 @@ def test_paper_uses_only_defined_macros():
     switches = {f"ifhave{figures.tex_name(e)}" for e in EXPERIMENTS} | {"ifhaveGpuMeasurements"}
     used = set(re.findall(r"\\((?:Sel|ifhave)[A-Za-z]+)", tex))
     assert used - declared - switches == set()
+    # every \\if the paper branches on is a declared fact, a switch or one it defines itself
+    own_ifs = set(re.findall(r"\\newif\\if([A-Za-z]+)", tex))
+    ifs = set(re.findall(r"\\if([A-Z][A-Za-z]*)", tex))
+    assert ifs - set(FACTS) - own_ifs == set()
     # every capitalised macro is a generated number, one the paper defines, or TeX's own
     tex_own = {"S", "P", "L", "O", "Delta", "Gamma", "Lambda", "Omega", "Phi", "Pi", "Psi",
                "Sigma", "Theta", "Upsilon", "Xi", "Pr"}

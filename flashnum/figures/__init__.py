@@ -12,12 +12,15 @@ Writes into --out (default paper/figures/):
                                  \\notyetrun{<command>} when its table does not exist
     tab_<name>.tex               a booktabs table (or the placeholder)
     numbers.tex                  one \\newcommand per number the text quotes, an
-                                 \\ifhave<Experiment> switch per experiment, and one
+                                 \\ifhave<Experiment> switch per experiment, one
+                                 \\if<Fact> per yes/no the text branches on, and one
                                  \\Sel<Figure> macro per figure saying which rows it shows
 
 The text of the paper never hard-codes a measured number: it quotes these macros,
-and says nothing about an experiment whose switch is false. A number that cannot
-be computed (its table is missing) is the macro \\nyr ("not yet run").
+says nothing about an experiment whose switch is false, and chooses between its
+sentences by the facts (e.g. \\ifQiuYaoNegative This confirms ... \\else ... \\fi).
+A number that cannot be computed (its table is missing) is the macro \\nyr ("not yet
+run").
 
 Deterministic: the same tables give byte-identical files (categories sorted, no
 timestamps: PDF CreationDate dropped, PNG Software dropped). A missing table is
@@ -68,7 +71,9 @@ into the FIGURES registry below):
     context.py  Figures (tables in, files and numbers out), Unplottable, row selections
     plots.py    one function per plot
     tables.py   one function per table from the sweeps and presets
-    prose.py    the reproductions' tables and the sentences the paper quotes about them
+    reproductions.py  the reproductions' tables and the numbers and facts the paper's
+                sentences about them read
+    quantities.py  the named quantities paper, README and docs quote (QUANTITIES)
     lowprec.py  block-scaled formats, FA4's fp8 offset, the P-cast threshold, split-KV
     audit.py    the real codes audited: experiments/kernel_audit, Qiu & Yao's clamp
     trained.py  the trained model's heads beside the catalogue
@@ -88,7 +93,13 @@ from flashnum.figures.lowprec import (
     tab_block_scaled,
     tab_splitkv_decode,
 )
-from flashnum.figures.numbers import EXPERIMENTS, NUMBERS, exp_site, fa3_protocol, write_numbers
+from flashnum.figures.numbers import (
+    EXPERIMENTS,
+    NUMBERS,
+    fa3_protocol,
+    quantities,
+    write_numbers,
+)
 from flashnum.figures.plots import (
     attribution,
     bwd_error,
@@ -101,7 +112,7 @@ from flashnum.figures.plots import (
     kernel_vs_emulator,
     precision_bits,
 )
-from flashnum.figures.prose import REPRO, tab_repro
+from flashnum.figures.reproductions import REPRO, tab_repro
 from flashnum.figures.tables import tab_presets, tab_tightness, tab_worst_case
 from flashnum.figures.tex import tex_name
 from flashnum.figures.trained import tab_trained_model, trained_model
@@ -140,7 +151,7 @@ SOURCES = {"error_vs_n": "seqlen_growth", "error_vs_block_n": "block_size",
            "qiu_yao_clamp": "repro_qiu_yao", "trained_model": "trained_model",
            "tab_trained_model": "trained_model"}
 
-REPROS = tuple(REPRO)  # the reproductions' tables, after the figures (prose.py)
+REPROS = tuple(REPRO)  # the reproductions' tables, after the figures (reproductions.py)
 
 
 def generate(experiments=None, out=None) -> Figures:
@@ -156,7 +167,7 @@ def generate(experiments=None, out=None) -> Figures:
             F.cannot_draw(fn.__name__, SOURCES[fn.__name__], str(e))
     for name in REPROS:
         tab_repro(F, name)
-    exp_site(F)
+    quantities(F)
     fa3_protocol(F)
     write_numbers(F, PLOTS)
     return F

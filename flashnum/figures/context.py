@@ -3,6 +3,7 @@
     F = Figures(experiments=Path("experiments"), out=Path("paper/figures"))
     df = F.table("bf16_sweep")          # the stored rows (flashnum.harness.store), or None
     F.num("SweepCases", len(df))        # a number the text quotes (declared in NUMBERS)
+    F.fact("QiuYaoNegative", z <= -3)   # a fact the text branches on (declared in FACTS)
     F.save(fig, "heatmap", width=0.75)  # heatmap.pdf/.png without timestamps + heatmap.tex
     F.placeholder(stem, experiment)     # the paper's box for a table not yet computed
 
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from flashnum.figures.numbers import EXPERIMENTS, NUMBERS
+from flashnum.figures.numbers import EXPERIMENTS, FACTS, NUMBERS
 from flashnum.figures.tex import tex_escape, tex_num
 from flashnum.harness import store
 
@@ -39,6 +40,7 @@ class Figures:
     experiments: Path
     out: Path
     numbers: dict = field(default_factory=dict)  # macro -> TeX text
+    facts: dict = field(default_factory=dict)  # \\if name -> bool
     selections: dict = field(default_factory=dict)  # figure -> TeX text
     made: list = field(default_factory=list)
     placeholders: list = field(default_factory=list)  # (file stem, experiment)
@@ -58,6 +60,12 @@ class Figures:
         if name not in NUMBERS:
             raise ValueError(f"unknown number macro {name!r}; declare it in NUMBERS")
         self.numbers[name] = value if isinstance(value, str) else tex_num(value, digits)
+
+    def fact(self, name: str, value: bool) -> None:
+        """A yes/no the paper branches on (\\if<name>); unset, it is false."""
+        if name not in FACTS:
+            raise ValueError(f"unknown fact {name!r}; declare it in FACTS")
+        self.facts[name] = bool(value)
 
     def select(self, stem: str, parts: list[str]) -> None:
         self.selections[stem] = tex_escape("; ".join(parts))

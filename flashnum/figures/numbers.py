@@ -2,19 +2,25 @@
 
     EXPERIMENTS  experiment name -> the command that writes its table (the placeholder
                  a missing table shows; one \\ifhave<Name> switch each in numbers.tex)
-    NUMBERS      macro name -> what it is; a figure or table sets one with F.num(name, v)
-    write_numbers(F, plots)  numbers.tex: the switches, one \\newcommand per number
+    NUMBERS      macro name -> what it is; a figure or table sets one with F.num(name, v),
+                 a named quantity (flashnum.figures.quantities) sets itself
+    FACTS        \\if name -> when it is true; a figure or table sets one with F.fact(name, b)
+                 and paper.tex holds the sentences for both cases
+    write_numbers(F, plots)  numbers.tex: the switches, one \\newif per fact (false when
+                 nothing set it), one \\newcommand per number
                  (\\nyr when nothing set it) and one \\Sel<Figure> per plot
 
 A new experiment the paper reads gets a line in EXPERIMENTS; a new quoted number a line in
-NUMBERS (F.num refuses undeclared names, so the text never quotes an unknown macro).
+NUMBERS (F.num refuses undeclared names, so the text never quotes an unknown macro), a
+new yes/no in FACTS (F.fact likewise).
 """
 
 from __future__ import annotations
 
 import json
 
-from flashnum.figures.tex import tex_name, tex_num
+from flashnum.figures.quantities import QUANTITIES
+from flashnum.figures.tex import tex_name
 
 _RUN = "python -m flashnum.run experiment={}"
 _REPRO = "python -m flashnum.run experiment=repro_{}"
@@ -62,7 +68,6 @@ TRAINED = {
                       "(how many heads each)",
     "TrainedSinkMax": "trained_model_stats: largest mean probability on key 0 of a head",
     "TrainedMaxLogit": "trained_model_stats: largest logit of any head",
-    "TrainedSinkText": "trained_model_stats: whether a head is an attention sink (generated)",
     "TrainedBwdCalls": "bwd_trained_model: captured heads through the backward",
     "TrainedBwdRuleFa": "bwd_trained_model: fa2 cases on the heads within 2x torch autograd's "
                         "error in every gradient (of all, bf16 and fp16)",
@@ -78,6 +83,10 @@ TRAINED = {
     "TrainedMinutes": "models/stdlib_lm.json: training wall-clock minutes",
     "TrainedValLoss": "models/stdlib_lm.json: last validation loss, nats per byte",
 }
+
+# the reproductions the paper discusses: macro key, experiment (flashnum.figures.reproductions)
+_KEYS = (("FaThree", "repro_fa3_table3"), ("Golden", "repro_is_flash_stable"),
+         ("QiuYao", "repro_qiu_yao"), ("Pcast", "repro_fp8_pcast"))
 
 # every number the text may quote: macro name -> what it is
 NUMBERS = {
@@ -98,10 +107,7 @@ NUMBERS = {
                      "partials",
     "SplitTop": "repro_splitkv_decode: the most splits measured",
     "SplitNkMax": "repro_splitkv_decode: the largest Nk",
-    "ExpInputs": "float32 arguments of exp and exp2 checked (bench/exp_exhaustive.py)",
-    "ExpHard": "arguments whose float64 value lies within 4 float64 ulps of an fp32 rounding "
-               "boundary (same)",
-    "ExpFloatMisses": "arguments a float64 evaluation alone rounds wrongly (same)",
+    **{k: QUANTITIES[k].what for k in ("ExpInputs", "ExpHard", "ExpFloatMisses")},
     "NMin": "smallest N in seqlen_growth",
     "NMax": "largest N in seqlen_growth",
     **{f"SlopeN{p}": f"exponent a of median error ~ N^a, {p} fa2 (seqlen_growth)"
@@ -166,7 +172,6 @@ NUMBERS = {
     "BwdGrowthBoundViolated": "of those, the bound finite and exceeded somewhere",
     "BwdGrowthOverflow": "of those, a computed gradient with an inf or NaN entry",
     "BoundHeld": "rows whose deterministic bound is finite and covers the error (the sweeps)",
-    "FaThreeText": "repro_fa3_table3: generated sentences (protocol, match, disagreements)",
     "FaThreeProtocol": "repro_fa3_table3: the best-matching fp16 protocol",
     "FaThreeN": "repro_fa3_table3: N of the best fp16 protocol",
     "FaThreeD": "repro_fa3_table3: head dim of the best fp16 protocol",
@@ -176,17 +181,12 @@ NUMBERS = {
     "FaThreeMatch": "repro_fa3_table3: match factor of the best fp16 protocol",
     "FaThreeEightMatch": "repro_fa3_table3: match factor of the best fp8 protocol",
     "FaThreeJointMatch": "repro_fa3_table3: match factor of the best single protocol for all rows",
-    "FaThreeProtocolText": "bench/results/fa3_protocol.json: the fp16 pair at the protocol "
-                           "fixed in advance, over seeds (generated sentences)",
-    "GoldenText": "repro_is_flash_stable: generated sentences",
     "GoldenRatioFa": "repro_is_flash_stable: median flash/standard max deviation, fa2",
     "GoldenRatioLowp": "repro_is_flash_stable: the same, lowp",
     "GoldenLenSlopeFa": "repro_is_flash_stable: exponent of deviation ~ N^a, fa2",
     "GoldenLenSlopeStd": "repro_is_flash_stable: exponent of deviation ~ N^a, standard",
     "GoldenSwapEffect": "repro_is_flash_stable: largest output change from block_m alone",
-    "QiuYaoText": "repro_qiu_yao: generated sentences",
-    "QiuYaoZ": "repro_qiu_yao: z over heads of the bias, ties, lowp, no fix",
-    "QiuYaoZFixed": "repro_qiu_yao: the same with the max adjustment",
+    **{k: QUANTITIES[k].what for k in ("QiuYaoZ", "QiuYaoZFixed")},
     "QiuYaoZGauss": "repro_qiu_yao: the same on gaussian inputs, no fix",
     "QiuYaoZFaTwo": "repro_qiu_yao: ties under the fa2 policy, no fix",
     "QiuYaoZBroken": "repro_qiu_yao: the control with the ties broken, lowp, no fix",
@@ -205,53 +205,110 @@ NUMBERS = {
     "QiuYaoReleasedErr": "repro_qiu_yao: mean signed error of their released fix, ties, lowp",
     "QiuYaoOnset": "repro_qiu_yao: derived max logit where the released clamp acts, ln(2/1e-10)",
     "QiuYaoOnsetMeasured": "repro_qiu_yao: first max logit of the sweep with out/ref < 0.99",
-    "PcastText": "repro_fp8_pcast: generated sentences",
     "PcastRatio": "repro_fp8_pcast: median MSE gain of reverse + scale over forward",
     "PcastRatioMin": "repro_fp8_pcast: smallest such gain",
     "PcastRatioMax": "repro_fp8_pcast: largest such gain",
     "PcastReverseOnly": "repro_fp8_pcast: median gain of reverse order without a scale",
     "PcastUnderflowForward": "repro_fp8_pcast: median underflow fraction, forward, no scale",
+    # the reproductions' numbers the paper's sentences quote (flashnum.figures.reproductions)
+    **{f"{k}Missing": f"{e}: the needed columns a stored table lacks" for k, e in _KEYS},
+    "AgreeFactor": "the factor within which a published number and ours agree",
+    "FaThreeEightN": "repro_fa3_table3: N of the best fp8 protocol",
+    "FaThreeEightD": "repro_fa3_table3: head dim of the best fp8 protocol",
+    "FaThreeJointN": "repro_fa3_table3: N of the best single protocol for all rows",
+    "FaThreeJointD": "repro_fa3_table3: head dim of the best single protocol for all rows",
+    "FaThreeDisagreements": "repro_fa3_table3: the rows off by more than AgreeFactor",
+    **{k: q.what for k, q in QUANTITIES.items() if k.startswith("FaThreeProtocol")},
+    "GoldenPublished": "repro_is_flash_stable: the published flash / standard ratio",
+    **{f"Golden{w}{k}": f"repro_is_flash_stable: {d}, {p}"
+       for k, p in (("Fa", "fa2"), ("Lowp", "lowp"))
+       for w, d in (("From", "flash / standard ratio at the smallest N"),
+                    ("FromN", "the smallest N"),
+                    ("To", "flash / standard ratio at the largest N"),
+                    ("ToN", "the largest N"),
+                    ("Tiles", "deviation at the largest tiles / at the smallest"))},
+    "GoldenNear": "repro_is_flash_stable: the policies and N within AgreeFactor of the "
+                  "published ratio",
+    "GoldenSlopeList": "repro_is_flash_stable: exponents of deviation ~ N^a per policy",
+    "QiuYaoLogitStdMax": QUANTITIES["QiuYaoLogitStdMax"].what,
+    "QiuYaoExactUpTo": "repro_qiu_yao: the last max logit of the sweep with out/ref >= 0.99",
+    "QiuYaoCollapseMin": "repro_qiu_yao: smallest out/ref of the released fix in the sweep",
+    "QiuYaoCollapseAt": "repro_qiu_yao: the largest max logit of the sweep",
+    "PcastScale": "repro_fp8_pcast: the largest static scale S",
+    "PcastPublishedLo": "repro_fp8_pcast: the published gain, low end",
+    "PcastPublishedHi": "repro_fp8_pcast: the published gain, high end",
+    "PcastScaleOnly": "repro_fp8_pcast: median gain of the scale without reverse order",
     **TRAINED,
+    # the named quantities not listed above (flashnum.figures.quantities)
+    **{k: q.what for k, q in QUANTITIES.items()},
+}
+
+# every yes/no the text branches on (\\if<Name> ... \\else ... \\fi): name -> when true.
+# The sentences live in paper.tex; these decide which of them it says.
+FACTS = {
+    **{f"{k}Incomplete": f"{e}: the stored table lacks columns the text needs" for k, e in _KEYS},
+    "FaThreePair": "repro_fa3_table3: the best fp16 protocol has both standard and FA2 rows",
+    "FaThreeEight": "repro_fa3_table3: an fp8 protocol was matched",
+    "FaThreeJoint": "repro_fa3_table3: one protocol was matched to all rows",
+    "FaThreePublished": "repro_fa3_table3: some row has a published number",
+    "FaThreeDisagree": "repro_fa3_table3: some row is off by more than AgreeFactor",
+    "FaThreeProtocolMeasured": "bench/results/fa3_protocol.json exists",
+    "FaThreeProtocolInside": "the published ratio lies inside the per-seed range",
+    "GoldenLengthFa": "repro_is_flash_stable: the length sweep has fa2 rows",
+    "GoldenLengthLowp": "repro_is_flash_stable: the length sweep has lowp rows",
+    "GoldenMatched": "repro_is_flash_stable: some policy and N within AgreeFactor of the "
+                     "published ratio",
+    "GoldenMeasured": "repro_is_flash_stable: a flash policy was swept over length",
+    "GoldenFaBelow": "repro_is_flash_stable: fa2 deviates less than standard at every N",
+    "GoldenOnlyLowState": "repro_is_flash_stable: matched, but not by fa2",
+    "GoldenSlopes": "repro_is_flash_stable: some policy has two lengths or more",
+    "GoldenTilesFa": "repro_is_flash_stable: fa2 was run at two tile sizes or more",
+    "GoldenTilesLowp": "repro_is_flash_stable: lowp was run at two tile sizes or more",
+    "GoldenSwap": "repro_is_flash_stable: the swapped tiles were measured",
+    "GoldenSwapExact": "repro_is_flash_stable: B_r alone changes no output bit",
+    "QiuYaoTies": "repro_qiu_yao: a row for tied maxima under lowp",
+    "QiuYaoLogitStd": "repro_qiu_yao: the inputs have a logit std",
+    "QiuYaoNegative": "repro_qiu_yao: z <= -3 on ties (the published negative bias)",
+    "QiuYaoPositive": "repro_qiu_yao: z >= 3 on ties (the opposite sign)",
+    "QiuYaoHaveFix": "repro_qiu_yao: the max adjustment was measured",
+    "QiuYaoFixRemoves": "repro_qiu_yao: |z| < 2 with the adjustment",
+    "QiuYaoFixReduces": "repro_qiu_yao: |z| smaller with the adjustment than without",
+    "QiuYaoHaveReleased": "repro_qiu_yao: the released fix was measured",
+    "QiuYaoHaveOnset": "repro_qiu_yao: the clamp sweep was measured",
+    "QiuYaoOnsetStraddled": "repro_qiu_yao: the sweep has max logits on both sides of it",
+    "QiuYaoHaveBroken": "repro_qiu_yao: the control with ties broken was measured",
+    "QiuYaoBrokenVanishes": "repro_qiu_yao: |z| < 3 without exact ties",
+    "QiuYaoBrokenSameSign": "repro_qiu_yao: the control's z has the sign of the ties' z",
+    "QiuYaoHaveFaTwo": "repro_qiu_yao: ties under fa2 were measured",
+    "PcastBest": "repro_fp8_pcast: rows with reverse order and the largest scale",
+    "PcastOneCase": "repro_fp8_pcast: only one such row",
+    "PcastAlone": "repro_fp8_pcast: reverse order and the scale were measured alone",
+    "PcastUnderflow": "repro_fp8_pcast: the underflow of forward order was measured",
+    "PcastAgrees": "repro_fp8_pcast: every gain within AgreeFactor of the published range",
+    "PcastLarger": "repro_fp8_pcast: the median gain lies above the published range",
+    "TrainedSink": "trained_model_stats: some head's mean probability on key 0 is >= 0.1",
 }
 
 
-def exp_site(F) -> None:
-    """Numbers of the exhaustive check of the exp site (bench/results/exp_exhaustive.json)."""
-    path = F.experiments.parent / "bench" / "results" / "exp_exhaustive.json"
-    if not path.exists():
-        return
-    r = json.loads(path.read_text())
-    fns = [r[f] for f in ("exp", "exp2") if f in r]
-    F.num("ExpInputs", f"{sum(x['inputs'] for x in fns) / 1e9:.1f}" + r"\times 10^9")
-    F.num("ExpHard", sum(len(x["hard_inputs"]) for x in fns))
-    F.num("ExpFloatMisses", sum(len(x["torch_float64_misses"]) for x in fns))
-
-
 def fa3_protocol(F) -> None:
-    """FA3's fp16 pair at the protocol fixed in advance, over seeds
-    (bench/fa3_protocol.py, bench/results/fa3_protocol.json): means, their spread over
-    seeds, the ratio of the means and its per-seed range, beside the published ratio."""
+    """Whether FA3's fp16 pair was measured at the protocol fixed in advance
+    (bench/fa3_protocol.py), and whether the published ratio lies inside its per-seed range;
+    its numbers are quantities (flashnum.figures.quantities)."""
     path = F.experiments.parent / "bench" / "results" / "fa3_protocol.json"
     if not path.exists():
         return
     r = json.loads(path.read_text())
-    s, p = r["summary"], r["protocol"]
-    inside = s["ratio"]["min"] <= r["published_ratio"] <= s["ratio"]["max"]
+    F.fact("FaThreeProtocolMeasured", True)
+    F.fact("FaThreeProtocolInside",
+           r["summary"]["ratio"]["min"] <= r["published_ratio"] <= r["summary"]["ratio"]["max"])
 
-    def rmse(key):
-        return (f"${tex_num(s[key]['mean'], 2)}$ (relative standard deviation "
-                f"{100 * s[key]['rel_sd']:.0f}\\%)")
 
-    F.num("FaThreeProtocolText", (
-        f"The best match over many protocols overstates the agreement, so the fp16 pair was "
-        f"also measured at one protocol fixed in advance (\\code{{bench/fa3\\_protocol.py}}): "
-        f"FA3's inputs and scale, the fp64 reference on the unrounded inputs, $N = "
-        f"{tex_num(p['n'], 4)}$, $d = {p['d']}$, {p['heads']} heads of {p['rows']} query rows, "
-        f"over {r['seeds']} seeds. Standard attention then has RMSE {rmse('naive')} and "
-        f"FlashAttention-2 {rmse('fa2')}; the ratio of the means is "
-        f"{s['ratio_of_means']:.2f} (per seed {s['ratio']['min']:.2f} to "
-        f"{s['ratio']['max']:.2f}) against the published {r['published_ratio']:.2f}, which "
-        f"lies {'inside' if inside else 'outside'} the per-seed range."))
+def quantities(F) -> None:
+    """Every named quantity's macro (flashnum.figures.quantities), where its source exists."""
+    for name, q in QUANTITIES.items():
+        v = q.value(F)
+        if v is not None:
+            F.num(name, q.tex(v))
 
 
 def write_numbers(F, plots) -> None:
@@ -271,6 +328,9 @@ def write_numbers(F, plots) -> None:
     gpu = (F.experiments.parent / "bench" / "results" / "triton_gpu.json").exists()
     tf = "true" if gpu else "false"
     lines.append(f"\\newif\\ifhaveGpuMeasurements \\haveGpuMeasurements{tf}")
+    for name, what in FACTS.items():
+        lines.append(f"\\newif\\if{name} \\{name}{'true' if F.facts.get(name) else 'false'}"
+                     f" % {what}")
     for name, what in NUMBERS.items():
         lines.append(f"\\newcommand{{\\{name}}}{{{F.numbers.get(name, chr(92) + 'nyr')}}}"
                      f" % {what}")

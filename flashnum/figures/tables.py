@@ -5,7 +5,7 @@
     tab_presets     the presets' format per site (flashnum.numerics.policy: no experiment)
 
 A new table: a function tab_<name>(F) here and a line in flashnum.figures.FIGURES.
-The reproductions' tables are written with their prose (flashnum.figures.prose).
+The reproductions' tables are written by flashnum.figures.reproductions.
 """
 
 from __future__ import annotations

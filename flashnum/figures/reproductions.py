@@ -1,13 +1,16 @@
-"""The paper's prose about the reproductions: their tables and the sentences that read them.
+"""The reproductions' tables, and the numbers and facts the paper's sentences about them read.
 
 Each reproduction (flashnum.reproduce) stores a table of published numbers beside ours;
-its renderer here writes tab_<name>.tex and returns the sentences the paper quotes as
-\\<Key>Text, deciding agreement from the numbers (AGREE) rather than by hand.
+its renderer here writes tab_<name>.tex and sets the numbers (F.num, declared in NUMBERS)
+and yes/no facts (F.fact, declared in FACTS) that paper.tex quotes and branches on:
+agreement is decided from the numbers (AGREE), the sentences live in paper.tex.
 
-    REPRO  name -> (macro key, renderer(F, df, key) -> sentences, the columns it needs)
-    tab_repro(F, name)   the table and \\<Key>Text (the table as stored when columns lack)
+    REPRO  name -> (macro key, renderer(F, df, key), the columns it needs)
+    tab_repro(F, name)   the table, its numbers and facts (\\if<Key>Incomplete and the
+                         table as stored when columns lack)
 
-A new reproduction: a renderer here, a line in REPRO, its numbers in NUMBERS.
+A new reproduction: a renderer here, a line in REPRO, its numbers in NUMBERS, its facts
+in FACTS, its sentences in paper.tex.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from flashnum.figures.context import Figures, slope
+from flashnum.figures.quantities import QUANTITIES
 from flashnum.figures.tex import cell, pm, tabular, tex_escape, tex_num, tex_word
 
 AGREE = 2.0  # a published number and ours "agree" within this factor (and in sign)
@@ -49,7 +53,7 @@ def _dump(F: Figures, stem: str, df: pd.DataFrame) -> None:
     rows = [[cell(r[c]) for c in cols] for _, r in df[cols].head(30).iterrows()]
     F.write_table(stem, tabular([tex_escape(c) for c in cols], rows))
 
-def repro_fa3(F: Figures, df: pd.DataFrame, key: str) -> str:
+def repro_fa3(F: Figures, df: pd.DataFrame, key: str) -> None:
     """FA3 Table 3: the best-matching protocol of each section, published beside ours."""
     b = df[df["best"].astype(bool)]
     # the paper's row order: the larger published error first, our diagnostics last
@@ -65,7 +69,6 @@ def repro_fa3(F: Figures, df: pd.DataFrame, key: str) -> str:
                          cell(r.ours / r.published if np.isfinite(r.published) else None)])
     cols = ["row", "$N$", "$d$", "published", "ours", "ours / published"]
     F.write_table("tab_repro_fa3_table3", tabular(cols, rows, "lrrrrr"))
-    text = []
     f16 = b[b.section == "fp16"]
     if len(f16):
         r0 = f16.iloc[0]
@@ -78,40 +81,34 @@ def repro_fa3(F: Figures, df: pd.DataFrame, key: str) -> str:
         std = f16[f16.policy == "naive"]["ours"]
         fl = f16[f16.policy == "fa2"]["ours"]
         if len(std) and len(fl):
-            ratio = float(std.iloc[0] / fl.iloc[0])
+            F.fact(f"{key}Pair", True)
             F.num(f"{key}Std", float(std.iloc[0]))
             F.num(f"{key}Flash", float(fl.iloc[0]))
-            F.num(f"{key}Ratio", ratio)
-            text.append(f"The fp16 protocol that matches best is {proto}: there standard "
-                        f"attention has RMSE {tex_num(float(std.iloc[0]))} and "
-                        f"FlashAttention-2 {tex_num(float(fl.iloc[0]))}, a ratio of "
-                        f"{tex_num(ratio)} (published 1.7).")
+            F.num(f"{key}Ratio", float(std.iloc[0] / fl.iloc[0]))
         if "match" in f16 and np.isfinite(f16["match"].iloc[0]):
             F.num(f"{key}Match", float(f16["match"].iloc[0]))
     f8 = b[b.section == "fp8"]
     if len(f8) and "match" in f8 and f8["match"].notna().any():
-        m8 = float(f8["match"].dropna().iloc[0])
-        F.num(f"{key}EightMatch", m8)
-        text.append(f"The fp8 rows match best at $N={int(f8.n.iloc[0])}$, "
-                    f"$d={int(f8.d.iloc[0])}$, within a match factor of {tex_num(m8)}.")
+        F.fact(f"{key}Eight", True)
+        F.num(f"{key}EightMatch", float(f8["match"].dropna().iloc[0]))
+        F.num(f"{key}EightN", str(int(f8.n.iloc[0])))  # as the protocol prints it: 8192
+        F.num(f"{key}EightD", str(int(f8.d.iloc[0])))
     if "best_joint" in df and df["best_joint"].astype(bool).any():
         j = df[df["best_joint"].astype(bool)]
-        mj = float(j["match_joint"].dropna().iloc[0])
-        F.num(f"{key}JointMatch", mj)
-        text.append(f"One protocol for all six published rows together, $N={int(j.n.iloc[0])}$, "
-                    f"$d={int(j.d.iloc[0])}$, matches them within a factor of {tex_num(mj)}.")
+        F.fact(f"{key}Joint", True)
+        F.num(f"{key}JointMatch", float(j["match_joint"].dropna().iloc[0]))
+        F.num(f"{key}JointN", str(int(j.n.iloc[0])))
+        F.num(f"{key}JointD", str(int(j.d.iloc[0])))
     pub = b[np.isfinite(b.published)]
     off = [r for _, r in pub.iterrows() if not _agrees(r.ours, r.published)]
-    if off:
-        text.append(f"We disagree by more than a factor of {AGREE:g} on: " + "; ".join(
-            f"{cell(r.row)} ({tex_num(float(r.ours / r.published))}$\\times$ the published)"
-            for r in off) + ".")
-    elif len(pub):
-        text.append(f"Every published number is matched within a factor of {AGREE:g}.")
-    return " ".join(text)
+    F.fact(f"{key}Published", bool(len(pub)))
+    F.fact(f"{key}Disagree", bool(off))
+    F.num(f"{key}Disagreements", "; ".join(
+        f"{cell(r.row)} ({tex_num(float(r.ours / r.published))}$\\times$ the published)"
+        for r in off))
 
 
-def repro_golden(F: Figures, df: pd.DataFrame, key: str) -> str:
+def repro_golden(F: Figures, df: pd.DataFrame, key: str) -> None:
     """Golden et al.: flash / standard max deviation over N, tiles and swapped tiles."""
     df = _sort(df, sweep=("length", "tiles"), policy=("naive", "fa2", "lowp"), n=None,
                sram=None, swapped=None)
@@ -124,36 +121,30 @@ def repro_golden(F: Figures, df: pd.DataFrame, key: str) -> str:
     cols = ["sweep", "policy", "$N$", "$B_r\\times B_c$", "swapped", r"max$|\hat o - o|$",
             "/ standard", "published"]
     F.write_table("tab_repro_is_flash_stable", tabular(cols, rows, "llrrlrrr"))
-    text = []
     length = df[df.sweep == "length"]
     pub = float(df.published_ratio.dropna().iloc[0]) if df.published_ratio.notna().any() else 10
+    F.num(f"{key}Published", pub)
     near, below = {}, {}
-    for pol, name in (("fa2", "RatioFa"), ("lowp", "RatioLowp")):
+    for pol, name in (("fa2", "Fa"), ("lowp", "Lowp")):
         d = length[length.policy == pol].sort_values("n")
         if not len(d):
             continue
-        F.num(f"{key}{name}", float(d.ratio_to_standard.median()))
+        F.num(f"{key}Ratio{name}", float(d.ratio_to_standard.median()))
         lo, hi = d.iloc[0], d.iloc[-1]
-        text.append(f"With \\texttt{{{pol}}} the ratio of the flash to the standard deviation "
-                    f"goes from {tex_num(float(lo.ratio_to_standard))} at $N={tex_num(int(lo.n))}$ "
-                    f"to {tex_num(float(hi.ratio_to_standard))} at $N={tex_num(int(hi.n))}$.")
+        F.fact(f"{key}Length{name}", True)
+        F.num(f"{key}From{name}", float(lo.ratio_to_standard))
+        F.num(f"{key}FromN{name}", int(lo.n))
+        F.num(f"{key}To{name}", float(hi.ratio_to_standard))
+        F.num(f"{key}ToN{name}", int(hi.n))
         ok = d[[_agrees(r, pub) for r in d.ratio_to_standard]]
         if len(ok):
             near[pol] = ", ".join(tex_num(int(n)) for n in ok.n)
         below[pol] = bool((d.ratio_to_standard < 1).all())
-    if near:
-        text.append(f"The published factor of about {tex_num(pub)} is matched within a factor "
-                    f"of {AGREE:g} only by " + " and ".join(
-                        f"\\texttt{{{p}}} at $N={n}$" for p, n in near.items()) + ".")
-    elif below:
-        text.append(f"We disagree: no policy comes within a factor of {AGREE:g} of the "
-                    "published ratio at any length.")
-    if below.get("fa2"):
-        why = (" In our runs the published factor appears only when the softmax state is "
-               "stored in bf16." if near and "fa2" not in near else "")
-        text.append("With fp32 softmax state (\\texttt{fa2}, what FlashAttention-2 kernels "
-                    "do) the flash algorithm deviates less than standard attention at every "
-                    "length, not ten times more." + why)
+    F.fact(f"{key}Matched", bool(near))
+    F.fact(f"{key}Measured", bool(below))
+    F.num(f"{key}Near", " and ".join(f"\\texttt{{{p}}} at $N={n}$" for p, n in near.items()))
+    F.fact(f"{key}FaBelow", bool(below.get("fa2")))
+    F.fact(f"{key}OnlyLowState", bool(near) and "fa2" not in near)
     slopes = []
     for pol, name in (("naive", "LenSlopeStd"), ("fa2", "LenSlopeFa"), ("lowp", None)):
         d = length[length.policy == pol].sort_values("n")
@@ -162,26 +153,22 @@ def repro_golden(F: Figures, df: pd.DataFrame, key: str) -> str:
             if name:
                 F.num(f"{key}{name}", a)
             slopes.append(f"$N^{{{a:.2f}}}$ ({'standard' if pol == 'naive' else pol})")
-    if slopes:
-        text.append("The deviations themselves scale like " + ", ".join(slopes) + ".")
+    F.fact(f"{key}Slopes", bool(slopes))
+    F.num(f"{key}SlopeList", ", ".join(slopes))
     tiles = df[(df.sweep == "tiles") & ~df.swapped.astype(bool)]
-    for pol in ("fa2", "lowp"):
+    for pol, name in (("fa2", "Fa"), ("lowp", "Lowp")):
         d = tiles[tiles.policy == pol].sort_values("sram")
         if len(d) >= 2:
-            f = float(d.ours.iloc[-1] / d.ours.iloc[0])
-            text.append(f"From the smallest to the largest tiles the \\texttt{{{pol}}} "
-                        f"deviation changes by a factor {tex_num(f)}.")
+            F.fact(f"{key}Tiles{name}", True)
+            F.num(f"{key}Tiles{name}", float(d.ours.iloc[-1] / d.ours.iloc[0]))
     if "block_m_effect" in df and df.block_m_effect.notna().any():
         e = float(df.block_m_effect.max())
         F.num(f"{key}SwapEffect", e)
-        moved = ("leaves every output bit for bit unchanged" if e == 0 else
-                 f"moves no output by more than {tex_num(e)}")
-        text.append("Swapping the block dimensions changes the output only through the key "
-                    f"block size: at fixed $B_c$, changing $B_r$ {moved}.")
-    return " ".join(text)
+        F.fact(f"{key}Swap", True)
+        F.fact(f"{key}SwapExact", e == 0)
 
 
-def repro_qiu_yao(F: Figures, df: pd.DataFrame, key: str) -> str:
+def repro_qiu_yao(F: Figures, df: pd.DataFrame, key: str) -> None:
     """Qiu & Yao: the bias (mean signed error, z over heads) without the fix, with the
     paper's idealised fix and with their released code's; the released clamp's onset."""
     sweep = df[df.distribution == "clamp_sweep"] if "max_logit" in df else df.iloc[:0]
@@ -221,79 +208,50 @@ def repro_qiu_yao(F: Figures, df: pd.DataFrame, key: str) -> str:
         r = pick(dist, pol, variant)
         return math.nan if r is None else float(r.z_heads)
 
-    zt, zf = z("ties", "lowp", "fa2"), z("ties", "lowp", "qiu_yao")
+    # the bias without and with the fix are named quantities (README and docs quote them)
+    zt, zf = QUANTITIES[f"{key}Z"].value(F), QUANTITIES[f"{key}ZFixed"].value(F)
     zg, z2 = z("gaussian", "lowp", "fa2"), z("ties", "fa2", "fa2")
     zb = z("ties_broken", "lowp", "fa2")
-    for name, v in (("Z", zt), ("ZFixed", zf), ("ZGauss", zg), ("ZFaTwo", z2), ("ZBroken", zb)):
+    for name, v in (("ZGauss", zg), ("ZFaTwo", z2), ("ZBroken", zb)):
         F.num(f"{key}{name}", v)
     rel = pick("ties", "lowp", "qiu_yao_released")
     e_rel = math.nan if rel is None else float(rel.ours)
     F.num(f"{key}ReleasedErr", e_rel)
-    onset_text = _qiu_yao_onset(F, sweep, key)
-    if not np.isfinite(zt):
-        return "The table has no row for tied maxima under the \\texttt{lowp} policy."
-    ls = (f" at logit std {tex_num(float(df.logit_std.max()))}"
-          if "logit_std" in df and df.logit_std.notna().any() else "")
-    text = [f"On tied maxima{ls} with every stored value in bf16 (\\texttt{{lowp}}, their "
-            f"attention.py) the mean signed error has $z={tex_num(zt)}$ over heads, against "
-            f"$z={tex_num(zg)}$ on gaussian inputs."]
-    if zt <= -3:
-        text.append("This confirms the published negative bias.")
-    elif zt >= 3:
-        text.append("We find a significant bias of the opposite sign to the published one.")
-    else:
-        text.append("We do not find a significant bias ($|z|<3$), unlike the publication.")
-    if np.isfinite(zf):
-        verdict = ("removes it." if abs(zf) < 2 else "reduces it but does not remove it."
-                   if abs(zf) < abs(zt) else "does not remove it.")
-        text.append(f"With the max adjustment $z={tex_num(zf)}$: the fix {verdict}")
-    if np.isfinite(e_rel):
-        text.append(f"Their code as released computes the fix differently (the window "
-                    f"$m-10^{{-3}}$ in bf16, each block's row sum clamped at $10^{{-10}}$): on "
-                    f"the same inputs its mean signed error is {tex_num(e_rel)}, the output "
-                    "collapsing towards 0 where the reference is near $-1$.")
-    if onset_text:
-        text.append(onset_text)
-    if np.isfinite(zb):
-        text.append(f"The control without exact ties (the same $V$, every key nudged off the "
-                    f"tie) gives $z={tex_num(zb)}$: "
-                    + ("the bias needs the exact ties, as published." if abs(zb) < 3 else
-                       "a bias of the same sign remains without exact ties, which the "
-                       "published account does not predict." if zb * zt > 0 else
-                       "a significant bias of the opposite sign remains without exact ties: "
-                       "on these inputs the ties decide the sign of the bias, not its "
-                       "presence."))
-    if np.isfinite(z2):
-        text.append(f"With fp32 softmax state (\\texttt{{fa2}}) the same inputs give "
-                    f"$z={tex_num(z2)}$.")
-    return " ".join(text)
+    _qiu_yao_onset(F, sweep, key)
+    F.fact(f"{key}Ties", bool(np.isfinite(zt)))
+    F.fact(f"{key}LogitStd", QUANTITIES[f"{key}LogitStdMax"].value(F) is not None)
+    # the published finding is a negative bias; |z| >= 3 is significant
+    F.fact(f"{key}Negative", bool(zt <= -3))
+    F.fact(f"{key}Positive", bool(zt >= 3))
+    F.fact(f"{key}HaveFix", bool(np.isfinite(zf)))
+    F.fact(f"{key}FixRemoves", bool(abs(zf) < 2))
+    F.fact(f"{key}FixReduces", bool(abs(zf) < abs(zt)))
+    F.fact(f"{key}HaveReleased", bool(np.isfinite(e_rel)))
+    F.fact(f"{key}HaveBroken", bool(np.isfinite(zb)))
+    F.fact(f"{key}BrokenVanishes", bool(abs(zb) < 3))
+    F.fact(f"{key}BrokenSameSign", bool(zb * zt > 0))
+    F.fact(f"{key}HaveFaTwo", bool(np.isfinite(z2)))
 
 
-def _qiu_yao_onset(F: Figures, sweep: pd.DataFrame, key: str) -> str:
+def _qiu_yao_onset(F: Figures, sweep: pd.DataFrame, key: str) -> None:
     """The released fix's clamp: the derived onset beside the measured one (lowp rows)."""
     sw = sweep[(sweep.variant == "qiu_yao_released") & (sweep.policy == "lowp")]
     if not len(sw) or "onset" not in sw:
-        return ""
+        return
     onset = float(sw.onset.iloc[0])
     collapsed = sw[sw.ours < 0.99].max_logit
     last_ok = sw[sw.ours >= 0.99].max_logit
     first = float(collapsed.min()) if len(collapsed) else math.nan
+    F.fact(f"{key}HaveOnset", True)
     F.num(f"{key}Onset", onset, 4)
     F.num(f"{key}OnsetMeasured", first, 4)
-    text = (f"With two tied maxima $t$ and $\\beta=2$ the largest $P$ is $e^{{-t}}$, so the row "
-            f"sum $2e^{{-t}}$ meets the clamp at $t=\\ln(2/10^{{-10}})={tex_num(onset, 4)}$; ")
     if len(last_ok) and len(collapsed):
-        text += (f"on a grid of max logits the output is exact up to "
-                 f"$t={tex_num(float(last_ok.max()), 4)}$ and shrinks from "
-                 f"$t={tex_num(first, 4)}$ "
-                 f"on, by the predicted factor $2e^{{-t}}/10^{{-10}}$ "
-                 f"(to {tex_num(float(sw.ours.min()))} of the reference at "
-                 f"$t={tex_num(float(sw.max_logit.max()))}$).")
-    else:
-        text += "the measured grid does not straddle it."
-    return text
+        F.fact(f"{key}OnsetStraddled", True)
+        F.num(f"{key}ExactUpTo", float(last_ok.max()), 4)
+        F.num(f"{key}CollapseMin", float(sw.ours.min()))
+        F.num(f"{key}CollapseAt", float(sw.max_logit.max()))
 
-def repro_pcast(F: Figures, df: pd.DataFrame, key: str) -> str:
+def repro_pcast(F: Figures, df: pd.DataFrame, key: str) -> None:
     """fp8 P cast: MSE by key order and static scale, its gain over forward order."""
     df = _sort(df, n=None, realised_height=None, p_scale=None, order=("forward", "reverse"))
     # one row per length and sink: the baseline (forward, no scale) and the gains over it
@@ -321,37 +279,28 @@ def repro_pcast(F: Figures, df: pd.DataFrame, key: str) -> str:
     rev = df[(df.order == "reverse") & (df.p_scale == 1)].ratio_vs_forward
     sc = df[(df.order == "forward") & (df.p_scale == top)].ratio_vs_forward
     und = df[(df.order == "forward") & (df.p_scale == 1)].underflow_fraction
+    F.fact(f"{key}Best", bool(len(best)))
     if not len(best):
-        return "The table has no row with reverse order and the static scale."
-    lo_pub = float(df.published_ratio_lo.dropna().min())
-    hi_pub = float(df.published_ratio_hi.dropna().max())
+        return
+    F.num(f"{key}Scale", top)
+    F.num(f"{key}PublishedLo", float(df.published_ratio_lo.dropna().min()))
+    F.num(f"{key}PublishedHi", float(df.published_ratio_hi.dropna().max()))
     F.num(f"{key}Ratio", float(best.median()))
     F.num(f"{key}RatioMin", float(best.min()))
     F.num(f"{key}RatioMax", float(best.max()))
+    F.fact(f"{key}OneCase", len(best) == 1)
+    if len(rev) and len(sc):
+        F.fact(f"{key}Alone", True)
+        F.num(f"{key}ScaleOnly", float(sc.median()))
     if len(rev):
         F.num(f"{key}ReverseOnly", float(rev.median()))
     if len(und):
+        F.fact(f"{key}Underflow", True)
         F.num(f"{key}UnderflowForward", float(und.median()))
-    gain = (f"a factor of {tex_num(float(best.iloc[0]))}" if len(best) == 1 else
-            f"a factor of {tex_num(float(best.min()))} to {tex_num(float(best.max()))} "
-            f"(median {tex_num(float(best.median()))}) across lengths and sink heights")
-    text = [f"Reverse order with $S={tex_num(top)}$ lowers the MSE of forward order without a "
-            f"scale by {gain} (published: {tex_num(lo_pub)} to {tex_num(hi_pub)})."]
-    if len(rev) and len(sc):
-        text.append(f"Reverse order alone gives {tex_num(float(rev.median()))}$\\times$ and "
-                    f"the scale alone {tex_num(float(sc.median()))}$\\times$ (medians).")
-    if len(und):
-        text.append(f"In forward order without a scale a median fraction "
-                    f"{tex_num(float(und.median()))} of the non-sink entries of $P$ "
-                    "underflow in the cast.")
-    if best.min() >= lo_pub / AGREE and best.max() <= hi_pub * AGREE:
-        text.append("This agrees with the published range.")
-    else:
-        side = "larger" if best.median() > hi_pub else "smaller"
-        text.append(f"We disagree: our gain is {side} than the published range; it depends "
-                    "on how far the sink logit stands above the others, which sets how many "
-                    "entries of $P$ underflow, and the preprint's inputs are not ours.")
-    return " ".join(text)
+    lo_pub = float(df.published_ratio_lo.dropna().min())
+    hi_pub = float(df.published_ratio_hi.dropna().max())
+    F.fact(f"{key}Agrees", bool(best.min() >= lo_pub / AGREE and best.max() <= hi_pub * AGREE))
+    F.fact(f"{key}Larger", bool(best.median() > hi_pub))
 
 
 REPRO = {
@@ -371,16 +320,17 @@ REPROS = tuple(REPRO)
 
 
 def tab_repro(F: Figures, name: str) -> None:
-    """A reproduction's table and its generated sentence (\\<Key>Text)."""
+    """A reproduction's table, its numbers and facts (\\if<Key>Incomplete when columns lack)."""
     key, render, needs = REPRO[name]
     stem = f"tab_{name}"
     df = F.table(name)
     if df is None:
         return F.placeholder(stem, name)
+    F.num("AgreeFactor", AGREE)
     missing = sorted(needs - set(df.columns))
+    F.fact(f"{key}Incomplete", bool(missing))
+    F.num(f"{key}Missing", ", ".join(tex_word(c) for c in missing))
     if missing:
         _dump(F, stem, df)
-        F.num(f"{key}Text", "The stored table lacks the columns "
-              + ", ".join(tex_word(c) for c in missing) + "; it is shown as stored.")
         return
-    F.num(f"{key}Text", render(F, df, key))
+    render(F, df, key)

@@ -1,0 +1,205 @@
+"""Named quantities: a number the paper, README.md and docs/ quote, defined once.
+
+    QUANTITIES  name -> Quantity(what, value, tex, md): value(F) computes it from the
+                stored tables (F.table) or bench results (bench/results/), None when
+                they are missing; tex renders it for numbers.tex, md for Markdown
+    quotes(text)          the places a Markdown text quotes one: 2.23<!--q:Name-->
+    misquoted(F, paths)   the quotes whose text is not the value rendered now
+
+The paper quotes \\Name (numbers.tex writes one macro per quantity, beside the figures'
+numbers); README.md and docs/*.md carry the rendered value followed by the invisible
+marker <!--q:Name-->, and tests/test_quoted.py recomputes every quantity and checks every
+marked place. The same value therefore has one definition wherever it is quoted, and
+only its rendering (LaTeX or Markdown, the digits a sentence wants) differs.
+
+A new quoted number: a Quantity here; then \\Name in paper.tex or value<!--q:Name--> in
+a document.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from flashnum.figures.tex import tex_num
+
+
+def fixed(digits: int) -> Callable[[float], str]:
+    """1.84 style: `digits` decimals."""
+    return lambda x: f"{x:.{digits}f}"
+
+
+def sci(digits: int = 2) -> Callable[[float], str]:
+    """3.3e-4 style: `digits` significant digits, no exponent padding."""
+    def render(x: float) -> str:
+        mant, exp = f"{x:.{digits - 1}e}".split("e")
+        return f"{mant}e{int(exp)}"
+    return render
+
+
+def percent(x: float) -> str:
+    """A fraction as a whole percentage: 0.251 -> 25%."""
+    return f"{100 * x:.0f}%"
+
+
+def sig(digits: int = 2) -> Callable[[float], str]:
+    """As the paper prints a number (flashnum.figures.tex.tex_num), for LaTeX."""
+    return lambda x: tex_num(x, digits)
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """One quoted number: what it is, how it is computed, how each medium writes it."""
+
+    what: str
+    value: Callable[[object], object]  # F -> the number, or None (its source is missing)
+    tex: Callable[[object], str] = sig(2)
+    md: Callable[[object], str] = str
+
+
+def _bench(F, name: str) -> dict | None:
+    """A stored bench result (bench/results/<name>.json), or None."""
+    path = Path(F.experiments).parent / "bench" / "results" / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _fa3(key: Callable[[dict], object]) -> Callable[[object], object]:
+    """A number of the FA3 fp16 pair at the protocol fixed in advance (bench/fa3_protocol.py)."""
+    def value(F):
+        r = _bench(F, "fa3_protocol")
+        return None if r is None else key(r)
+    return value
+
+
+def _exp(key: Callable[[dict], int]) -> Callable[[object], object]:
+    """A count of the exhaustive check of the exp site (bench/exp_exhaustive.py)."""
+    def value(F):
+        r = _bench(F, "exp_exhaustive")
+        return None if r is None else sum(key(r[f]) for f in ("exp", "exp2") if f in r)
+    return value
+
+
+def _qiu_yao_logit_std(F):
+    """The largest logit std of Qiu & Yao's inputs (repro_qiu_yao, the clamp sweep aside)."""
+    df = F.table("repro_qiu_yao")
+    if df is None or "logit_std" not in df:
+        return None
+    std = df[df.distribution != "clamp_sweep"].logit_std
+    return float(std.max()) if std.notna().any() else None
+
+
+def _qiu_yao_z(variant: str) -> Callable[[object], object]:
+    """z over heads of the mean signed error on tied maxima under lowp, at the largest
+    logit std (repro_qiu_yao): `variant` fa2 (no fix) or qiu_yao (the max adjustment)."""
+    def value(F):
+        df = F.table("repro_qiu_yao")
+        if df is None or "z_heads" not in df:
+            return None
+        d = df[(df.distribution == "ties") & (df.policy == "lowp") & (df.variant == variant)]
+        if "logit_std" in d and d.logit_std.notna().any():
+            d = d[d.logit_std == d.logit_std.max()]
+        return float(d.z_heads.iloc[0]) if len(d) else math.nan
+    return value
+
+
+def _fa3_published(row: str) -> Callable[[object], object]:
+    """The published number of one row of FA3's Table 3 (repro_fa3_table3)."""
+    def value(F):
+        df = F.table("repro_fa3_table3")
+        if df is None:
+            return None
+        d = df[(df.row == row) & df.published.notna()]
+        return float(d.published.iloc[0]) if len(d) else math.nan
+    return value
+
+
+_PROTOCOL = "bench/results/fa3_protocol.json"
+QUANTITIES = {
+    "ExpInputs": Quantity(
+        "float32 arguments of exp and exp2 checked (bench/exp_exhaustive.py)",
+        _exp(lambda x: x["inputs"]), tex=lambda n: f"{n / 1e9:.1f}" + r"\times 10^9",
+        md=lambda n: f"{n / 1e9:.1f}e9"),
+    "ExpHard": Quantity(
+        "arguments whose float64 value lies within 4 float64 ulps of an fp32 rounding "
+        "boundary (same)", _exp(lambda x: len(x["hard_inputs"]))),
+    "ExpFloatMisses": Quantity(
+        "arguments a float64 evaluation alone rounds wrongly (same)",
+        _exp(lambda x: len(x["torch_float64_misses"]))),
+    "QiuYaoLogitStdMax": Quantity("repro_qiu_yao: the largest logit std", _qiu_yao_logit_std,
+                                  md=lambda x: f"{x:g}"),
+    "QiuYaoZ": Quantity("repro_qiu_yao: z over heads of the bias, ties, lowp, no fix",
+                        _qiu_yao_z("fa2"), md=fixed(1)),
+    "QiuYaoZFixed": Quantity("repro_qiu_yao: the same with the max adjustment",
+                             _qiu_yao_z("qiu_yao"), md=fixed(1)),
+    **{f"FaThreePublished{k}": Quantity(f"repro_fa3_table3: the published fp16 RMSE, {w}",
+                                        _fa3_published(f"fp16 {w}"), md=sci(2))
+       for k, w in (("Std", "standard"), ("Flash", "FlashAttention-2"))},
+    "FaThreeProtocolN": Quantity(f"{_PROTOCOL}: N", _fa3(lambda r: r["protocol"]["n"]),
+                                 tex=sig(4)),
+    **{f"FaThreeProtocol{k}": Quantity(f"{_PROTOCOL}: {w}", _fa3(f), tex=str)
+       for k, w, f in (("D", "head dim", lambda r: r["protocol"]["d"]),
+                       ("Heads", "heads", lambda r: r["protocol"]["heads"]),
+                       ("Rows", "query rows per head", lambda r: r["protocol"]["rows"]),
+                       ("Seeds", "seeds", lambda r: r["seeds"]))},
+    **{f"FaThreeProtocol{k}": Quantity(f"{_PROTOCOL}: {w}'s mean RMSE",
+                                       _fa3(lambda r, p=p: r["summary"][p]["mean"]),
+                                       md=sci(2))
+       for k, w, p in (("Std", "standard attention", "naive"),
+                       ("Flash", "FlashAttention-2", "fa2"))},
+    **{f"FaThreeProtocol{k}Sd": Quantity(f"{_PROTOCOL}: {w}'s relative standard deviation "
+                                         "over seeds",
+                                         _fa3(lambda r, p=p: r["summary"][p]["rel_sd"]),
+                                         tex=lambda x: f"{100 * x:.0f}", md=percent)
+       for k, w, p in (("Std", "standard attention", "naive"),
+                       ("Flash", "FlashAttention-2", "fa2"))},
+    **{f"FaThreeProtocol{k}": Quantity(f"{_PROTOCOL}: {w}", _fa3(f), tex=fixed(2), md=fixed(2))
+       for k, w, f in (("Ratio", "ratio of the means", lambda r: r["summary"]["ratio_of_means"]),
+                       ("RatioMin", "smallest per-seed ratio",
+                        lambda r: r["summary"]["ratio"]["min"]),
+                       ("RatioMax", "largest per-seed ratio",
+                        lambda r: r["summary"]["ratio"]["max"]),
+                       ("Published", "the published ratio", lambda r: r["published_ratio"]))},
+}
+
+MARK = re.compile(r"<!--q:(\w+)-->")
+
+
+def quotes(text: str) -> list[tuple[str, str]]:
+    """(name, the text just before the marker) for each marker in a Markdown text."""
+    return [(m[1], text[max(0, m.start() - 40):m.start()]) for m in MARK.finditer(text)]
+
+
+def quoted_as(before: str, rendered: str) -> bool:
+    """Whether the text before a marker ends with the rendered value, a whole token: not the
+    tail of a longer number (12.5 is no quote of 2.5, -2.5 none of 2.5), though a range's
+    dash may precede it (1.57-2.23)."""
+    if not before.endswith(rendered):
+        return False
+    head = before[:len(before) - len(rendered)]
+    if head[-1:] == "-":
+        return head[-2:-1].isdigit() or head[-2:-1] == ">"
+    return not (head[-1:].isalnum() or head[-1:] in ("_", ".", "+"))
+
+
+def misquoted(F, paths) -> list[str]:
+    """Every marked quote in `paths` whose text is not its quantity rendered now, one line
+    each (path, name, what it says, what it should say); unknown names included."""
+    values: dict = {}
+    bad = []
+    for path in paths:
+        for name, before in quotes(Path(path).read_text()):
+            if name not in QUANTITIES:
+                bad.append(f"{path}: unknown quantity {name!r} (declare it in QUANTITIES)")
+                continue
+            if name not in values:
+                values[name] = QUANTITIES[name].value(F)
+            v = values[name]
+            want = "(its source is missing)" if v is None else QUANTITIES[name].md(v)
+            if v is None or not quoted_as(before, want):
+                bad.append(f"{path}: {name} is quoted as ...{before[-12:]!r}, "
+                           f"its value is {want}")
+    return bad
