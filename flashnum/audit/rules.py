@@ -173,6 +173,39 @@ def _bound(std, ref_out, finite_ref) -> tuple[float, float]:
     return std_err, 2 * std_err + 2 * _vmax(noise)
 
 
+def _beside(row, model, compare, backward, q, k, v, do, out, grads, gref, ref, finite_ref, *,
+            precision, causal, alignment, scale) -> None:
+    """The columns of what runs beside the kernel, read by no rule: the model's error, its
+    bitwise agreement with the kernel (and its gradients'), and the compared policies'."""
+    mo = None
+    if model is not None:
+        try:
+            mo = _model_out(model, q, k, v, precision, causal, alignment, scale)
+        except ValueError:
+            mo = None
+    if mo is not None:
+        row["model_err_max"] = _vmax((mo - ref.out).abs()[finite_ref])
+        if out is not None:
+            o = out.double()
+            row["model_bitwise"] = float(((o == mo) | (o.isnan() & mo.isnan())).float().mean())
+            row["model_max_diff"] = _vmax((o - mo).abs())
+    if model is not None and backward:
+        try:
+            mg = models.backward(models.Candidate.of(model), q, k, v, do, precision=precision,
+                                 causal=causal, alignment=alignment, scale=scale)
+        except (ValueError, NotImplementedError):  # no backward of this model here
+            mg = None
+        if mg is not None:
+            gradients.model_columns(row, mg, gref, grads)
+    for pol in compare:
+        try:
+            po = _model_out(pol, q, k, v, precision, causal, alignment, scale)
+        except ValueError:
+            po = None
+        row[f"{pol}_err_max"] = (float("nan") if po is None
+                                 else _vmax((po - ref.out).abs()[finite_ref]))
+
+
 def evaluate(fn, case, *, precision="bf16", alignment="top_left", model=None,
              reference_method="auto", isolate=False, compare=(), backward=False,
              keep=None) -> dict:
@@ -243,33 +276,8 @@ def evaluate(fn, case, *, precision="bf16", alignment="top_left", model=None,
                 row[f"{name}_std_err_max"], row[f"{name}_bound"] = gradients.bound(s_, r)
     if keep is not None and out is not None:
         keep[case.id] = (out, grads)
-    mo = None
-    if model is not None:
-        try:
-            mo = _model_out(model, q, k, v, precision, causal, alignment, scale)
-        except ValueError:
-            mo = None
-    if mo is not None:
-        row["model_err_max"] = _vmax((mo - ref.out).abs()[finite_ref])
-        if out is not None:
-            o = out.double()
-            row["model_bitwise"] = float(((o == mo) | (o.isnan() & mo.isnan())).float().mean())
-            row["model_max_diff"] = _vmax((o - mo).abs())
-    if model is not None and backward:
-        try:
-            mg = models.backward(models.Candidate.of(model), q, k, v, do, precision=precision,
-                                 causal=causal, alignment=alignment, scale=scale)
-        except (ValueError, NotImplementedError):  # no backward of this model here
-            mg = None
-        if mg is not None:
-            gradients.model_columns(row, mg, gref, grads)
-    for pol in compare:
-        try:
-            po = _model_out(pol, q, k, v, precision, causal, alignment, scale)
-        except ValueError:
-            po = None
-        row[f"{pol}_err_max"] = (float("nan") if po is None
-                                 else _vmax((po - ref.out).abs()[finite_ref]))
+    _beside(row, model, compare, backward, q, k, v, do, out, grads, gref, ref, finite_ref,
+            precision=precision, causal=causal, alignment=alignment, scale=scale)
     row["failed"] = ",".join(fails)
     row["passed"] = not fails
     row["seconds"] = time.perf_counter() - t0
