@@ -169,16 +169,8 @@ def attention_backward(
     if isinstance(policy, str) and policy == "triton_tutorial":
         return _triton_tutorial(q, k, v, do, precision, causal, scale, out)
     if isinstance(policy, str) and policy == "torch_cpu":
-        # a model of one real kernel: its own splits, exp and casts (block sizes ignored);
-        # top-left (bottom-right with Nq != Nk is refused by the checks)
-        if exp2 or rounding != "nearest":
-            raise ValueError("policy torch_cpu models one kernel: exp2=False and "
-                             f"rounding='nearest' only, got exp2={exp2!r}, rounding={rounding!r}")
-        from flashnum.engine.torch_cpu_backward import attention_backward_torch_cpu
-
-        return attention_backward_torch_cpu(q, k, v, do, precision=precision,
-                                            causal=causal, scale=scale, out=out,
-                                            lse=lse, measure_ds=measure_ds)
+        return _torch_cpu(q, k, v, do, precision, causal, scale, out, lse, measure_ds, exp2,
+                          rounding)
     pol = make_backward_policy(policy, precision)
     check_flag("measure_ds", measure_ds)
     exp2 = check_flag("exp2", exp2)
@@ -214,6 +206,33 @@ def attention_backward(
         dq, dk, dvv, delta, lse_used, ds_rowsum = _flash(
             ar, q3, k3, v3, do3, o3, lse3, block_m, block_n, causal, scale, perm, measure_ds,
             exp2)
+    info = dict(precision=precision, policy=pol.name, structure=pol.structure,
+                block_m=block_m, block_n=block_n,
+                order=order if isinstance(order, str) else "permutation",
+                dq_order=dq_order if isinstance(dq_order, str) else "permutation",
+                causal=causal, scale=scale, rounding=rounding, seed=seed, exp2=exp2,
+                variant=getattr(variant, "name", variant) if out_given is None
+                else "given")
+    return _gradients(dq, dk, dvv, delta, lse_used, ds_rowsum, o3, lead, nq, nk, dv, causal,
+                      info)
+
+
+def _torch_cpu(q, k, v, do, precision, causal, scale, out, lse, measure_ds, exp2,
+               rounding) -> Gradients:
+    """A model of one real kernel: its own splits, exp and casts (block sizes ignored);
+    top-left (bottom-right with Nq != Nk is refused by the checks)."""
+    if exp2 or rounding != "nearest":
+        raise ValueError("policy torch_cpu models one kernel: exp2=False and "
+                         f"rounding='nearest' only, got exp2={exp2!r}, rounding={rounding!r}")
+    from flashnum.engine.torch_cpu_backward import attention_backward_torch_cpu
+
+    return attention_backward_torch_cpu(q, k, v, do, precision=precision, causal=causal,
+                                        scale=scale, out=out, lse=lse, measure_ds=measure_ds)
+
+
+def _gradients(dq, dk, dvv, delta, lse_used, ds_rowsum, o3, lead, nq, nk, dv, causal,
+               info) -> Gradients:
+    """The flat results in float64 with the inputs' leading dims, and the masked rows."""
     masked = causal_visible(nq, nk, causal=causal).sum(-1) == 0 if causal else \
         torch.zeros(nq, dtype=bool)
 
@@ -227,13 +246,7 @@ def attention_backward(
         out=o3.to(torch.float64).reshape(*lead, nq, dv),
         masked=masked.expand(*lead, nq).clone(),
         ds_rowsum=None if ds_rowsum is None else ds_rowsum.reshape(*lead, nq),
-        info=dict(precision=precision, policy=pol.name, structure=pol.structure,
-                  block_m=block_m, block_n=block_n,
-                  order=order if isinstance(order, str) else "permutation",
-                  dq_order=dq_order if isinstance(dq_order, str) else "permutation",
-                  causal=causal, scale=scale, rounding=rounding, seed=seed, exp2=exp2,
-                  variant=getattr(variant, "name", variant) if out_given is None
-                  else "given"),
+        info=info,
     )
 
 

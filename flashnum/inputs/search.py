@@ -222,6 +222,25 @@ class _Stop(Exception):
     pass
 
 
+def _check_budget(metric: str, budget_s: float, max_evals) -> None:
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
+    if budget_s <= 0 and max_evals is None:
+        raise ValueError(f"budget_s must be > 0 (or give max_evals), got {budget_s}")
+
+
+def _screen(consider, shape: dict, bound: float, screened: dict) -> None:
+    """Step 1: every catalogue distribution, V scaled into range, until the stage ends."""
+    for name in DISTRIBUTIONS:
+        if name in SKIP_SCREEN:
+            continue
+        inp = _into_range(make(name, **shape), bound)
+        try:
+            screened[name] = consider(inp, name, dict(inp.params))
+        except _Stop:
+            break
+
+
 def _begin(start, kw: dict, *, metric, seq_len, head_dim, batch, heads, block_n, seed,
            budget_s, max_evals, population):
     """(start as Inputs or None, the shape of make()'s arguments, the search's config):
@@ -276,10 +295,7 @@ def worst_case(policy: str = "fa2", precision: str = "bf16", seq_len: int = 1024
     step 3 from the start, V held to the start's max|V|: the worst inputs near it.
     """
 
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
-    if budget_s <= 0 and max_evals is None:
-        raise ValueError(f"budget_s must be > 0 (or give max_evals), got {budget_s}")
+    _check_budget(metric, budget_s, max_evals)
     if popsize is not None:
         population = popsize * 9
     t0 = time.perf_counter()
@@ -325,14 +341,7 @@ def worst_case(policy: str = "fa2", precision: str = "bf16", seq_len: int = 1024
             consider(start, start.name or "start", dict(start.params))
             raise _Stop
         if screen:
-            for name in DISTRIBUTIONS:
-                if name in SKIP_SCREEN:
-                    continue
-                inp = _into_range(make(name, **shape), bound)
-                try:
-                    screened[name] = consider(inp, name, dict(inp.params))
-                except _Stop:
-                    break
+            _screen(consider, shape, bound, screened)
 
         def objective(x):
             p = decode(x)
