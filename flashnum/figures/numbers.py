@@ -240,7 +240,7 @@ NUMBERS = {
     "PcastScaleOnly": "repro_fp8_pcast: median gain of the scale without reverse order",
     **TRAINED,
     # the named quantities not listed above (flashnum.figures.quantities)
-    **{k: q.what for k, q in QUANTITIES.items()},
+    **{k: q.what for k, q in QUANTITIES.items() if q.paper},
 }
 
 # every yes/no the text branches on (\\if<Name> ... \\else ... \\fi): name -> when true.
@@ -306,7 +306,7 @@ def fa3_protocol(F) -> None:
 def quantities(F) -> None:
     """Every named quantity's macro (flashnum.figures.quantities), where its source exists."""
     for name, q in QUANTITIES.items():
-        v = q.value(F)
+        v = q.value(F) if q.paper else None
         if v is not None:
             F.num(name, q.tex(v))
 

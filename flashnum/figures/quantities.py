@@ -46,6 +46,12 @@ def percent(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+def two(x: float) -> str:
+    """0.30, 4.0, 16, 1400 style: two significant digits, written out (Markdown)."""
+    d = 1 - math.floor(math.log10(abs(x)))
+    return f"{round(x, d):.{max(d, 0)}f}"
+
+
 def sig(digits: int = 2) -> Callable[[float], str]:
     """As the paper prints a number (flashnum.figures.tex.tex_num), for LaTeX."""
     return lambda x: tex_num(x, digits)
@@ -59,6 +65,7 @@ class Quantity:
     value: Callable[[object], object]  # F -> the number, or None (its source is missing)
     tex: Callable[[object], str] = sig(2)
     md: Callable[[object], str] = str
+    paper: bool = True  # numbers.tex gets its macro (False: only the documents quote it)
 
 
 def _bench(F, name: str) -> dict | None:
@@ -117,6 +124,79 @@ def _fa3_published(row: str) -> Callable[[object], object]:
     return value
 
 
+def _fa3_best(pick: Callable, col: str = "ours") -> Callable[[object], object]:
+    """A column of FA3 Table 3's best-matching protocol (repro_fa3_table3, rows flagged
+    `best`), on the row pick(best rows) selects (a boolean mask)."""
+    def value(F):
+        df = F.table("repro_fa3_table3")
+        if df is None or "best" not in df or col not in df:
+            return None
+        b = df[df["best"].astype(bool)]
+        d = b[pick(b)]
+        return d[col].iloc[0].item() if len(d) else math.nan
+    return value
+
+
+def _fp16(policy: str) -> Callable:
+    return lambda b: (b.section == "fp16") & (b.policy == policy)
+
+
+def _fp8(row: str) -> Callable:
+    return lambda b: b.row == row
+
+
+def _fa3_ratio(F):
+    std, fa = (_fa3_best(_fp16(p))(F) for p in ("naive", "fa2"))
+    return None if std is None else std / fa
+
+
+def _fa3_fp8_worst(F):
+    """The largest |ours / published - 1| over the published fp8 rows, in whole % (up)."""
+    df = F.table("repro_fa3_table3")
+    if df is None or "best" not in df:
+        return None
+    b = df[df["best"].astype(bool) & (df.section == "fp8") & df.published.notna()]
+    return math.ceil(100 * float((b.ours / b.published - 1).abs().max())) if len(b) else None
+
+
+def _fa3_fp8_match(F):
+    df = F.table("repro_fa3_table3")
+    if df is None or "best" not in df or "match" not in df:
+        return None
+    m = df[df["best"].astype(bool) & (df.section == "fp8")]["match"].dropna()
+    return float(m.iloc[0]) if len(m) else math.nan
+
+
+def _golden_length(policy: str, how: Callable) -> Callable[[object], object]:
+    """Golden et al.: the flash / standard deviation ratio over the length sweep
+    (repro_is_flash_stable), reduced by how(Series indexed by N)."""
+    def value(F):
+        df = F.table("repro_is_flash_stable")
+        if df is None or "ratio_to_standard" not in df:
+            return None
+        d = df[(df.sweep == "length") & (df.policy == policy)].set_index("n")
+        return float(how(d.ratio_to_standard)) if len(d) else math.nan
+    return value
+
+
+def _at(n: int) -> Callable:
+    return lambda r: r.get(n, math.nan)
+
+
+def _pcast(order: str, col: str, how: Callable, height=None) -> Callable[[object], object]:
+    """The fp8 P cast (repro_fp8_pcast): a gain at the largest static scale in `order`,
+    reduced by how(), over every length and sink height or at one height."""
+    def value(F):
+        df = F.table("repro_fp8_pcast")
+        if df is None or col not in df:
+            return None
+        d = df[(df.order == order) & (df.p_scale == df.p_scale.max())]
+        if height is not None:
+            d = d[d.height == height]
+        return float(how(d[col])) if len(d) else math.nan
+    return value
+
+
 _PROTOCOL = "bench/results/fa3_protocol.json"
 QUANTITIES = {
     "ExpInputs": Quantity(
@@ -138,6 +218,50 @@ QUANTITIES = {
     **{f"FaThreePublished{k}": Quantity(f"repro_fa3_table3: the published fp16 RMSE, {w}",
                                         _fa3_published(f"fp16 {w}"), md=sci(2))
        for k, w in (("Std", "standard"), ("Flash", "FlashAttention-2"))},
+    "FaThreeN": Quantity("repro_fa3_table3: N of the best fp16 protocol",
+                         _fa3_best(_fp16("naive"), "n")),
+    "FaThreeD": Quantity("repro_fa3_table3: head dim of the best fp16 protocol",
+                         _fa3_best(_fp16("naive"), "d")),
+    "FaThreeStd": Quantity("repro_fa3_table3: our fp16 standard-attention RMSE (best protocol)",
+                           _fa3_best(_fp16("naive")), md=sci(2)),
+    "FaThreeFlash": Quantity("repro_fa3_table3: our fp16 FlashAttention-2 RMSE (best protocol)",
+                             _fa3_best(_fp16("fa2")), md=sci(2)),
+    "FaThreeRatio": Quantity("repro_fa3_table3: their ratio (published 1.7)", _fa3_ratio),
+    "FaThreeMatch": Quantity("repro_fa3_table3: match factor of the best fp16 protocol",
+                             _fa3_best(_fp16("naive"), "match"), md=fixed(1)),
+    "FaThreeEightMatch": Quantity("repro_fa3_table3: match factor of the best fp8 protocol",
+                                  _fa3_fp8_match, md=fixed(2)),
+    # as the protocol prints them: 8192, not 8,192
+    "FaThreeEightN": Quantity("repro_fa3_table3: N of the best fp8 protocol",
+                              _fa3_best(_fp8("fp8 standard (per-tensor)"), "n"), tex=str),
+    "FaThreeEightD": Quantity("repro_fa3_table3: head dim of the best fp8 protocol",
+                              _fa3_best(_fp8("fp8 standard (per-tensor)"), "d"), tex=str),
+    **{f"FaThreeEight{k}": Quantity(f"repro_fa3_table3: our RMSE, {row} (best protocol)",
+                                    _fa3_best(_fp8(row)), md=sci(2), paper=False)
+       for k, row in (("Std", "fp8 standard (per-tensor)"),
+                      ("Fa", "fp8 FA3 (block quant + Hadamard)"),
+                      ("NoBlock", "fp8 FA3 without block quantization"),
+                      ("NoHadamard", "fp8 FA3 without incoherent processing"))},
+    "FaThreeEightWorst": Quantity("repro_fa3_table3: largest |ours / published - 1| of the fp8 "
+                                  "rows, % (rounded up)", _fa3_fp8_worst,
+                                  md=lambda x: f"{x}%", paper=False),
+    **{f"GoldenFa{k}": Quantity(f"repro_is_flash_stable: {w} flash / standard deviation "
+                                "ratio over N, fa2", _golden_length("fa2", how), md=two,
+                                paper=False)
+       for k, w, how in (("Min", "smallest", min), ("Max", "largest", max))},
+    **{f"GoldenLowpAt{k}": Quantity(f"repro_is_flash_stable: flash / standard deviation "
+                                    f"ratio at N = {n}, lowp", _golden_length("lowp", _at(n)),
+                                    md=two, paper=False)
+       for k, n in (("Quarter", 256), ("One", 1024), ("Four", 4096), ("Sixteen", 16384))},
+    "PcastRatioMin": Quantity("repro_fp8_pcast: smallest MSE gain of reverse + scale over "
+                              "forward", _pcast("reverse", "ratio_vs_forward", min), md=two),
+    "PcastRatioMax": Quantity("repro_fp8_pcast: largest such gain",
+                              _pcast("reverse", "ratio_vs_forward", max), md=two),
+    **{f"PcastSame{k}": Quantity(f"repro_fp8_pcast: {w} gain of reverse + scale over forward "
+                                 "with the same scale, sink height 12",
+                                 _pcast("reverse", "ratio_vs_forward_same_scale", how, 12),
+                                 md=two, paper=False)
+       for k, w, how in (("Min", "smallest", min), ("Max", "largest", max))},
     "FaThreeProtocolN": Quantity(f"{_PROTOCOL}: N", _fa3(lambda r: r["protocol"]["n"]),
                                  tex=sig(4)),
     **{f"FaThreeProtocol{k}": Quantity(f"{_PROTOCOL}: {w}", _fa3(f), tex=str)
