@@ -46,14 +46,6 @@ def growth_slopes(name, x):
     return {pol: v[0] for pol, v in growth(table(name), x, "max_abs_err").items()}
 
 
-def sweep_counts():
-    names = ["bf16_sweep", "fp16_sweep", "fp32_sweep", "block_order", "block_size",
-             "seqlen_growth", "precision_bits", "kernel_vs_emulator", "worst_case"]
-    counts = {n: len(table(n)) for n in names}
-    first = f"bf16_sweep {thousands(counts.pop('bf16_sweep'))} cases"
-    return [first] + [f"{n} {thousands(c)} in" for n, c in counts.items()]
-
-
 def bound_accounting():
     from flashnum.analysis.bounds import accounting
 
@@ -1312,7 +1304,7 @@ def provenance_readme():
     return ["(" + "; ".join(f"{', '.join(v)}: {c}" for c, v in by.items()) + ")"]
 
 CLAIMS = {
-    "README.md": [sweep_counts, bound_accounting, growth_claims, engine_bench,
+    "README.md": [bound_accounting, growth_claims, engine_bench,
                   tightness_readme, lambda: stress_claims()[0],
                   invariants_hold, worst_case_claims, exp_claims,
                   audit_readme,

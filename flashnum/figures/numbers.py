@@ -124,7 +124,7 @@ NUMBERS = {
     "OrderBest": "the order with the smallest error ratio to forward (block_order)",
     "OrderBestRatio": "that smallest ratio (block_order)",
     "OrderBestDist": "the distribution where it occurs (block_order)",
-    "SweepCases": "rows in bf16_sweep",
+    "SweepCases": QUANTITIES["SweepCases"].what,
     "HeatWorstDist": "distribution with the largest fa2 error (bf16_sweep)",
     "HeatWorstRatio": "its fa2 error / gaussian's fa2 error (bf16_sweep)",
     "HeatNaiveOverFa": "median over distributions of naive error / fa2 error (bf16_sweep)",

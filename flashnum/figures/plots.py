@@ -186,8 +186,7 @@ def heatmap(F: Figures) -> None:
     plt = _style()
     import matplotlib  # heavy optional dependency (colormaps)
 
-    F.num("SweepCases", len(df))
-    sel = []
+    sel = []  # its size, SweepCases, is a named quantity (flashnum.figures.quantities)
     df = prefer(trusted(df, sel), sel, precision="bf16", variant="fa2", backend="emulate",
                  order="forward", block_n=64)
     med = df.groupby(["distribution", "policy"])[ERR].median().unstack("policy")

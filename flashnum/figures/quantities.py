@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from flashnum.figures.tex import tex_num
+from flashnum.figures.tex import tex_name, tex_num
 
 
 def fixed(digits: int) -> Callable[[float], str]:
@@ -50,6 +50,11 @@ def two(x: float) -> str:
     """0.30, 4.0, 16, 1400 style: two significant digits, written out (Markdown)."""
     d = 1 - math.floor(math.log10(abs(x)))
     return f"{round(x, d):.{max(d, 0)}f}"
+
+
+def count(n: int) -> str:
+    """1,790 style: a whole number with thousands separators (Markdown)."""
+    return f"{int(n):,}"
 
 
 def sig(digits: int = 2) -> Callable[[float], str]:
@@ -197,8 +202,23 @@ def _pcast(order: str, col: str, how: Callable, height=None) -> Callable[[object
     return value
 
 
+def _rows(name: str) -> Callable[[object], object]:
+    """How many rows an experiment's stored table holds."""
+    def value(F):
+        df = F.table(name)
+        return None if df is None else len(df)
+    return value
+
+
+# the sweeps whose sizes README quotes (each beside the time it took)
+SWEEPS = ("fp16_sweep", "fp32_sweep", "block_order", "block_size", "seqlen_growth",
+          "precision_bits", "kernel_vs_emulator", "worst_case")
+
 _PROTOCOL = "bench/results/fa3_protocol.json"
 QUANTITIES = {
+    "SweepCases": Quantity("rows in bf16_sweep", _rows("bf16_sweep"), md=count),
+    **{f"Rows{tex_name(n)}": Quantity(f"rows in {n}", _rows(n), md=count, paper=False)
+       for n in SWEEPS},
     "ExpInputs": Quantity(
         "float32 arguments of exp and exp2 checked (bench/exp_exhaustive.py)",
         _exp(lambda x: x["inputs"]), tex=lambda n: f"{n / 1e9:.1f}" + r"\times 10^9",
