@@ -216,16 +216,6 @@ def invariants_hold():
             "m_ok or l_ok fails in a stored sweep"]
 
 
-def worst_case_claims():
-    df = table("worst_case")
-    w = df[(df.distribution == "worst_case") & (df.seq_len_q == 1024) & (df.head_dim == 64)]
-    bf, f16 = (w[w.precision == p].iloc[0] for p in ("bf16", "fp16"))
-    evals = int(w.search_n_evals.max())
-    return [f"N = 1024, d = 64 with {bf.search_ratio:.0f}x the gaussian max error "
-            f"({f16.search_ratio:.0f}x in fp16), within {evals} evaluations",
-            f"about {bf.max_ulp_err:.1f} ulp of the output"]
-
-
 def exp_claims():
     """Hard inputs: torch's float64 value within 4 float64 ulps of an fp32 boundary; the
     exact (mpmath) distance of some is above 4."""
@@ -296,14 +286,6 @@ def triton_readme():
     low = min(x["elem"]["le1"] for x in f if x["precision"] in ("fp16", "bf16"))
     return [f"fp16/bf16 outputs are >= {pct_floor(low)} within 1 ulp"]
 
-
-def tightness_median():
-    t = pd.read_csv(RESULTS / "bound_tightness.csv")
-    fa = t[(t.policy == "fa2") & t.precision.isin(["bf16", "fp16"]) & np.isfinite(t.bound)]
-    return [f"its median overestimate is {fa.tightness.median():.0f}x for bf16/fp16 `fa2`"]
-
-
-# -- docs/engine.md ------------------------------------------------------------------------
 
 def engine_docs():
     e = json.loads((RESULTS / "exp_exhaustive.json").read_text())
@@ -1306,9 +1288,9 @@ def provenance_readme():
 CLAIMS = {
     "README.md": [bound_accounting, growth_claims, engine_bench,
                   tightness_readme, lambda: stress_claims()[0],
-                  invariants_hold, worst_case_claims, exp_claims,
+                  invariants_hold, exp_claims,
                   audit_readme,
-                  reference_readme, triton_readme, tightness_median, provenance_readme,
+                  reference_readme, triton_readme, provenance_readme,
                   tutorial_backward_readme, kernel_table_readme],
     "docs/experiments.md": [bf16_sweep_summary_line, experiments_table],
     "docs/engine.md": [engine_docs],

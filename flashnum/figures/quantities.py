@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from flashnum.figures.tex import tex_name, tex_num
 
 
@@ -214,6 +216,32 @@ def _rows(name: str) -> Callable[[object], object]:
 SWEEPS = ("fp16_sweep", "fp32_sweep", "block_order", "block_size", "seqlen_growth",
           "precision_bits", "kernel_vs_emulator", "worst_case")
 
+def _worst_case(col: str, precision: str = "bf16", how=None) -> Callable[[object], object]:
+    """The searched worst case of worst_case at N = 1024, d = 64: a column of its row in
+    `precision` (how=None) or reduced over both precisions."""
+    def value(F):
+        df = F.table("worst_case")
+        if df is None or col not in df:
+            return None
+        w = df[(df.distribution == "worst_case") & (df.seq_len_q == 1024) & (df.head_dim == 64)]
+        if how is not None:
+            return how(w[col]) if len(w) else math.nan
+        w = w[w.precision == precision]
+        return float(w[col].iloc[0]) if len(w) else math.nan
+    return value
+
+
+def _tightness_median(F):
+    """The median bound / error of fa2 in bf16 and fp16 where the bound is finite
+    (bench/results/bound_tightness.csv, python bench/bound_tightness.py)."""
+    path = Path(F.experiments).parent / "bench" / "results" / "bound_tightness.csv"
+    if not path.exists():
+        return None
+    t = pd.read_csv(path)
+    fa = t[(t.policy == "fa2") & t.precision.isin(["bf16", "fp16"]) & t.bound.map(math.isfinite)]
+    return float(fa.tightness.median())
+
+
 _PROTOCOL = "bench/results/fa3_protocol.json"
 QUANTITIES = {
     "SweepCases": Quantity("rows in bf16_sweep", _rows("bf16_sweep"), md=count),
@@ -238,6 +266,18 @@ QUANTITIES = {
     **{f"FaThreePublished{k}": Quantity(f"repro_fa3_table3: the published fp16 RMSE, {w}",
                                         _fa3_published(f"fp16 {w}"), md=sci(2))
        for k, w in (("Std", "standard"), ("Flash", "FlashAttention-2"))},
+    **{f"WorstCaseSearch{k}": Quantity(f"worst_case: the searched inputs' max error / "
+                                       f"gaussian's, {p}, N = 1024, d = 64",
+                                       _worst_case("search_ratio", p), md=fixed(0), paper=False)
+       for k, p in (("Bf", "bf16"), ("Fp", "fp16"))},
+    "WorstCaseEvals": Quantity("worst_case: the most evaluations a search took (N = 1024, "
+                               "d = 64)", _worst_case("search_n_evals", how=lambda c: int(c.max())),
+                               paper=False),
+    "WorstCaseUlp": Quantity("worst_case: the searched bf16 inputs' max error, ulps of the "
+                             "output", _worst_case("max_ulp_err"), md=fixed(1), paper=False),
+    "TightnessMedianFp": Quantity("bench/results/bound_tightness.csv: median bound / error, "
+                                  "fa2, bf16 and fp16, finite bounds", _tightness_median,
+                                  md=fixed(0), paper=False),
     "FaThreeN": Quantity("repro_fa3_table3: N of the best fp16 protocol",
                          _fa3_best(_fp16("naive"), "n")),
     "FaThreeD": Quantity("repro_fa3_table3: head dim of the best fp16 protocol",
