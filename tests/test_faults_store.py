@@ -22,6 +22,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+import flashnum.store as store_command  # the command line, python -m flashnum.store
 from flashnum.harness import manifest, owners, store
 from flashnum.harness import run as runmod
 from flashnum.harness.paths import CONF
@@ -75,7 +76,7 @@ def test_a_truncated_table_file_is_one_line_naming_it_and_the_repair(exp, which,
     bad = exp / store.RESULTS if which == "results" else store._part_files(exp)[0]
     truncate(bad)
     for main, argv in ((runmod.main, [*SMOKE, f"store.root={exp.parent}"]),
-                       (store.main, ["smoke", f"store.root={exp.parent}"])):
+                       (store_command.main, ["smoke", f"store.root={exp.parent}"])):
         err = command_fails(main, argv, capsys)
         assert str(bad) in err and "is unreadable" in err, err
         assert f"python -m flashnum.store repair smoke store.root={exp.parent}" in err
@@ -99,12 +100,12 @@ def test_check_finds_every_unreadable_file_and_repair_quarantines_them_deleting_
     bad = {exp / store.RESULTS: (exp / store.RESULTS).read_bytes(),
            exp / store.MANIFEST: b"garbage"}
     root = f"store.root={exp.parent}"
-    assert store.main(["check", "smoke", root]) == 2
+    assert store_command.main(["check", "smoke", root]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and all("is unreadable" in ln for ln in err)
     assert {ln.split(" is unreadable")[0] for ln in err} == {str(p) for p in bad}
 
-    assert store.main(["repair", "smoke", root]) == 0
+    assert store_command.main(["repair", "smoke", root]) == 0
     out = capsys.readouterr().out
     assert "quarantined results.parquet" in out and "quarantined manifest.json" in out
     assert "16 of the grid's 16 cases have no row" in out
@@ -114,7 +115,7 @@ def test_check_finds_every_unreadable_file_and_repair_quarantines_them_deleting_
     repairs = json.loads((exp / store.MANIFEST).read_text())["repairs"]
     assert {q["file"] for q in repairs[0]["quarantined"]} == {"manifest.json",
                                                               "results.parquet"}
-    assert store.main(["check", "smoke", root]) == 0
+    assert store_command.main(["check", "smoke", root]) == 0
     # the cases lost with the table are computed again by the next run
     out = runmod.run(cfg_of(*SMOKE, "max_cases=8", f"store.root={exp.parent}"))
     assert out["counts"]["run"] == len(lost) == 8

@@ -11,6 +11,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+import flashnum.store as store_command  # the command line, python -m flashnum.store
 from flashnum.harness import owners, store
 
 
@@ -179,10 +180,10 @@ def test_replace_refuses_a_table_without_one_row_per_case(tmp_path):
 
 def test_the_store_command_takes_key_value_and_a_bare_name(tmp_path, capsys):
     store.write_part(tmp_path / "e", rows(["a"]))
-    assert store.main(["e", f"store.root={tmp_path}", "compact=true"]) == 0
+    assert store_command.main(["e", f"store.root={tmp_path}", "compact=true"]) == 0
     out = capsys.readouterr().out
     assert "compacted: 1 rows" in out and "1 rows, 3 columns" in out
-    assert store.main([f"experiment={tmp_path / 'e'}"]) == 0
+    assert store_command.main([f"experiment={tmp_path / 'e'}"]) == 0
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -194,7 +195,7 @@ def test_the_store_command_takes_key_value_and_a_bare_name(tmp_path, capsys):
 ])
 def test_a_bad_store_command_is_one_line_and_exit_status_2(argv, says, capsys):
     with pytest.raises(SystemExit) as e:
-        store.main(argv)
+        store_command.main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and says in err, err
     assert err.startswith("flashnum.store: error: ")
