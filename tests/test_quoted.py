@@ -58,3 +58,10 @@ def test_a_quote_is_a_whole_token():
     assert not quoted_as("ratio 12.5", "2.5") and not quoted_as("z = -2.5", "2.5")
     assert quoted_as("per seed 1.57-2.23", "2.23") and not quoted_as("ratio 2.5", "2.50")
     assert sci(2)(3.27e-4) == "3.3e-4" and sci(3)(2.5e-4) == "2.50e-4"
+
+
+
+def test_a_marker_in_code_is_an_example_not_a_quote():
+    text = ("quoted 1.84<!--q:A--> here; `2<!--q:B-->` in a span\n"
+            "```text\n3<!--q:C-->\n```\nand 4<!--q:D--> after the block")
+    assert [name for name, _ in quotes(text)] == ["A", "D"]

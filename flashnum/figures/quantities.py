@@ -352,9 +352,19 @@ QUANTITIES = {
 MARK = re.compile(r"<!--q:(\w+)-->")
 
 
+def _in_code(text: str, pos: int) -> bool:
+    """Whether text[pos] lies in a fenced code block or a code span (where a marker prints:
+    an example of the syntax, not a quote)."""
+    start = text.rfind("\n", 0, pos) + 1
+    fences = sum(line.lstrip().startswith("```") for line in text[:start].splitlines())
+    return fences % 2 == 1 or text[start:pos].count("`") % 2 == 1
+
+
 def quotes(text: str) -> list[tuple[str, str]]:
-    """(name, the text just before the marker) for each marker in a Markdown text."""
-    return [(m[1], text[max(0, m.start() - 40):m.start()]) for m in MARK.finditer(text)]
+    """(name, the text just before the marker) for each marker of a Markdown text outside
+    code (in code the marker would print: there it is an example, not a quote)."""
+    return [(m[1], text[max(0, m.start() - 40):m.start()]) for m in MARK.finditer(text)
+            if not _in_code(text, m.start())]
 
 
 def quoted_as(before: str, rendered: str) -> bool:
