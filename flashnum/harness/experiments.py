@@ -13,6 +13,8 @@ hands a kind other than "forward" to its runner. The kinds:
     audit         conf/audit/NAME.yaml (flashnum.audit: a list of runs, or kernel_table)
     reproduction  repro_WHAT, a published result (flashnum.reproduce WHAT)
     attribution   attribution, the per-site table (flashnum.attribution experiment=true)
+    table         conf/table/NAME.yaml, a table one function computes whole
+                  (flashnum.harness.tables: the bound tightness, ...)
     head_stats    NAME_stats, the logit statistics of forward experiment NAME's inputs
                   (flashnum.harness.head_stats NAME)
 
@@ -65,6 +67,9 @@ def find(name: str, dirs=()) -> Experiment | None:
     path = _yamls(dirs).get(name)
     if path is not None:
         return Experiment(name, _kind_of(path), path)
+    table = CONF / "table" / f"{name}.yaml"
+    if table.is_file():
+        return Experiment(name, "table", table)
     audit = CONF / "audit" / f"{name}.yaml"
     if audit.is_file():
         return Experiment(name, "audit", audit)
@@ -81,7 +86,8 @@ def find(name: str, dirs=()) -> Experiment | None:
 def names(dirs=()) -> list[str]:
     """Every name `experiment=` takes."""
     audit = [p.stem for p in (CONF / "audit").glob("*.yaml")]
-    return sorted({*_yamls(dirs), *audit, *(f"repro_{r}" for r in REPRODUCTIONS),
+    table = [p.stem for p in (CONF / "table").glob("*.yaml")]
+    return sorted({*_yamls(dirs), *audit, *table, *(f"repro_{r}" for r in REPRODUCTIONS),
                    "attribution"})
 
 

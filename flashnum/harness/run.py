@@ -510,6 +510,10 @@ def _elsewhere(exp, overrides: list[str]) -> int:
     experiment= and Hydra's go with it."""
     if exp.kind in ABOVE:
         cli.fail(PROG, f"experiment {exp.name} ({exp.kind}) runs through python -m flashnum.run")
+    if exp.kind == "table":
+        from flashnum.harness import tables
+
+        return tables.main([f"experiment={exp.name}", *_rest(overrides)])
     if exp.kind == "head_stats":
         from flashnum.harness import head_stats
 
