@@ -1,8 +1,7 @@
 """Rewrite the stored tables' bound verdicts from their own columns: an infinite bound is
 vacuous, not "held".
 
-    python bench/bound_accounting.py            # every experiments/*/results.parquet and
-                                                # bench/results/bound_tightness.csv
+    python bench/bound_accounting.py            # every experiments/*/results.parquet
     python bench/bound_accounting.py --check    # exit 1 if any table would change
 
 For each table with a `bound` column it sets, per row, from `bound` and `max_abs_err`
@@ -52,34 +51,7 @@ def main(argv=None) -> int:
             stale += 1
             if not a.check:
                 store._write_table(new, path)
-    stale += tightness(a.check)
     return 1 if (a.check and stale) else 0
-
-
-def tightness(check: bool) -> int:
-    """bench/results/bound_tightness.csv: holds / holds_prob from bound, bound_prob,
-    measured and ref_err (measured <= bound + ref_err for a finite bound, else empty)."""
-    path = Path(__file__).resolve().parent / "results" / "bound_tightness.csv"
-    if not path.exists():
-        return 0
-    df = pd.read_csv(path)
-    new = df.copy()
-    slack = df["measured"] - df["ref_err"]
-    det = [verdict(b, e) for b, e in zip(df["bound"], slack, strict=True)]
-    new["bound_finite"] = [x[0] for x in det]
-    new["holds"] = pd.Series([x[1] for x in det], dtype=object)
-    new["holds_prob"] = pd.Series([verdict(b, e)[1] for b, e in zip(df["bound_prob"], slack,
-                                                                    strict=True)], dtype=object)
-    cols = [c for c in df.columns if c not in ("holds", "holds_prob", "bound_finite")]
-    new = new[cols[:cols.index("tightness_prob") + 1] + ["bound_finite", "holds", "holds_prob"]
-              + cols[cols.index("tightness_prob") + 1:]]
-    same = list(df.columns) == list(new.columns) and df.astype(str).equals(new.astype(str))
-    acc = accounting(new["bound"], new["holds"])
-    print(f"bound_tightness.csv: bound {accounting_phrase(acc)}"
-          f"{'' if same else ' (STALE)' if check else ' (rewritten)'}")
-    if not same and not check:
-        new.to_csv(path, index=False)
-    return 0 if same else 1
 
 
 if __name__ == "__main__":

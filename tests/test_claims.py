@@ -126,7 +126,7 @@ def engine_bench():
 def tightness_readme():
     from flashnum.analysis.bounds import accounting
 
-    t = pd.read_csv(RESULTS / "bound_tightness.csv")
+    t = table("bound_tightness")
     acc = accounting(t["bound"], t["holds"])
     fa = t[(t.policy == "fa2") & t.precision.isin(["bf16", "fp16"]) & np.isfinite(t.bound)]
     return [f"finite and held in {thousands(acc['held'])} of {thousands(acc['cases'])} "
@@ -137,7 +137,7 @@ def tightness_readme():
 def tightness_docs():
     from flashnum.analysis.bounds import accounting, tightness_summary
 
-    t = pd.read_csv(RESULTS / "bound_tightness.csv")
+    t = table("bound_tightness")
     acc = accounting(t["bound"], t["holds"])
     out = [f"finite and held in {acc['held']} of {acc['cases']} cases and vacuous in "
            f"{acc['vacuous']}"]
@@ -321,7 +321,7 @@ def tex_sci(x, digits=2):
 
 
 def tightness_prose():
-    t = pd.read_csv(RESULTS / "bound_tightness.csv")
+    t = table("bound_tightness")
     f = t[np.isfinite(t.bound)]
     fa = f[(f.policy == "fa2") & f.precision.isin(["bf16", "fp16"])]
     pl = fa[fa.distribution == "plateau"].tightness

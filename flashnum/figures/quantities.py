@@ -25,8 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
 from flashnum.figures.tex import tex_name, tex_num
 
 
@@ -233,11 +231,10 @@ def _worst_case(col: str, precision: str = "bf16", how=None) -> Callable[[object
 
 def _tightness_median(F):
     """The median bound / error of fa2 in bf16 and fp16 where the bound is finite
-    (bench/results/bound_tightness.csv, python bench/bound_tightness.py)."""
-    path = Path(F.experiments).parent / "bench" / "results" / "bound_tightness.csv"
-    if not path.exists():
+    (experiments/bound_tightness, python -m flashnum.run experiment=bound_tightness)."""
+    t = F.table("bound_tightness")
+    if t is None:
         return None
-    t = pd.read_csv(path)
     fa = t[(t.policy == "fa2") & t.precision.isin(["bf16", "fp16"]) & t.bound.map(math.isfinite)]
     return float(fa.tightness.median())
 
@@ -275,7 +272,7 @@ QUANTITIES = {
                                paper=False),
     "WorstCaseUlp": Quantity("worst_case: the searched bf16 inputs' max error, ulps of the "
                              "output", _worst_case("max_ulp_err"), md=fixed(1), paper=False),
-    "TightnessMedianFp": Quantity("bench/results/bound_tightness.csv: median bound / error, "
+    "TightnessMedianFp": Quantity("bound_tightness: median bound / error, "
                                   "fa2, bf16 and fp16, finite bounds", _tightness_median,
                                   md=fixed(0), paper=False),
     "FaThreeN": Quantity("repro_fa3_table3: N of the best fp16 protocol",

@@ -1,5 +1,5 @@
 """The bound tightness table: flashnum.analysis.bounds against the measured error over the
-input catalogue (bench/bound_tightness.py writes it; docs/bounds.md quotes it).
+input catalogue (the table experiment bound_tightness, conf/table/; docs/bounds.md quotes it).
 
     from flashnum.harness.tightness import tightness_table
     t = tightness_table(seq_len=128, seeds=range(1))
