@@ -59,3 +59,14 @@ def test_the_spaced_form_is_json_dumps_default_and_the_plain_form_has_no_spaces(
     spaced = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
     plain = hashlib.sha256(b'{"a":"x","b":[1,2.5]}').hexdigest()[:16]
     assert hash_id(obj, spaced=True) == spaced and hash_id(obj) == plain != spaced
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "conf" / "table").glob("*.yaml")))
+def test_a_table_experiment_keys_its_rows_by_its_columns_that_are_not_measures(name):
+    from flashnum.harness import tables
+
+    conf = tables.load_conf(name)
+    assert callable(tables.function(conf["table"]))
+    df = store.load(REPO / "experiments" / name)
+    assert set(conf["measures"]) < set(df.columns)
+    assert tables.row_ids(name, df.drop(columns="case_id"), conf["measures"]) == list(df.case_id)
