@@ -239,6 +239,39 @@ def _tightness_median(F):
     return float(fa.tightness.median())
 
 
+def _qiu_yao_released(F):
+    """Mean signed error of Qiu & Yao's fix as released, ties, lowp, largest logit std."""
+    df = F.table("repro_qiu_yao")
+    if df is None:
+        return None
+    d = df[(df.distribution == "ties") & (df.policy == "lowp")
+           & (df.variant == "qiu_yao_released")]
+    if "logit_std" in d and d.logit_std.notna().any():
+        d = d[d.logit_std == d.logit_std.max()]
+    return float(d.ours.iloc[0]) if len(d) else math.nan
+
+
+def _clamp(how: Callable) -> Callable[[object], object]:
+    """The released fix's clamp sweep (repro_qiu_yao, lowp rows of clamp_sweep), reduced
+    by how(rows); None without a sweep."""
+    def value(F):
+        df = F.table("repro_qiu_yao")
+        if df is None or not {"max_logit", "onset"} <= set(df.columns):
+            return None
+        sw = df[(df.distribution == "clamp_sweep") & (df.variant == "qiu_yao_released")
+                & (df.policy == "lowp")]
+        return how(sw) if len(sw) else None
+    return value
+
+
+def _max_or_nan(s) -> float:
+    return float(s.max()) if len(s) else math.nan
+
+
+def _min_or_nan(s) -> float:
+    return float(s.min()) if len(s) else math.nan
+
+
 _PROTOCOL = "bench/results/fa3_protocol.json"
 QUANTITIES = {
     "SweepCases": Quantity("rows in bf16_sweep", _rows("bf16_sweep"), md=count),
@@ -275,6 +308,20 @@ QUANTITIES = {
     "TightnessMedianFp": Quantity("bound_tightness: median bound / error, "
                                   "fa2, bf16 and fp16, finite bounds", _tightness_median,
                                   md=fixed(0), paper=False),
+    "QiuYaoReleasedErr": Quantity("repro_qiu_yao: mean signed error of their released fix, "
+                                  "ties, lowp", _qiu_yao_released, md=lambda x: f"{x:+.2f}"),
+    "QiuYaoOnset": Quantity("repro_qiu_yao: derived max logit where the released clamp acts, "
+                            "ln(2/1e-10)", _clamp(lambda sw: float(sw.onset.iloc[0])),
+                            tex=sig(4), md=fixed(2)),
+    # the output is "exact" while out / ref >= 0.99
+    "QiuYaoOnsetMeasured": Quantity("repro_qiu_yao: first max logit of the sweep with "
+                                    "out/ref < 0.99",
+                                    _clamp(lambda sw: _min_or_nan(sw[sw.ours < 0.99].max_logit)),
+                                    tex=sig(4), md=lambda x: f"{x:g}"),
+    "QiuYaoExactUpTo": Quantity("repro_qiu_yao: the last max logit of the sweep with "
+                                "out/ref >= 0.99",
+                                _clamp(lambda sw: _max_or_nan(sw[sw.ours >= 0.99].max_logit)),
+                                tex=sig(4), md=lambda x: f"{x:g}"),
     "FaThreeN": Quantity("repro_fa3_table3: N of the best fp16 protocol",
                          _fa3_best(_fp16("naive"), "n")),
     "FaThreeD": Quantity("repro_fa3_table3: head dim of the best fp16 protocol",

@@ -201,9 +201,7 @@ def repro_qiu_yao(F: Figures, df: pd.DataFrame, key: str) -> None:
     zb = z("ties_broken", "lowp", "fa2")
     for name, v in (("ZGauss", zg), ("ZFaTwo", z2), ("ZBroken", zb)):
         F.num(f"{key}{name}", v)
-    rel = pick("ties", "lowp", "qiu_yao_released")
-    e_rel = math.nan if rel is None else float(rel.ours)
-    F.num(f"{key}ReleasedErr", e_rel)
+    e_rel = QUANTITIES[f"{key}ReleasedErr"].value(F)
     _qiu_yao_onset(F, sweep, key)
     F.fact(f"{key}Ties", bool(np.isfinite(zt)))
     F.fact(f"{key}LogitStd", QUANTITIES[f"{key}LogitStdMax"].value(F) is not None)
@@ -225,16 +223,12 @@ def _qiu_yao_onset(F: Figures, sweep: pd.DataFrame, key: str) -> None:
     sw = sweep[(sweep.variant == "qiu_yao_released") & (sweep.policy == "lowp")]
     if not len(sw) or "onset" not in sw:
         return
-    onset = float(sw.onset.iloc[0])
+    # the onset, derived and measured, and the last exact max logit are named quantities
     collapsed = sw[sw.ours < 0.99].max_logit
     last_ok = sw[sw.ours >= 0.99].max_logit
-    first = float(collapsed.min()) if len(collapsed) else math.nan
     F.fact(f"{key}HaveOnset", True)
-    F.num(f"{key}Onset", onset, 4)
-    F.num(f"{key}OnsetMeasured", first, 4)
     if len(last_ok) and len(collapsed):
         F.fact(f"{key}OnsetStraddled", True)
-        F.num(f"{key}ExactUpTo", float(last_ok.max()), 4)
         F.num(f"{key}CollapseMin", float(sw.ours.min()))
         F.num(f"{key}CollapseAt", float(sw.max_logit.max()))
 
