@@ -1060,8 +1060,9 @@ def block_scaled_harness():
 
 
 def input_transforms_docs():
-    t = json.loads((RESULTS / "input_transforms.json").read_text())
-    r = {(x["inputs"], x["format"], x["transform"]): x["ratios"] for x in t}
+    t = table("input_transforms")
+    r = {key: list(g.sort_values("seed").ratio)
+         for key, g in t.groupby(["inputs", "format", "transform"])}
     span = lambda xs: f"{min(xs):.2f}-{max(xs):.2f}x"  # noqa: E731
     fmts = ("fp8_e4m3", "fp8_e4m3_tensor", "mxfp8_e4m3", "nvfp4")
     every = lambda inputs, tr: span([x for f in fmts for x in r[inputs, f, tr]])  # noqa: E731

@@ -81,7 +81,7 @@ def rmse(fmt, transform, q, k, v, seed):
 def test_smoothing_k_cuts_the_error_of_low_precision_keys_with_a_channel_offset(fmt):
     # SageAttention's case: K's channels carry an offset common to all keys (here 8x the
     # spread); quantizing K - mean(K) errs relative to the spread, not the offset.
-    # Measured over seeds 0-2: 4.1-5.4x (bench/input_transforms.py); V's own rounding remains.
+    # Measured over seeds 0-2: 4.1-5.4x (experiments/input_transforms); V's own rounding remains.
     for seed in range(3):
         g = torch.Generator().manual_seed(seed)
         q = torch.randn(2, 64, 64, generator=g, dtype=torch.float64)

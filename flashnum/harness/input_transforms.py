@@ -1,19 +1,21 @@
-"""What K smoothing and the Hadamard rotation do to low-precision inputs' error.
+"""What K smoothing and the Hadamard rotation do to low-precision inputs' error: the table
+of the experiment input_transforms (conf/table/input_transforms.yaml; docs/formats.md
+quotes it).
 
-    python bench/input_transforms.py [--out bench/results/input_transforms.json]
+    python -m flashnum.run experiment=input_transforms
 
 RMSE of fa2 (fp32 dots and softmax state, output in fp64) with Q, K, V stored in a
 low-precision or block-scaled format, against fp64 attention of the untransformed,
-unquantized inputs; per seed 0-2, as a ratio without / with the transform (above 1: the
+unquantized inputs; per seed, as a ratio without / with the transform (above 1: the
 transform helps). Two inputs: K with a per-channel offset 8x its spread (SageAttention's
 case for smoothing) and FA3's outlier inputs (fa3_outliers, the rotation's case); 2 heads,
 64 queries, 512 keys, d = 64. tests/test_input_transform.py asserts the direction on the
-same inputs; docs/formats.md quotes the ranges printed here.
+same inputs.
 """
 
-import argparse
-import json
+from __future__ import annotations
 
+import pandas as pd
 import torch
 
 from flashnum.engine import attention
@@ -22,9 +24,12 @@ from flashnum.numerics.policy import make_policy
 from flashnum.reference import plain64
 
 SCALE = 0.125
+FORMATS = ("fp8_e4m3", "fp8_e4m3_tensor", "mxfp8_e4m3", "nvfp4")
+TRANSFORMS = ("smooth_k", "hadamard", "smooth_k+hadamard")
 
 
 def channel_offset(seed: int):
+    """Gaussian Q, K, V with a common offset per channel of K, 8x its spread."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(2, 64, 64, generator=g, dtype=torch.float64)
     k = (torch.randn(2, 512, 64, generator=g, dtype=torch.float64)
@@ -38,35 +43,28 @@ def outliers(seed: int):
                 seed=seed).tensors()
 
 
-def rmse(fmt, transform, q, k, v, seed):
+INPUTS = {"channel_offset": channel_offset, "fa3_outliers": outliers}
+
+
+def rmse(fmt: str, transform: str, q, k, v, seed: int) -> float:
     pol = make_policy("fa2", "fp32").with_sites(inputs=fmt, out="fp64")
     out = attention(q, k, v, policy=pol, scale=SCALE, input_transform=transform, seed=seed).out
     return float((out - plain64(q, k, v, scale=SCALE)).pow(2).mean().sqrt())
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args(argv)
+def input_transforms_table(seeds=(0, 1, 2)) -> pd.DataFrame:
+    """One row per (inputs, format, transform, seed): the RMSE without and with the
+    transform and their ratio."""
     torch.set_num_threads(1)
     rows = []
-    for inputs, make_inputs in (("channel_offset", channel_offset), ("fa3_outliers", outliers)):
-        for fmt in ("fp8_e4m3", "fp8_e4m3_tensor", "mxfp8_e4m3", "nvfp4"):
-            for transform in ("smooth_k", "hadamard", "smooth_k+hadamard"):
-                ratios = []
-                for seed in range(3):
+    for inputs, make_inputs in INPUTS.items():
+        for fmt in FORMATS:
+            for transform in TRANSFORMS:
+                for seed in seeds:
                     q, k, v = make_inputs(seed)
-                    ratios.append(rmse(fmt, "none", q, k, v, seed)
-                                  / rmse(fmt, transform, q, k, v, seed))
-                rows.append(dict(inputs=inputs, format=fmt, transform=transform,
-                                 ratios=ratios))
-                print(f"{inputs:15s} {fmt:16s} {transform:18s} without / with: "
-                      f"{min(ratios):.2f}-{max(ratios):.2f}")
-    if a.out:
-        with open(a.out, "w") as fh:
-            json.dump(rows, fh, indent=1)
-            fh.write("\n")
-
-
-if __name__ == "__main__":
-    main()
+                    without = rmse(fmt, "none", q, k, v, seed)
+                    with_ = rmse(fmt, transform, q, k, v, seed)
+                    rows.append(dict(inputs=inputs, format=fmt, transform=transform,
+                                     seed=seed, rmse_without=without, rmse_with=with_,
+                                     ratio=without / with_))
+    return pd.DataFrame(rows)
