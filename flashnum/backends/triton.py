@@ -126,6 +126,7 @@ FP8 = ("fp8_e4m3", "fp8_e5m2")
 KERNEL_SITES = {"inputs": IN_FORMATS, "qk_acc": ("fp32", "tf32"),
                 **{site: ("fp32",) for site in ("s", "m", "p")}, "pv_acc": ("fp32", "tf32"),
                 **{site: ("fp32",) for site in ("l_acc", "l", "o", "div")}, "out": OUT_FORMATS}
+_RUNS_THERE = "the presets fa2 in fp16, bf16, fp32, tf32 (fp8 on a GPU)"
 # inputs format -> the formats P may be cast to: their numbers widen exactly into the
 # inputs' dtype, in which the P @ V dot runs
 _EXACT_INTO = {
@@ -333,12 +334,12 @@ def _kernel_spec(pol: Policy, input_precision: str | None):
     if pol.structure != "flash":
         raise ValueError(f"policy {pol.name!r} cannot run on the triton kernel (structure="
                          f"{pol.structure!r}); it implements structure='flash'")
-    check_sites(pol, KERNEL_SITES, "the triton kernel")  # the sites' formats, in one place
+    check_sites(pol, KERNEL_SITES, "the triton kernel", hint=_RUNS_THERE)  # in one place
     if pol.inputs in _EXACT_INTO and pol.p_cast not in _EXACT_INTO[pol.inputs]:
         raise ValueError(
             f"policy {pol.name!r} cannot run on the triton kernel (p_cast={pol.p_cast!r} with "
             f"inputs={pol.inputs!r}); it implements a p_cast whose numbers widen exactly into "
-            "the inputs': the presets fa2 in fp16, bf16, fp32, tf32 (fp8 on a GPU)")
+            f"the inputs': {_RUNS_THERE}")
     if input_precision is not None and input_precision not in PRECISIONS:
         raise ValueError(
             f"unknown input_precision {input_precision!r}; valid: {', '.join(PRECISIONS)}, or "

@@ -104,16 +104,18 @@ def site_list(sites=FORWARD_SITES, indent: int = 4) -> str:
                                     subsequent_indent=pad + " " * 9) for x in sites)
 
 
-def check_sites(pol, supported: Mapping[str, Collection[str]], where: str) -> None:
+def check_sites(pol, supported: Mapping[str, Collection[str]], where: str,
+                hint: str = "") -> None:
     """The one refusal of a path that rounds some sites only into some formats: `supported`
     maps a site to the formats the path implements there (a site not named: any format).
-    Raises one ValueError naming every site it cannot honour and what it can."""
+    Raises one ValueError naming every site it cannot honour and what it can, then `hint`
+    (e.g. which presets run there)."""
     bad = [f"{site}={getattr(pol, site)!r}" for site, ok in supported.items()
            if getattr(pol, site) not in ok]
     if bad:
         can = "; ".join(f"{site} {'/'.join(ok)}" for site, ok in supported.items())
         raise ValueError(f"policy {pol.name!r} cannot run on {where} ({', '.join(bad)}); "
-                         f"it implements {can}")
+                         f"it implements {can}" + (f": {hint}" if hint else ""))
 
 
 def _policy_fields(sites, extra) -> list:
