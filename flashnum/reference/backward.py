@@ -38,35 +38,22 @@ import math
 import numpy as np
 import torch
 
-from flashnum.numerics.tiling import check_causal
 from flashnum.reference.balls import REL_BITS, flint_prec
 from flashnum.reference.cache import BACKWARD
-from flashnum.reference.inputs import as_f64, check_scale, visible_len
+from flashnum.reference.inputs import as_f64, check, visible_len
 from flashnum.reference.result import ReferenceGradients
 
 METHODS = ("certified", "fp64")
 
 
 def _check(q, k, v, do, causal, scale, method, bits):
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
-    if isinstance(bits, bool) or not isinstance(bits, int) or bits < 64:
-        raise ValueError(f"bits must be an integer >= 64, got {bits!r}")
-    try:
-        causal = check_causal(causal)
-    except TypeError as e:
-        raise ValueError(str(e)) from None
-    (q, qd), (k, kd), (v, vd), (do, dd) = (as_f64(n, x) for n, x in
-                                           (("q", q), ("k", k), ("v", v), ("do", do)))
-    if min(t.ndim for t in (q, k, v, do)) < 2 or q.shape[-1] != k.shape[-1] or \
-            k.shape[-2] != v.shape[-2] or not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
-        raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
-                         "do not fit; valid: (..., Nq, d), (..., Nk, d), (..., Nk, dv)")
+    """The forward reference's checks of q, k, v and the options, then dO's shape."""
+    q, k, v, causal, scale, dtypes = check(q, k, v, causal, scale, method, bits, METHODS)
+    do, dd = as_f64("do", do)
     want = (*q.shape[:-1], v.shape[-1])
     if tuple(do.shape) != want:
         raise ValueError(f"do has shape {tuple(do.shape)}; valid: {want} (the output's shape)")
-    scale = check_scale(scale)
-    return q, k, v, do, causal, scale, (qd, kd, vd, dd)
+    return q, k, v, do, causal, scale, (*dtypes, dd)
 
 
 def _hash(tensors, dtypes, causal, scale, method, bits) -> str:

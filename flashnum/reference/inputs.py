@@ -27,9 +27,11 @@ def as_f64(name: str, x) -> tuple[torch.Tensor, str]:
     return t64.contiguous(), str(t.dtype)
 
 
-def check(q, k, v, causal, scale, method, bits):
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
+def check(q, k, v, causal, scale, method, bits, methods=METHODS):
+    """q, k, v as exact float64 with their dtypes, the causal flag, the scale; one-line
+    ValueErrors naming the bad argument (the backward passes its own `methods`)."""
+    if method not in methods:
+        raise ValueError(f"unknown method {method!r}; valid: {', '.join(methods)}")
     if isinstance(bits, bool) or not isinstance(bits, int) or bits < 64:
         raise ValueError(f"bits must be an integer >= 64, got {bits!r}")
     try:
