@@ -348,15 +348,11 @@ def tightness_prose():
 
 
 def ties_bias():
-    """{(section, run): (mean signed error, z)} from bench/results/ties_bias.txt."""
-    out, section = {}, None
-    for line in (RESULTS / "ties_bias.txt").read_text().splitlines():
-        if line.endswith("mean signed error (z)"):
-            section = line.split(":")[0]
-        m = re.match(r"  (\S.*?)\s+([+-]\d\.\d+e[+-]\d+) \(z\s+([+-][\d.]+)\)", line)
-        if m and section:
-            out[section, m.group(1)] = (float(m.group(2)), float(m.group(3)))
-    return out
+    """{(section, run): (mean signed error, z)} from experiments/ties_bias."""
+    t = table("ties_bias")
+    t = t[t.kind == "bias"]
+    return {(s, r): (e, z) for s, r, e, z in zip(t.section, t.run, t.mean_signed_err, t.z,
+                                                 strict=True)}
 
 
 def ties_claims():
@@ -369,10 +365,9 @@ def ties_claims():
         return f"${tex_sci(e)}$ ($z = {zs}$)" if paren else f"${tex_sci(e)}$, $z = {zs}$"
 
     lowp = b[t, "lowp"]
-    text = (RESULTS / "ties_bias.txt").read_text()
-    pos = re.search(r"exact ([\d.]+), lower half ([\d.]+), tie ([\d.]+), upper half ([\d.]+); "
-                    r"mean of \|rnd_bf16\(o/l\)\| - \|o/l\|: \+([\d.e-]+)", text)
-    ex, lo, _, up, shift = (float(x) for x in pos.groups())
+    u = table("ties_bias")
+    pos = dict(zip(u[u.kind == "ulp"].run, u[u.kind == "ulp"].value, strict=True))
+    ex, lo, up, shift = (pos[k] for k in ("exact", "lower half", "upper half", "mean shift"))
     return [f"mean signed error ${tex_sci(lowp[0])}$, $z = {lowp[1]:.0f}$",
             f"division in bf16 together give {ez(t, 'only l, o, div in bf16', paren=True)}",
             f"leaves {ez(t, 'lowp, div and out in fp32', paren=True)}",
@@ -390,10 +385,9 @@ def ties_claims():
 
 
 def ties_table():
-    text = (RESULTS / "ties_bias.txt").read_text().split("attribution of the mean signed")[1]
-    rows = {m.group(1): (float(m.group(2)), float(m.group(3)))
-            for m in re.finditer(r"^\s*(\w+)\s+\w+ ([+-][\d.e+-]+)\s+([+-][\d.e+-]+)", text,
-                                 re.M)}
+    a = table("ties_bias")
+    a = a[a.kind == "attribution"]
+    rows = {s: (o, w) for s, o, w in zip(a.run, a.err_only, a.err_without, strict=True)}
 
     def cell(x):
         d = 2 if abs(x) >= 1e-5 else 1
