@@ -508,24 +508,14 @@ def _run(cfg) -> int:
         + ([f"where={cfg.where}"] if cfg.where else [])
     rec = manifest.record("flashnum.harness.backward", overrides, config=dict(conf),
                           counts=dict(grid=len(cases), done_before=len(done), run=0))
-    heartbeat = owners.register(exp_dir, rec["run_id"])
     t0 = time.perf_counter()
-    try:
+    with store.running(exp_dir, rec["run_id"]):
         manifest.begin(mpath, conf["experiment"], rec)
         tasks = [(_run_task, t) for t in _tasks(todo)]
         out = execute(tasks, (str(exp_dir), cfg.batch, rec["run_id"]), n_workers(cfg),
                       progress=True)
         rec.update(wall_s=time.perf_counter() - t0, counts={**rec["counts"], "run": out["rows"]})
         manifest.finish(mpath, conf["experiment"], rec, wrote_rows=out["rows"] > 0)
-    except BaseException:  # stopped: its record says what it stored
-        try:
-            store.reconcile(exp_dir, run_ids={rec["run_id"]},
-                            why="stopped before the end (interrupted, or an error)")
-        except Exception:
-            pass  # the next run reconciles it
-        raise
-    finally:
-        owners.unregister(exp_dir, rec["run_id"], heartbeat)
     if out["skipped"]:
         print(f"{len(out['skipped'])} cases were in flight in another run and left to it",
               flush=True)

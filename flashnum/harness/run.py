@@ -339,9 +339,8 @@ def run(cfg, cases: list[Case] | None = None, overrides: list[str] | None = None
                           num_shards=cfg.num_shards, n_workers=n_workers, start_time=started,
                           counts=counts, config=OmegaConf.to_container(cfg, resolve=True)
                           ) if todo else None
-    heartbeat = owners.register(exp_dir, rec["run_id"]) if rec else None
     failures, skipped = [], []
-    try:
+    with store.running(exp_dir, rec["run_id"] if rec else None):
         if rec:
             manifest.begin(mpath, cfg.experiment, rec)
         store.write_grid(exp_dir, [c.case_id for c in cases_all])
@@ -361,17 +360,6 @@ def run(cfg, cases: list[Case] | None = None, overrides: list[str] | None = None
         if rec:  # completed before the compaction: a kill there leaves a true record
             rec.update(wall_s=wall, counts=counts)
             manifest.finish(mpath, cfg.experiment, rec, wrote_rows=counts["run"] > 0)
-    except BaseException:
-        if rec:  # stopped (Ctrl-C, SIGTERM, a full disk): its record says what it stored
-            try:
-                store.reconcile(exp_dir, run_ids={rec["run_id"]},
-                                why="stopped before the end (interrupted, or an error)")
-            except Exception:
-                pass  # the next run reconciles it
-        raise
-    finally:
-        if rec:
-            owners.unregister(exp_dir, rec["run_id"], heartbeat)
     if skipped:
         print(f"{len(skipped)} cases were in flight in another run and left to it",
               flush=True)

@@ -54,6 +54,7 @@ import os
 import shutil
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -263,6 +264,29 @@ def load(name_or_path, root=None, grid: bool = False,
 
 def _manifests(exp_dir: Path) -> list[Path]:
     return sorted(exp_dir.glob("manifest*.json"))
+
+
+@contextmanager
+def running(exp_dir, run_id: str | None):
+    """A run's life in the store: registered (with a heartbeat, so that other runs leave its
+    claims alone) while it computes; stopped by anything (Ctrl-C, SIGTERM, an error, a full
+    disk), its manifest record is reconciled with the rows it stored before the stop goes on.
+    run_id None: a run that computes nothing and holds no record."""
+    if run_id is None:
+        yield
+        return
+    heartbeat = owners.register(exp_dir, run_id)
+    try:
+        yield
+    except BaseException:
+        try:
+            reconcile(exp_dir, run_ids={run_id},
+                      why="stopped before the end (interrupted, or an error)")
+        except Exception:
+            pass  # the next run reconciles it
+        raise
+    finally:
+        owners.unregister(exp_dir, run_id, heartbeat)
 
 
 def reconcile(exp_dir, run_ids=None, why: str = "its process ended before the run "
