@@ -6,6 +6,8 @@
     table: flashnum.harness.tightness:tightness_table  # module:function -> DataFrame
     args: {seq_len: 256, seeds: [0, 1]}                # its keyword arguments
     measures: [measured, bound, ...]                   # measured columns; the rest key a row
+    external: {env: VAR, arg: path, what: "..."}       # optional: a file from outside the
+                                                       # repository, named by $VAR
 
     python -m flashnum.run experiment=bound_tightness [store.root=DIR]
 
@@ -13,13 +15,18 @@ The function returns one row per case. Each row's case_id is the one case-id fun
 (flashnum.harness.grid.hash_id) of the experiment's name and the row's columns that are
 not measures, and the table replaces the stored one (flashnum.harness.store.replace) with
 a manifest record of the code and the config. `python -m flashnum.harness.tables NAME` is
-the same command.
+the same command. An experiment that runs a file that never enters this repository
+(`external`: a third party's code) takes its path from the environment variable `env`,
+passes it as the argument `arg` and records its sha256 in the manifest; without it the
+run stops with one line naming the file and the variable, and the stored table stays.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,15 +80,36 @@ def row_ids(name: str, df: pd.DataFrame, measures) -> list[str]:
     return ids
 
 
+def external_path(conf: dict) -> Path | None:
+    """The file an `external` experiment runs ($env), or None when it needs none; a
+    ValueError (one line) when the variable is unset or names no file."""
+    ext = conf.get("external")
+    if not ext:
+        return None
+    path = os.environ.get(ext["env"], "")
+    if not path or not Path(path).is_file():
+        got = f" ({ext['env']}={path!r} is no file)" if path else ""
+        raise ValueError(f"{conf['experiment']} runs {ext['what']}, which is not in this "
+                         f"repository: set {ext['env']}=PATH{got}; the stored table stays "
+                         f"as it is")
+    return Path(path)
+
+
 def _check(cfg) -> None:
-    load_conf(cfg.experiment)
+    external_path(load_conf(cfg.experiment))
 
 
 def _run(cfg) -> int:
     conf = load_conf(cfg.experiment)
     name = conf["experiment"]
+    args = dict(conf.get("args", {}))
+    path = external_path(conf)
+    if path is not None:  # the third party's file: its path for the run, its hash recorded
+        args[conf["external"]["arg"]] = str(path)
+        conf["external"] = {**conf["external"],
+                            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
     t0, started = time.perf_counter(), manifest.now()
-    df = function(conf["table"])(**conf.get("args", {}))
+    df = function(conf["table"])(**args)
     df.insert(0, "case_id", row_ids(name, df, conf["measures"]))
     rec = manifest.record("flashnum.run", [f"experiment={name}"], config=conf, shard=0,
                           num_shards=1, n_workers=1, start_time=started,
