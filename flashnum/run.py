@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         from flashnum.reproduce import main as reproduce_main
 
         return reproduce_main([exp.name.removeprefix("repro_"), *rest])
-    from flashnum.attribution import main as attribution_main
+    from flashnum.attribute import main as attribution_main
 
     return attribution_main(["experiment=true", *rest])
 

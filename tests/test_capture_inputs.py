@@ -214,13 +214,13 @@ def test_the_gradient_audit_sends_each_call_its_own_do(calls):
 
 
 def test_the_search_command_starts_from_a_captured_call(calls, tmp_path, capsys):
-    from flashnum import search
+    from flashnum import worst_case
 
     path = str(calls[0])
-    assert search.main([f"start={path}", "start_call=1", "max_evals=3", "budget=0",
+    assert worst_case.main([f"start={path}", "start_call=1", "max_evals=3", "budget=0",
                         "quiet=true", f"store.root={tmp_path}"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["config"]["start"] == {"path": path, "call": 1} and out["family"] == "captured"
     with pytest.raises(SystemExit) as e:
-        search.main([f"start={path}", "start_call=7", f"store.root={tmp_path}"])
+        worst_case.main([f"start={path}", "start_call=7", f"store.root={tmp_path}"])
     assert e.value.code == 2 and "holds no call 7; valid: 0-2" in capsys.readouterr().err

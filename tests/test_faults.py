@@ -241,7 +241,7 @@ def test_a_full_disk_at_compaction_is_one_line_and_the_next_run_compacts(tmp_pat
     (line,) = [ln for ln in err.splitlines() if "no space" in ln]
     assert line == (f"flashnum.run: warning: no space left on the device of {exp} to compact "
                     f"it: its rows stay in parts/ and the table is whole; after freeing "
-                    f"space: python -m flashnum.store smoke compact=true store.root={tmp_path}")
+                    f"space: python -m flashnum.stored smoke compact=true store.root={tmp_path}")
     assert "16 run now" in out and not (exp / store.RESULTS).exists()
     assert len(store.load(exp)) == 16
     assert not left_running(tag)

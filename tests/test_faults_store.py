@@ -1,7 +1,7 @@
 """The store's files under faults: corrupt, unreadable, read-only, a full disk, lost races.
 
 Each is one line, never a traceback: the file, what is wrong and the command that
-repairs it, exit status 2; `python -m flashnum.store check|repair` find and quarantine
+repairs it, exit status 2; `python -m flashnum.stored check|repair` find and quarantine
 unreadable files and never delete a readable one; a finished read-only store still
 prints its summary; a full disk at compaction keeps a store the next run uses.
 """
@@ -22,7 +22,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-import flashnum.store as store_command  # the command line, python -m flashnum.store
+import flashnum.stored as store_command  # the command line, python -m flashnum.stored
 from flashnum.harness import manifest, owners, store
 from flashnum.harness import run as runmod
 from flashnum.harness.paths import CONF
@@ -79,7 +79,7 @@ def test_a_truncated_table_file_is_one_line_naming_it_and_the_repair(exp, which,
                        (store_command.main, ["smoke", f"store.root={exp.parent}"])):
         err = command_fails(main, argv, capsys)
         assert str(bad) in err and "is unreadable" in err, err
-        assert f"python -m flashnum.store repair smoke store.root={exp.parent}" in err
+        assert f"python -m flashnum.stored repair smoke store.root={exp.parent}" in err
     with pytest.raises(store.StoreError, match="repair smoke"):
         store.load(exp)
 
@@ -88,7 +88,7 @@ def test_a_garbage_manifest_is_one_line_naming_it(exp, capsys):
     (exp / store.MANIFEST).write_text("{ not json")
     err = command_fails(runmod.main, [*SMOKE, f"store.root={exp.parent}"], capsys)
     assert f"{exp / store.MANIFEST} is unreadable (JSONDecodeError" in err
-    assert "python -m flashnum.store repair smoke" in err
+    assert "python -m flashnum.stored repair smoke" in err
 
 
 def test_check_finds_every_unreadable_file_and_repair_quarantines_them_deleting_nothing(
@@ -158,7 +158,7 @@ def test_a_read_only_finished_store_prints_its_summary(stored, tmp_path):
     with read_only(ro):
         with pytest.raises(OSError):
             (ro / "smoke" / "probe").write_text("")  # it is read-only
-        for args in (["flashnum.run", *SMOKE, "max_cases=8"], ["flashnum.store", "smoke"]):
+        for args in (["flashnum.run", *SMOKE, "max_cases=8"], ["flashnum.stored", "smoke"]):
             p = subprocess.run([sys.executable, "-m", *args, f"store.root={ro}"], cwd=REPO,
                                env=env, capture_output=True, text=True, timeout=240)
             assert p.returncode == 0, p.stderr[-3000:]

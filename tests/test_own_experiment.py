@@ -97,10 +97,10 @@ def test_a_mistyped_experiment_of_any_kind_is_one_line_with_every_valid_name(tmp
 
 
 COMMANDS = [("flashnum.run", "experiment=smoke"), ("flashnum.run", "experiment=bwd_order"),
-            ("flashnum.store", "check", "smoke"), ("flashnum.figures",),
+            ("flashnum.stored", "check", "smoke"), ("flashnum.figures",),
             ("flashnum.reproduce", "qiu_yao"), ("flashnum.audit", "experiment=kernel_table"),
-            ("flashnum.harness.backward", "bwd_order"), ("flashnum.attribution",
-                                                          "experiment=true")]
+            ("flashnum.harness.backward", "bwd_order"), ("flashnum.attribute",
+                                                         "experiment=true")]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)

@@ -11,7 +11,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-import flashnum.store as store_command  # the command line, python -m flashnum.store
+import flashnum.stored as store_command  # the command line, python -m flashnum.stored
 from flashnum.harness import owners, store
 
 
@@ -198,7 +198,7 @@ def test_a_bad_store_command_is_one_line_and_exit_status_2(argv, says, capsys):
         store_command.main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and says in err, err
-    assert err.startswith("flashnum.store: error: ")
+    assert err.startswith("flashnum.stored: error: ")
 
 
 # ---------------------------------------------------------------------------

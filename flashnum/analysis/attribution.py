@@ -20,10 +20,10 @@ order in the unit roundoffs the errors of different sites add: err_only says wha
 site does alone, total - err_without what removing it saves; where the two disagree
 the sites interact (for instance the P cast rounds values that p already rounded).
 
-From the shell (flashnum/attribution.py; the experiment form of the table):
+From the shell (flashnum/attribute.py; the experiment form of the table):
 
-    python -m flashnum.attribution distribution=ties precision=bf16 policy=lowp
-    python -m flashnum.attribution experiment=true   # the stored grid: experiments/attribution
+    python -m flashnum.attribute distribution=ties precision=bf16 policy=lowp
+    python -m flashnum.attribute experiment=true   # the stored grid: experiments/attribution
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The stored attribution experiment: flashnum.analysis.attribution.attribute over a grid of
 inputs x policies x precisions, one tidy table (experiments/attribution, written by
-`python -m flashnum.attribution experiment=true`).
+`python -m flashnum.attribute experiment=true`).
 
     from flashnum.harness.attribution_grid import EXPERIMENT, experiment
     t = experiment(seeds=(0, 1))

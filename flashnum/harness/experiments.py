@@ -12,7 +12,7 @@ hands a kind other than "forward" to its runner. The kinds:
     backward      conf/experiment/NAME.yaml with a `base` case (flashnum.harness.backward)
     audit         conf/audit/NAME.yaml (flashnum.audit: a list of runs, or kernel_table)
     reproduction  repro_WHAT, a published result (flashnum.reproduce WHAT)
-    attribution   attribution, the per-site table (flashnum.attribution experiment=true)
+    attribution   attribution, the per-site table (flashnum.attribute experiment=true)
     table         conf/table/NAME.yaml, a table one function computes whole
                   (flashnum.harness.tables: the bound tightness, ...)
     head_stats    NAME_stats, the logit statistics of forward experiment NAME's inputs

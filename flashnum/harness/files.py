@@ -39,12 +39,12 @@ class StoreError(Exception):
 
 def unreadable(path: Path, why) -> StoreError:
     """The error of an unreadable store file: one line naming it, why, and the command
-    that repairs the store (python -m flashnum.store repair)."""
+    that repairs the store (python -m flashnum.stored repair)."""
     path = Path(path)
     exp_dir = path.parent.parent if path.parent.name == "parts" else path.parent
     why = why if isinstance(why, str) else f"{type(why).__name__}: {why}".splitlines()[0]
     return StoreError(f"{path} is unreadable ({why}); repair the store with: python -m "
-                      f"flashnum.store repair {exp_dir.name} store.root={exp_dir.parent}",
+                      f"flashnum.stored repair {exp_dir.name} store.root={exp_dir.parent}",
                       path, why)
 
 

@@ -17,7 +17,7 @@ the store's lock (flashnum.harness.owners.locked) that touches one record only: 
 removes or overwrites another's. A run killed before completing its record is reconciled
 by the next one (flashnum.harness.store.reconcile): counts.run becomes the rows its parts
 hold, and "reconciled" says when and why. An unreadable manifest raises StoreError naming
-the file and `python -m flashnum.store repair`.
+the file and `python -m flashnum.stored repair`.
 
 A record says how to rerun it and what ran:
 

@@ -3,9 +3,9 @@
     import flashnum.harness.store
     df = flashnum.harness.store.load("bf16_sweep")        # or a path to the folder
     flashnum.harness.store.compact("bf16_sweep")          # merge the parts into results.parquet
-    python -m flashnum.store bf16_sweep           # print size and columns; compact=true
-    python -m flashnum.store check bf16_sweep     # read every file; exit status 2 if one fails
-    python -m flashnum.store repair bf16_sweep    # unreadable files to quarantine/, recount
+    python -m flashnum.stored bf16_sweep          # print size and columns; compact=true
+    python -m flashnum.stored check bf16_sweep    # read every file; exit status 2 if one fails
+    python -m flashnum.stored repair bf16_sweep   # unreadable files to quarantine/, recount
     flashnum.harness.store.replace("repro_x", df, record)  # a table recomputed whole
 
 Layout of experiments/<name>/:
@@ -402,7 +402,7 @@ def compact(name_or_path, root=None) -> int:
                 raise StoreFull(
                     f"no space left on the device of {exp_dir} to compact it: its rows stay "
                     f"in parts/ and the table is whole; after freeing space: python -m "
-                    f"flashnum.store {exp_dir.name} compact=true store.root={exp_dir.parent}"
+                    f"flashnum.stored {exp_dir.name} compact=true store.root={exp_dir.parent}"
                 ) from None
             raise
         faults.reached("cleanup")
@@ -485,7 +485,7 @@ def repair(exp_dir) -> dict:
             man.setdefault("repairs", []).append(dict(time=manifest.now(), quarantined=moved))
             write_json(path, man, point="manifest")
         owners.tidy(exp_dir)
-        reconcile(exp_dir, by="python -m flashnum.store repair")
+        reconcile(exp_dir, by="python -m flashnum.stored repair")
         rows = compact(exp_dir) if _files(exp_dir) else 0
     ids = grid_ids(exp_dir)
     have = done_ids(exp_dir) if _files(exp_dir) else set()

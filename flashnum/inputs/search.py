@@ -9,7 +9,7 @@
     replay(res.path)                       # recomputes the error from the saved tensors
     make("worst_case", path=res.path)      # the same inputs as a catalogue entry
 
-    python -m flashnum.search precision=bf16 seq_len=1024 budget=100   (flashnum/search.py)
+    python -m flashnum.worst_case precision=bf16 seq_len=1024 budget=100   (flashnum/worst_case.py)
 
 What is measured. Inputs are first rounded to the policy's `inputs` format and
 the exact reference is computed on those rounded tensors, so the error is the

@@ -1,8 +1,8 @@
-"""`python -m flashnum.search`: the worst-case input search from the command line.
+"""`python -m flashnum.worst_case`: the worst-case input search from the command line.
 
-    python -m flashnum.search precision=bf16 seq_len=1024 budget=100
-    python -m flashnum.search policy=lowp max_evals=200 screen=false store.root=/tmp/x
-    python -m flashnum.search start=acts.safetensors start_call=1 max_evals=50
+    python -m flashnum.worst_case precision=bf16 seq_len=1024 budget=100
+    python -m flashnum.worst_case policy=lowp max_evals=200 screen=false store.root=/tmp/x
+    python -m flashnum.worst_case start=acts.safetensors start_call=1 max_evals=50
 
 Runs flashnum.inputs.search.worst_case, saves the worst inputs under
 <store.root>/worst_case/inputs/ (flashnum.inputs.io: tensors + JSON, loaded without
@@ -26,7 +26,7 @@ from flashnum.numerics.policy import POLICIES
 
 @dataclass
 class Args:
-    """python -m flashnum.search [key=value ...]: the inputs on which a policy errs most."""
+    """python -m flashnum.worst_case [key=value ...]: the inputs on which a policy errs most."""
 
     policy: str = "fa2"
     precision: str = "bf16"
@@ -70,7 +70,7 @@ def _run(a) -> int:
 
 
 def main(argv=None) -> int:
-    return main_of("flashnum.search", Args, _run, argv, check=_check, doc=__doc__)
+    return main_of("flashnum.worst_case", Args, _run, argv, check=_check, doc=__doc__)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
-"""The store's command line: `python -m flashnum.store` (the store itself is
+"""The store's command line: `python -m flashnum.stored` (the store itself is
 flashnum.harness.store; this module holds only its commands).
 
-    python -m flashnum.store bf16_sweep           # print size and columns; compact=true
-    python -m flashnum.store check bf16_sweep     # read every file; exit status 2 if one fails
-    python -m flashnum.store repair bf16_sweep    # unreadable files to quarantine/, recount
+    python -m flashnum.stored bf16_sweep          # print size and columns; compact=true
+    python -m flashnum.stored check bf16_sweep    # read every file; exit status 2 if one fails
+    python -m flashnum.stored repair bf16_sweep   # unreadable files to quarantine/, recount
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from flashnum.harness.store import compact, done_ids, experiment_dir, load, prob
 
 @dataclass
 class Args:
-    """python -m flashnum.store [check|repair] EXPERIMENT [compact=true] [store.root=DIR]
+    """python -m flashnum.stored [check|repair] EXPERIMENT [compact=true] [store.root=DIR]
 
     EXPERIMENT          the table's size and columns (compact=true: merge the parts first)
     check EXPERIMENT    read every file whole; one line per unreadable one, exit status 2
@@ -40,7 +40,7 @@ def _check(a) -> None:
     if a.action not in ACTIONS:
         raise ValueError(f"unknown action {a.action!r}; valid: {', '.join(ACTIONS)}")
     if not a.experiment:
-        raise ValueError("which experiment? give its name: python -m flashnum.store bf16_sweep")
+        raise ValueError("which experiment? give its name: python -m flashnum.stored bf16_sweep")
 
 
 def _root(a):
@@ -84,11 +84,11 @@ def _run(a) -> int:
 
 
 def main(argv=None) -> int:
-    """python -m flashnum.store: a stored table's size and columns; check; repair."""
+    """python -m flashnum.stored: a stored table's size and columns; check; repair."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ACTIONS:  # a leading word: the action, the experiment next
         argv = argv[1:] + [f"action={argv[0]}"]
-    return cli.main_of("flashnum.store", Args, _run, argv, positional="experiment",
+    return cli.main_of("flashnum.stored", Args, _run, argv, positional="experiment",
                        check=_check, doc=Args.__doc__)
 
 
