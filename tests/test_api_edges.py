@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import flashnum
 import flashnum.engine.checks
-from flashnum import attention, attention_backward
+from flashnum import attention, attention_backward, make_policy
 from flashnum.engine.api import attention_splitkv
 from flashnum.engine.splitkv import split_attention
 from flashnum.reference import reference, reference_backward
@@ -91,6 +91,9 @@ REFUSED = [
      ValueError, ["head dim d (q.shape[-1]) is 0"]),
     ("seed 2**70", fwd(order="random", block_n=4, seed=2**70), ValueError,
      ["seed must be an integer in [-2**63, 2**63 - 1]", str(2**70)]),
+    ("a Policy on backend mp", fwd(backend="mp", policy=make_policy("lowp", "bf16")),
+     ValueError, ["a Policy is not supported by backend 'mp'", "a policy name",
+                  "backend 'emulate'"]),
     ("precision mp with num_splits=2", fwd(precision="mp", num_splits=2), ValueError,
      ["split-KV (num_splits=2) is not supported", "precision 'mp'", "backend 'emulate'"]),
     ("policy torch_cpu with num_splits=2", fwd(policy="torch_cpu", num_splits=2), ValueError,

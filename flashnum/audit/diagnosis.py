@@ -128,8 +128,7 @@ def _site(c, case, quantity, precision, alignment) -> dict | None:
 
         dq, dk, dv = gradients.reference_gradients(*qkv, do.double(), causal=case.causal,
                                                    alignment=alignment, scale=scale)
-        kw = dict(variant=c.variant, exp2=True) if c.variant == "exp2" else (
-            dict(variant=c.variant) if c.variant != "fa2" else {})
+        kw = models.backward_kw(c.variant)
         t = attribute_backward(q, k, v, do, precision=precision, policy=c.policy,
                                ref=SimpleNamespace(dq=dq, dk=dk, dv=dv), bound_terms=False,
                                block_n=c.block_n, causal=causal, scale=scale, **kw)

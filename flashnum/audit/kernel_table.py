@@ -48,9 +48,11 @@ import pandas as pd
 import torch
 
 from flashnum.audit.gradients import GRADS
+from flashnum.audit.models import backward_kw
 from flashnum.audit.rules import DTYPES, RULES
 from flashnum.audit.standard import visible
 from flashnum.engine.kernel_models import KERNEL_MODELS, attention_kernel_model
+from flashnum.engine.variants import FA2, variant_of
 
 # the flashnum model of each target: a policy, or a policy with variant and block_n
 MODELS = {
@@ -111,7 +113,7 @@ def model_label(spec: str) -> str:
     """'fa2:exp2:128' -> 'fa2, variant exp2, block_n 128'."""
     kw = model_kwargs(spec)
     out = kw["policy"]
-    if kw.get("variant", "fa2") != "fa2":
+    if variant_of(kw.get("variant", FA2.name)) != FA2():
         out += f", variant {kw['variant']}"
     if "block_m" in kw:
         out += f", blocks {kw['block_m']} x {kw['block_n']}"
@@ -139,8 +141,7 @@ def model_grads(spec, q, k, v, do, *, precision, causal, alignment, scale):
     kw = model_kwargs(spec)
     if kw["policy"] in KERNEL_MODELS:
         return None  # no backward of these models
-    if kw.get("variant") == "exp2":
-        kw["exp2"] = True
+    kw.update(backward_kw(kw.get("variant", FA2.name)))
     dtype = DTYPES[precision]
     prec, (q, k, v, do) = _computed(kw, precision, (q, k, v, do))
     g = attention_backward(q, k, v, do, precision=prec, causal=alignment if causal else False,

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flashnum.engine.variants import FA2, variant_of
 from flashnum.numerics.policy import PRESETS
 
 OWN_ALIGNMENT = {"torch_cpu": "top_left"}  # every other model: bottom_right
@@ -42,7 +43,7 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        tail = "" if self.variant == "fa2" else f", variant {self.variant}"
+        tail = "" if variant_of(self.variant) == FA2() else f", variant {self.variant}"
         return f"{self.policy}{tail}"
 
     @property
@@ -119,12 +120,14 @@ def backward(c: Candidate, q, k, v, do, *, precision, causal, alignment, scale=N
     cz = _causal(c, causal, alignment, q.shape[-2], k.shape[-2])
     if cz is None:
         return None
-    kw = dict(policy=c.policy, block_n=c.block_n)
-    if c.variant != "fa2":
-        kw["variant"] = c.variant
-        if c.variant == "exp2":  # the backward recomputes P in base 2 as the forward did
-            kw["exp2"] = True
-    return attention_backward(q, k, v, do, precision=precision, causal=cz, scale=scale, **kw)
+    return attention_backward(q, k, v, do, precision=precision, causal=cz, scale=scale,
+                              policy=c.policy, block_n=c.block_n, **backward_kw(c.variant))
+
+
+def backward_kw(variant) -> dict:
+    """flashnum.attention_backward's keywords for a forward variant: the variant, and exp2
+    where its exponential is base 2 (the backward recomputes P in the forward's base)."""
+    return dict(variant=variant, exp2=variant_of(variant).base2)
 
 
 @functools.cache

@@ -177,6 +177,11 @@ def check_policy(policy, precision, *, num_splits: int, gqa: bool, backend: str,
     if not isinstance(policy, Policy) and not (isinstance(policy, str) and policy in valid):
         raise ValueError(f"unknown policy {policy!r}; valid: {', '.join(valid)}, or a "
                          "flashnum.numerics.policy.Policy")
+    if isinstance(policy, Policy) and (precision == "mp" or backend == "mp"):
+        # mp carries every operation at mp_bits bits: it has no sites to give formats to
+        raise ValueError("a Policy is not supported by backend 'mp' (every operation at "
+                         "mp_bits bits, no per-site formats); valid: a policy name with "
+                         "backend 'mp', or a Policy with backend 'emulate' or 'triton'")
     if num_splits > 1 or gqa:
         what = f"split-KV (num_splits={num_splits})" if num_splits > 1 else \
             "GQA (K, V with fewer heads than Q, run through split-KV)"

@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 
 from flashnum.engine import attention
+from flashnum.engine.variants import VARIANTS, Variant
 from flashnum.inputs.distributions import COMMON, make
 from flashnum.numerics.policy import make_policy
 from flashnum.reproduce.measure import (
@@ -96,7 +97,8 @@ def qiu_yao(quick: bool = False, seed: int = 0, beta: float = 2.0) -> pd.DataFra
                 e = errors(res.out, ref)
                 head_bias[variant] = (res.out - ref).mean(dim=(-1, -2)).reshape(-1)
                 z_fix = math.nan
-                if variant != "fa2":
+                fix = "beta" in VARIANTS[variant].params()  # a max adjustment, not plain fa2
+                if fix:
                     # the shrinkage of |mean bias| over the paired standard error (when the
                     # fix keeps the sign: the paired z of the difference, towards 0)
                     _, se_d, _ = head_mean_z(head_bias["fa2"] - head_bias[variant])
@@ -106,13 +108,13 @@ def qiu_yao(quick: bool = False, seed: int = 0, beta: float = 2.0) -> pd.DataFra
                 frac_neg = float((v < 0).double().mean())
                 rows.append(dict(
                     distribution=dist, logit_std=ls, precision="bf16", policy=pol,
-                    variant=variant, beta=beta if variant != "fa2" else math.nan, n=n, d=d,
+                    variant=variant, beta=beta if fix else math.nan, n=n, d=d,
                     heads=heads, query_rows=nrows, block_m=512, block_n=512,
                     v_negative_fraction=frac_neg, metric="mean_signed_err",
                     ours=e["mean_signed_err"], ours_se=e["signed_err_se"],
                     z_heads=e["z_heads"], z_entries=e["z_entries"], z_fix=z_fix,
                     rmse=e["rmse"], published=math.nan,
-                    published_finding=("negative bias" if variant == "fa2" else "removed")
+                    published_finding=("removed" if fix else "negative bias")
                     if dist == "ties" and pol == "lowp" else ""))
     return pd.DataFrame(rows + qiu_yao_clamp_sweep(sz, beta))
 
@@ -145,8 +147,10 @@ def qiu_yao_clamp_sweep(sz: dict, beta: float = 2.0) -> list[dict]:
             res = attention(q, k, v, precision="bf16", policy=pol, block_m=512, block_n=n,
                             variant=variant, beta=beta, scale=1.0)
             ratio = (res.out / ref)[0, 0, :, 0]
+            # a variant with a floor (their released code) clamps the row sum and collapses
+            clamps = VARIANTS[variant].floor is not Variant.floor
             for i, ti in enumerate(t.tolist()):
-                pred = min(1.0, 2 * math.exp(-ti) / floor) if variant != "qiu_yao" else 1.0
+                pred = min(1.0, 2 * math.exp(-ti) / floor) if clamps else 1.0
                 rows.append(dict(
                     distribution="clamp_sweep", logit_std=math.nan, precision="bf16",
                     policy=pol, variant=variant, beta=beta, n=n, d=d, heads=1, query_rows=1,
