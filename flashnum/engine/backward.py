@@ -49,6 +49,10 @@ added (a no-op for fp32 accumulators). Presets (`policy=`):
            fp32, every stored value and every accumulator across blocks in the dtype.
     exact  no rounding (the forward exact too): the algorithm alone.
 
+Where flashnum.engine.fused_backward claims a flash-structure call (fa2 in bf16, fp16,
+fp32), the loop below runs in one native pass per head instead: the same values, bit for
+bit (tests/test_fused_backward.py).
+
 Fully masked rows (causal with Nq > Nk) give dQ = 0 and contribute nothing to dK, dV.
 Memory is O(Nq * block_n) for "flash" (no Nq x Nk matrix); "standard" works through
 chunks of query rows (about 2^24 logits at a time), summing dK, dV in their sites.
@@ -71,7 +75,7 @@ import math
 
 import torch
 
-from flashnum.engine import native
+from flashnum.engine import fused_backward, native
 from flashnum.engine.arith import Arith, carrier, wider
 from flashnum.engine.checks import (
     check_finite,
@@ -84,7 +88,13 @@ from flashnum.engine.result import Gradients
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import EXACT, FORMATS
 from flashnum.numerics.policy import PRESETS, BackwardPolicy, make_backward_policy
-from flashnum.numerics.tiling import causal_visible, key_block_order, n_blocks, visible
+from flashnum.numerics.tiling import (
+    causal_visible,
+    key_block_order,
+    n_blocks,
+    visible,
+    visible_count,
+)
 
 DQ_ORDERS = ("forward", "reverse", "random")
 FP32 = FORMATS["fp32"]
@@ -331,6 +341,14 @@ def _flash(ar, q3, k3, v3, do3, o3, lse, bm, bn, causal, scale, perm, measure_ds
     dv = torch.zeros(B, nkp, v3.shape[-1], dtype=ar.dtype)
     ds_rowsum = torch.zeros(B, nqp, dtype=ar.dtype) if measure_ds else None  # on the carrier
     fused = not exp2 and _fused_ok(ar, scale_s)
+    shape = (bm, bn, q3.shape[-1], v3.shape[-1], fused_backward.group(nqp // bm, bm) * bm, nqp)
+    if fused_backward.claim(ar, scale_s, shape, measure_ds) is None:
+        # the whole loop below in one native pass per head: the same values, bit for bit
+        vis = torch.zeros(nqp, dtype=torch.int64)  # keys each row sees (padding rows: none)
+        vis[:nq] = visible_count(nq, nk, causal)
+        fused_backward.run(ar, qp, kp, vp, dop, lse_safe, deltap, perm, vis, bm, bn, scale_s,
+                           exp2, dq, dk, dv, ds_rowsum)
+        perm = []
     for j in perm:
         cols = slice(j * bn, (j + 1) * bn)
         kj, vj = kp[:, cols], vp[:, cols]

@@ -1,0 +1,228 @@
+"""The fused backward: every (batch, head) through FlashAttention-2's Algorithm 2 in one C loop.
+
+    from flashnum.engine import fused_backward
+    why = fused_backward.claim(ar, scale_s, shape)     # None: the fused loop runs it
+    fused_backward.run(ar, tensors, perm, vis, shape, scale_s, exp2)  # fills dq, dk, dv
+
+flashnum.engine.backward._flash runs each key block over every query row at once with
+torch ops: every tile goes through memory between the GEMMs, the exp, dS and the tile
+sums, and the dV and dK tile sums are Python loops. Here fused_backward.c's
+`fn_fused_backward` runs one head through all its key blocks (dQ's order) and query blocks
+while the tiles stay in cache, on torch's OpenMP threads over (batch, head). It performs
+the torch loop's operations in its order, so it changes no bit of any result:
+
+  - the five GEMMs per tile (S, dP, dV, dK, dQ) are the library's own sgemm (the one
+    torch.matmul calls; flashnum.engine.fused finds it) on the same operands; that it
+    sums each dot product in the same order on a job's rows as on torch.matmul's shapes
+    is checked once per shape (`_agrees`);
+  - the exp is native.c's correctly rounded exp_round (the exp site's own kernel), the
+    bf16 and fp16 casts round to nearest even as torch's casts do;
+  - rowsum(dS) (measure_ds) follows torch's float sum (native.c's torch_rowsum);
+  - every fp32 operation is the one IEEE operation the torch loop performs
+    (-ffp-contract=off); dQ, dK and dV accumulate in the same order.
+
+`claim` is the one place that decides what the fused loop runs: the flash structure on
+the fp32 carrier, round to nearest, S, the LSE, P, dP, dS and the dQ, dK, dV accumulators
+fp32, the five GEMMs accumulated in fp32, P and dS cast to fp32, bf16 or fp16, exp or
+exp2, any dQ order, causal or not, ragged, with or without measure_ds. The fa2 preset in
+bf16, fp16 and fp32 is of that form; lowp, naive and exact are not. Anything else, or no
+compiler or library, or FLASHNUM_FUSED=0, runs the torch loop. tests/test_fused_backward.py
+checks the two bit for bit over the shipped backward experiments' grids.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import torch
+
+from flashnum.engine import build, native
+from flashnum.engine.fused import SUM_CAPABILITIES, _sgemm
+
+_SRC = Path(__file__).with_name("fused_backward.c")
+CASTS = {"fp32": 0, "bf16": 1, "fp16": 2}  # P and dS casts the C loop rounds itself
+FP32_SITES = ("s", "lse", "p", "dp", "ds", "dv", "dk", "dq",
+              "qk_acc", "dp_acc", "dv_acc", "dk_acc", "dq_acc")
+ROWS = 256  # query rows per GEMM of S, dP and dQ (a multiple of block_m)
+
+_enabled = os.environ.get("FLASHNUM_FUSED", "1") != "0"
+_lock = threading.Lock()
+_lib: list = []  # [the library] once built, [None] if it cannot be
+_why = ""
+
+
+class _Job(ctypes.Structure):
+    """fused_backward.c's bwd_job."""
+
+    _fields_ = (
+        [(n, ctypes.c_void_p) for n in ("gemm", "q", "k", "v", "dout", "lse", "delta",
+                                        "perm", "vis")]
+        + [(n, ctypes.c_int64) for n in ("B", "nqp", "nkp", "bm", "bn", "d", "dv", "n_kb",
+                                         "g")]
+        + [("scale", ctypes.c_float)]
+        + [(n, ctypes.c_int) for n in ("base2", "p_cast", "ds_cast")]
+        + [(n, ctypes.c_void_p) for n in ("dq", "dk", "dvv", "ds_rowsum")])
+
+
+def set_enabled(flag: bool) -> None:
+    """Turn the fused backward on or off for this process (tests and benchmarks compare)."""
+    global _enabled
+    _enabled = bool(flag)
+
+
+def _build() -> ctypes.CDLL:
+    """native.c's text with fused_backward.c after it, compiled by flashnum.engine.build
+    with native's flags; rebuilt with native's corrections for the hard exp inputs the
+    first build misses, if any (as native._build does)."""
+    torch_lib = Path(torch.__file__).parent / "lib"
+    how = dict(libs=[f"-Wl,-rpath,{torch_lib}"], extra=(str(torch_lib), repr(native.HARD)))
+    flag_sets = [native._GCC_TUNE + native._FLAGS, native._FLAGS]
+    own = _SRC.read_text()
+    lib = native._open(build.shared_library("fused_backward", native.source() + own,
+                                            flag_sets, **how))
+    fixes = native._kernel_misses(lib)
+    if any(fixes.values()):
+        lib = native._open(build.shared_library("fused_backward", native.source(fixes) + own,
+                                                flag_sets, **how))
+    missed = native._kernel_misses(lib)
+    if any(missed.values()):
+        raise OSError(f"kernel not correctly rounded on {missed}")
+    lib.fn_fused_backward.restype = None
+    lib.fn_fused_backward.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded library (built on first call), or None (status() says why)."""
+    global _why
+    if not _lib:
+        with _lock:
+            if not _lib:
+                try:
+                    if not native.available():
+                        raise OSError(native.status())
+                    _lib.append(_build())
+                except (OSError, subprocess.SubprocessError) as e:
+                    _why = str(e)
+                    _lib.append(None)
+    return _lib[0]
+
+
+def status() -> str:
+    """One line: whether the fused backward can run in this process, and if not why."""
+    if not _enabled:
+        return "off (disabled)"
+    if library() is None or _sgemm() is None:
+        return f"off (library: {_why or 'built'}; library sgemm: {_sgemm() is not None})"
+    return "on (flashnum.engine.fused_backward)"
+
+
+def _is_fp32(f) -> bool:
+    return getattr(f, "name", None) == "fp32" and not getattr(f, "saturate", False)
+
+
+def claim(ar, scale_s: float, shape: tuple[int, ...], measure_ds: bool = False) -> str | None:
+    """None if the fused loop runs this flash-structure call bit-identically, else why not.
+
+    ar: the backward's Arith; scale_s: the scale as the s site holds it; shape:
+    (bm, bn, d, dv, rows, nqp): rows per GEMM (`group` query blocks), padded query rows."""
+    if not _enabled:
+        return "disabled"
+    if ar.dtype is not torch.float32 or ar.stochastic:
+        return "not the fp32 carrier with round to nearest"
+    wide = [s for s in FP32_SITES if not _is_fp32(ar.fmt(s))]
+    if wide:
+        return f"site {wide[0]} is {ar.fmt(wide[0])}, not fp32"
+    for site in ("p_cast", "ds_cast"):
+        f = ar.fmt(site)
+        if getattr(f, "name", None) not in CASTS or getattr(f, "saturate", False):
+            return f"{site} is {f}"
+    if not 0.0 < scale_s < float("inf"):
+        return f"the scale as stored is {scale_s}"
+    if measure_ds and torch.backends.cpu.get_cpu_capability() not in SUM_CAPABILITIES:
+        return f"torch's CPU capability {torch.backends.cpu.get_cpu_capability()}"
+    if library() is None or _sgemm() is None:
+        return "no native kernel or no library sgemm"
+    if not _agrees(*shape):
+        return "the library's GEMM or torch's sum is not reproduced for these shapes"
+    return None
+
+
+def group(n_qb: int, bm: int) -> int:
+    """Query blocks per GEMM of S, dP and dQ: the most that divide n_qb within ROWS rows
+    (one row count per call, so one shape for _agrees)."""
+    g = max(1, min(n_qb, ROWS // bm))
+    while n_qb % g:
+        g -= 1
+    return g
+
+
+@functools.cache
+def _agrees(bm: int, bn: int, d: int, dv: int, rows: int, nqp: int) -> bool:
+    """Whether, for these shapes, the library's sgemm on a job's tiles gives the bits of
+    torch.matmul as backward._flash calls it (S, dP and dQ on every query row of a key block
+    at once, dV and dK tiles batched over query blocks), and torch_rowsum torch's sum.
+    The order of a dot product's terms does not depend on the values: one random case
+    with a wide dynamic range shows a different order."""
+    from flashnum.engine.torch_cpu import _gemm
+
+    g = torch.Generator().manual_seed(rows * 7919 + bn * 31 + d)
+
+    def wide(*shape):
+        return torch.randn(*shape, generator=g) * torch.exp(4 * torch.randn(*shape, generator=g))
+
+    B, n = 2, max(nqp, 2 * rows)  # two heads, _flash's row count: batch strides, offsets
+    q, do, p = wide(B, n, d), wide(B, n, dv), wide(B, n, bn)
+    kp, vp = wide(B, 2 * bn, d), wide(B, 2 * bn, dv)
+    kj, vj = kp[:, bn:], vp[:, bn:]  # a key block as _flash slices it
+    pt = p.reshape(B, n // bm, bm, bn).transpose(-1, -2)
+    want = [torch.matmul(q, kj.transpose(-1, -2)), torch.matmul(do, vj.transpose(-1, -2)),
+            torch.matmul(p, kj), torch.matmul(pt, do.reshape(B, n // bm, bm, dv)),
+            torch.matmul(pt, q.reshape(B, n // bm, bm, d))]
+    got = [torch.empty_like(w) for w in want]
+    for b in range(B):
+        kb, vb = kj[b].contiguous(), vj[b].contiguous()
+        for r0 in range(0, n, rows):
+            _gemm("fp32", b"T", b"N", bn, rows, d, kb, d, q[b, r0:], d, 0.0, got[0][b, r0:], bn)
+            _gemm("fp32", b"T", b"N", bn, rows, dv, vb, dv, do[b, r0:], dv, 0.0, got[1][b, r0:],
+                  bn)
+            _gemm("fp32", b"N", b"N", d, rows, bn, kb, d, p[b, r0:], bn, 0.0, got[2][b, r0:], d)
+        for i in range(n // bm):
+            pi = p[b, i * bm:].contiguous()
+            _gemm("fp32", b"N", b"T", dv, bn, bm, do[b, i * bm:], dv, pi, bn, 0.0,
+                  got[3][b, i], dv)
+            _gemm("fp32", b"N", b"T", d, bn, bm, q[b, i * bm:], d, pi, bn, 0.0, got[4][b, i], d)
+    sums = torch.empty(B, n)
+    native.library().fn_torch_rowsum(p.data_ptr(), sums.data_ptr(), B * n, bn)
+    return all(torch.equal(a, w) for a, w in zip(got, want, strict=True)) and torch.equal(
+        sums, p.sum(-1))
+
+
+def run(ar, qp, kp, vp, dop, lse, delta, perm: list[int], vis: torch.Tensor, bm: int,
+        bn: int, scale_s: float, exp2: bool, dq, dk, dv, ds_rowsum) -> None:
+    """Algorithm 2 on the padded (B, N, .) fp32 tensors of backward._flash into its zeroed
+    accumulators dq, dk, dv (and ds_rowsum, or None), in place. vis: (nqp,) int64, the keys
+    each (padded) row sees, a prefix (0 for padding rows). Call after claim() said None."""
+    qp, kp, vp, dop, lse, delta = (x.contiguous() for x in (qp, kp, vp, dop, lse, delta))
+    B, nqp, d = qp.shape
+    nkp, dvw = kp.shape[1], vp.shape[-1]
+    perm_t = torch.tensor(perm, dtype=torch.int64)
+    vis = vis.to(torch.int64).contiguous()
+    for acc in (dq, dk, dv) + (() if ds_rowsum is None else (ds_rowsum,)):
+        assert acc.is_contiguous() and acc.dtype is torch.float32
+    job = _Job(
+        _sgemm(), qp.data_ptr(), kp.data_ptr(), vp.data_ptr(), dop.data_ptr(), lse.data_ptr(),
+        delta.data_ptr(), perm_t.data_ptr(), vis.data_ptr(),
+        B, nqp, nkp, bm, bn, d, dvw, len(perm), group(nqp // bm, bm),
+        scale_s, int(exp2), CASTS[ar.fmt("p_cast").name], CASTS[ar.fmt("ds_cast").name],
+        dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+        None if ds_rowsum is None else ds_rowsum.data_ptr())
+    library().fn_fused_backward(ctypes.byref(job), torch.get_num_threads())
+
+
+__all__ = ["claim", "group", "run", "set_enabled", "status", "CASTS"]
