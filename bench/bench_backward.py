@@ -6,10 +6,15 @@
     python bench/bench_backward.py --only memory --sizes 65536   # these N; other N kept
 
 1. Speed: emulated bf16 `fa2` backward (flashnum.attention_backward, the forward's O and
-   LSE given), batch x heads = 8, N = 4096, d = 64, 64 x 64 blocks, against torch's fp32
-   autograd of scaled_dot_product_attention on the same shapes in the same run
-   (interleaved, best of 3 each): torch's backward alone (the forward done outside the
-   timing) and forward + backward. Goal: emulated backward <= 3x torch's backward.
+   LSE given; flashnum.engine.fused_backward's C loop runs it), batch x heads = 8,
+   N = 4096, d = 64, 64 x 64 blocks, against torch's fp32 autograd of
+   scaled_dot_product_attention on the same shapes in the same run (interleaved, best of
+   7 each): torch's backward alone (the forward done outside the timing) and forward +
+   backward. Goal: emulated backward <= 2x torch's backward. Also the torch loop (the
+   fused loop off, the same output; interleaved with torch's backward, best of 2), and on
+   one thread the process CPU time of torch's backward and the fused loop (interleaved,
+   best of 3: what load from other jobs disturbs least). The command, the CPU model and
+   its SIMD flags, the load average before and after, and torch are stored with them.
 2. Memory: one head, d = 64, bf16 fa2 backward at several N (--sizes; 2048 to 16384 by
    default), each in a fresh subprocess: the peak RSS of the backward call over the RSS
    before it (the peak reset through /proc/self/clear_refs, Linux), and the call's CPU
@@ -34,6 +39,7 @@ from pathlib import Path
 import torch
 
 import flashnum
+from flashnum.engine import fused_backward
 
 OUT = Path(__file__).parent / "results"
 
@@ -44,32 +50,70 @@ def timed(fn):
     return time.perf_counter() - t
 
 
-def speed(runs=3):
+def speed(runs=7):
     g = torch.Generator().manual_seed(0)
     q, k, v, do = (torch.randn(1, 8, 4096, 64, generator=g).bfloat16() for _ in range(4))
     fwd = flashnum.attention(q, k, v, precision="bf16", policy="fa2")
     emu = lambda: flashnum.attention_backward(q, k, v, do, out=fwd.out, lse=fwd.lse)  # noqa: E731
     qf, kf, vf, dof = (x.float() for x in (q, k, v, do))
 
-    def torch_pass(backward_only):
+    def torch_pass(backward_only, clock=time.perf_counter):
         a, b, c = (x.clone().requires_grad_() for x in (qf, kf, vf))
-        t = time.perf_counter()
+        t = clock()
         o = torch.nn.functional.scaled_dot_product_attention(a, b, c)
-        t_fwd = time.perf_counter() - t
+        t_fwd = clock() - t
         o.backward(dof)
-        return time.perf_counter() - t - (t_fwd if backward_only else 0.0)
+        return clock() - t - (t_fwd if backward_only else 0.0)
 
+    emu(), torch_pass(True)  # builds the kernel, checks the shapes, warms both
+    # interleaved: noise on a shared machine only ever adds time, and alternating keeps a
+    # slow spell from falling on one side only
     rows = [(torch_pass(True), torch_pass(False), timed(emu)) for _ in range(runs)]
-    res = {"shape": "8 x 4096 x 64, 64x64 blocks", "goal_ratio": 3.0,
-           "threads": torch.get_num_threads(), "runs": runs,
+    res = {"shape": "8 x 4096 x 64, 64x64 blocks", "goal_ratio": 2.0,
+           "threads": torch.get_num_threads(), "runs": runs, "fused": fused_backward.status(),
            "torch_fp32_sdpa_backward_s": min(r[0] for r in rows),
            "torch_fp32_sdpa_forward_backward_s": min(r[1] for r in rows),
-           "emulate_bf16_fa2_backward_s": min(r[2] for r in rows)}
+           "emulate_bf16_fa2_backward_s": min(r[2] for r in rows), "runs_s": rows}
     res["ratio_vs_backward"] = res["emulate_bf16_fa2_backward_s"] / res[
         "torch_fp32_sdpa_backward_s"]
     res["ratio_vs_forward_backward"] = res["emulate_bf16_fa2_backward_s"] / res[
         "torch_fp32_sdpa_forward_backward_s"]
+    fused_backward.set_enabled(False)  # the torch loop: the same output
+    try:
+        alt = [(torch_pass(True), timed(emu)) for _ in range(2)]
+    finally:
+        fused_backward.set_enabled(True)
+    res["emulate_torch_loop_s"] = min(b for _, b in alt)
+    res["ratio_torch_loop"] = res["emulate_torch_loop_s"] / min(a for a, _ in alt)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cpu = {"torch": [], "fused": []}
+        for _ in range(3):
+            cpu["torch"].append(torch_pass(True, time.process_time))
+            c = time.process_time()
+            emu()
+            cpu["fused"].append(time.process_time() - c)
+    finally:
+        torch.set_num_threads(n)
+    res["cpu_one_thread_s"] = {key: min(ts) for key, ts in cpu.items()}
+    res["cpu_ratio_one_thread"] = res["cpu_one_thread_s"]["fused"] / res["cpu_one_thread_s"][
+        "torch"]
     return res
+
+
+def machine() -> dict:
+    """The CPU model and its SIMD flags, the load average now, torch and its capability."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
+                  if ln.startswith("model name")), platform.processor() or platform.machine())
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines()
+                  if ln.startswith("flags")), [])
+    return {"machine": platform.machine(), "cpu_model": model,
+            "cpu_simd_flags": [f for f in flags if f.startswith(("avx", "fma", "amx"))],
+            "cpus": os.cpu_count(), "load_average_before": os.getloadavg(),
+            "torch": torch.__version__,
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 _CHILD = """
@@ -126,10 +170,13 @@ def main(argv=None):
         raise ValueError(f"--sizes must be positive integers, got {args.sizes}")
     path = OUT / "backward.json"
     res = json.loads(path.read_text()) if (args.only and path.exists()) else {}
-    res.update(machine=platform.processor() or platform.machine(), torch=torch.__version__,
-               load_average=os.getloadavg()[0])
+    res.update(load_average=os.getloadavg()[0])
     if args.only in (None, "speed"):
+        res.update(command=" ".join(["python", "bench/bench_backward.py", *(argv or
+                                                                         sys.argv[1:])]),
+                   **machine())
         res["speed"] = speed()
+        res["load_average_after"] = os.getloadavg()
     if args.only in (None, "memory"):
         sizes = args.sizes or ([1024, 2048, 4096] if args.quick else [2048, 4096, 8192, 16384])
         new = memory(sizes)
