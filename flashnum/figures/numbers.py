@@ -17,10 +17,9 @@ new yes/no in FACTS (F.fact likewise).
 
 from __future__ import annotations
 
-import json
-
 from flashnum.figures.quantities import QUANTITIES
 from flashnum.figures.tex import tex_name
+from flashnum.harness.fa3_protocol import summary as fa3_summary
 
 _RUN = "python -m flashnum.run experiment={}"
 _REPRO = "python -m flashnum.run experiment=repro_{}"
@@ -252,7 +251,7 @@ FACTS = {
     "FaThreeJoint": "repro_fa3_table3: one protocol was matched to all rows",
     "FaThreePublished": "repro_fa3_table3: some row has a published number",
     "FaThreeDisagree": "repro_fa3_table3: some row is off by more than AgreeFactor",
-    "FaThreeProtocolMeasured": "bench/results/fa3_protocol.json exists",
+    "FaThreeProtocolMeasured": "experiments/fa3_protocol exists",
     "FaThreeProtocolInside": "the published ratio lies inside the per-seed range",
     "GoldenLengthFa": "repro_is_flash_stable: the length sweep has fa2 rows",
     "GoldenLengthLowp": "repro_is_flash_stable: the length sweep has lowp rows",
@@ -292,12 +291,12 @@ FACTS = {
 
 def fa3_protocol(F) -> None:
     """Whether FA3's fp16 pair was measured at the protocol fixed in advance
-    (bench/fa3_protocol.py), and whether the published ratio lies inside its per-seed range;
-    its numbers are quantities (flashnum.figures.quantities)."""
-    path = F.experiments.parent / "bench" / "results" / "fa3_protocol.json"
-    if not path.exists():
+    (experiments/fa3_protocol), and whether the published ratio lies inside its per-seed
+    range; its numbers are quantities (flashnum.figures.quantities)."""
+    df = F.table("fa3_protocol")
+    if df is None:
         return
-    r = json.loads(path.read_text())
+    r = fa3_summary(df)
     F.fact("FaThreeProtocolMeasured", True)
     F.fact("FaThreeProtocolInside",
            r["summary"]["ratio"]["min"] <= r["published_ratio"] <= r["summary"]["ratio"]["max"])

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flashnum.figures.tex import tex_name, tex_num
+from flashnum.harness.fa3_protocol import summary as fa3_summary
 
 
 def fixed(digits: int) -> Callable[[float], str]:
@@ -80,10 +81,11 @@ def _bench(F, name: str) -> dict | None:
 
 
 def _fa3(key: Callable[[dict], object]) -> Callable[[object], object]:
-    """A number of the FA3 fp16 pair at the protocol fixed in advance (bench/fa3_protocol.py)."""
+    """A number of the FA3 fp16 pair at the protocol fixed in advance (experiments/
+    fa3_protocol, python -m flashnum.run experiment=fa3_protocol), from its summary."""
     def value(F):
-        r = _bench(F, "fa3_protocol")
-        return None if r is None else key(r)
+        df = F.table("fa3_protocol")
+        return None if df is None else key(fa3_summary(df))
     return value
 
 
@@ -272,7 +274,7 @@ def _min_or_nan(s) -> float:
     return float(s.min()) if len(s) else math.nan
 
 
-_PROTOCOL = "bench/results/fa3_protocol.json"
+_PROTOCOL = "experiments/fa3_protocol"
 QUANTITIES = {
     "SweepCases": Quantity("rows in bf16_sweep", _rows("bf16_sweep"), md=count),
     **{f"Rows{tex_name(n)}": Quantity(f"rows in {n}", _rows(n), md=count, paper=False)
