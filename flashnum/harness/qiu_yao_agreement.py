@@ -71,9 +71,18 @@ def theirs(fn, q, k, v, causal, stable):
         return fn.apply(q, k, v, None, causal, 512, 512)
 
 
+def ulp_diff(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    """The largest |ours - ref| in bf16 ulps of the larger of the two (ulp(y) = 2^(e - 8)
+    for y = m 2^e, m in [0.5, 1): bf16 keeps 8 significant bits)."""
+    ours, ref = ours.double(), ref.double()
+    _, e = torch.frexp(torch.maximum(ours.abs(), ref.abs()))
+    ulp = torch.ldexp(torch.ones_like(ours), (e - 8).clamp(min=-133))  # bf16's least: 2^-133
+    return float(((ours - ref).abs() / ulp).max())
+
+
 def qiu_yao_agreement_table(path: str) -> pd.DataFrame:
     """One row per case and (STABLE, variant): the share of bitwise equal outputs, the
-    largest difference, the median row max of the logits."""
+    largest difference (absolute and in bf16 ulps), the median row max of the logits."""
     fn = load(path)
     rows = []
     for name, params, n, d, causal in CASES:
@@ -91,7 +100,8 @@ def qiu_yao_agreement_table(path: str) -> pd.DataFrame:
             diff = (ours - ref.double()).abs().max().item()
             rows.append(dict(distribution=name, params=json.dumps(params, sort_keys=True),
                              n=n, d=d, causal=causal, stable=stable, variant=variant,
-                             bitwise=same, max_diff=diff, median_row_max=row_max))
+                             bitwise=same, max_diff=diff, max_ulp_diff=ulp_diff(ours, ref),
+                             median_row_max=row_max))
             print(f"{name} {params} N={n} d={d} causal={causal} STABLE={int(stable)} vs "
                   f"{variant}: bitwise {100 * same:.2f}%, max |diff| {diff:.3g}", flush=True)
     return pd.DataFrame(rows)
