@@ -245,7 +245,7 @@ def audit_readme():
     t = json.loads((RESULTS / "torch_cpu.json").read_text())
     elements = sum(c["elements"] for c in t["cases"])
     assert t["summary"]["bitwise"] == 1.0 and t["summary"]["worst_case_bitwise"] == 1.0
-    q = json.loads((RESULTS / "qiu_yao_agreement.json").read_text())["cases"]
+    q = qiu_yao_cases()
     plain = min(c["bitwise"] for c in q if c["variant"] == "fa2")
     fix = [1 - c["bitwise"] for c in q if c["variant"] == "qiu_yao" and c["distribution"] == "ties"]
     released = min(c["bitwise"] for c in q if c["variant"] == "qiu_yao_released")
@@ -719,8 +719,21 @@ def qiu_yao_clamp():
             f"M > ln(t / 1e-10) = {math.log(2 / 1e-10):.2f} for t = 2"]
 
 
+def qiu_yao_cases():
+    """experiments/qiu_yao_agreement as one dict per row, params decoded, in the order of
+    its cases (docs/audit.md's table)."""
+    from flashnum.harness.qiu_yao_agreement import CASES, PAIRS
+
+    order = [(c[0], json.dumps(c[1], sort_keys=True), c[3], c[4], v) for c in CASES
+             for _, v in PAIRS]
+    rows = table("qiu_yao_agreement").to_dict("records")
+    rows.sort(key=lambda c: order.index((c["distribution"], c["params"], c["d"], c["causal"],
+                                         c["variant"])))
+    return [{**c, "params": json.loads(c["params"])} for c in rows]
+
+
 def qiu_yao_agreement_docs():
-    q = json.loads((RESULTS / "qiu_yao_agreement.json").read_text())["cases"]
+    q = qiu_yao_cases()
     low = min(c["bitwise"] for c in q if c["variant"] in ("fa2", "qiu_yao_released"))
     rel = min(c["bitwise"] for c in q if c["variant"] == "qiu_yao_released")
     return [f"it equals their code on >= {pct_floor(rel)} of the elements",
@@ -864,7 +877,7 @@ def torch_cpu_docs():
 
 
 def qiu_yao_agreement_table():
-    q = json.loads((RESULTS / "qiu_yao_agreement.json").read_text())["cases"]
+    q = qiu_yao_cases()
     key = lambda c: (c["distribution"], json.dumps(c["params"]), c["d"], c["causal"])  # noqa: E731
     by = {}
     for c in q:
@@ -881,13 +894,12 @@ def qiu_yao_agreement_table():
     plain = [c for c in q if c["variant"] in ("fa2", "qiu_yao_released")]
     worst = max(1 - c["bitwise"] for c in plain)
     sig = [c for c in q if c["variant"] == "qiu_yao" and c["params"].get("sigma") == 0.34][0]
-    assert max(c["max_diff"] / 2**-11 for c in plain if c["median_row_max"] < 4) <= 1
+    gauss = max(c["max_diff"] for c in plain if c["median_row_max"] < 4)
     return out + [f"agrees with it on >= {pct_floor(1 - worst)} of the elements in every case",
                   f"(the {100 * (1 - sig['bitwise']):.0f}% disagreement of the idealised "
                   f"variant at sigma = 0.34)",
-                  f"(at most {100 * worst:.3f}% of the elements, one bf16 ulp of the output",
-                  f"one bf16 ulp of the output on at most {ceil_to(100 * worst, 2)}% of the "
-                  f"elements"]
+                  f"on at most {ceil_to(100 * worst, 2)}% of the elements, at most "
+                  f"{gauss:.2g} on gaussian inputs"]
 
 
 def qiu_yao_clamp_audit():

@@ -3,7 +3,7 @@
 The logits here are exact in bf16 (head dim 1, q = the wanted logit, k = +-1, scale 1), so
 each expectation is worked out by hand from the rules of their code (window max - 1e-3 in
 bf16, block row sum clamped at 1e-10, fully masked tiles counted as ties), independently of
-the engine. bench/qiu_yao_agreement.py checks the variant against their code itself.
+the engine. The experiment qiu_yao_agreement checks the variant against their code itself.
 """
 
 from __future__ import annotations
