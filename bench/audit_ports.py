@@ -1,5 +1,5 @@
 """Audit two pure-PyTorch FlashAttention ports without naming a model, and store what the
-diagnosis says about each (docs/audit.md quotes it; tests/test_audit_claims.py checks).
+diagnosis says about each (docs/audit.md quotes it; tests/test_quoted.py checks).
 
     python bench/audit_ports.py    # default budget, bf16: bench/results/audit_ports.json
     python bench/audit_ports.py --budget quick --out /tmp/ports.json

@@ -1,9 +1,12 @@
-"""A number README.md and docs/ quote through a named quantity is that quantity's value now.
+"""What README.md and docs/ quote from a stored table is that table's value now.
 
 A document quotes a named quantity (flashnum.figures.quantities) as its rendered value
 followed by an invisible marker, `1.84<!--q:FaThreeProtocolRatio-->`; the paper quotes the
-same quantity as the macro \\FaThreeProtocolRatio of numbers.tex. Here every quantity is
-recomputed from the stored tables and bench results, and every marked place must say it.
+same quantity as the macro \\FaThreeProtocolRatio of numbers.tex. A yes/no fact is quoted
+as the words of its answer; a passage (a table, a sentence with several numbers:
+flashnum.figures.docs) as each of its fragments, each followed by its marker. Here every
+quantity is recomputed from the stored tables and bench results, and every marked place
+must say it, every passage fragment be marked somewhere.
 """
 
 from pathlib import Path
@@ -11,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from flashnum.figures.context import Figures
-from flashnum.figures.numbers import NUMBERS
-from flashnum.figures.quantities import QUANTITIES, misquoted, quoted_as, quotes, sci
+from flashnum.figures.docs import QUOTED, documents, misquoted
+from flashnum.figures.numbers import FACTS, NUMBERS
+from flashnum.figures.quantities import QUANTITIES
+from flashnum.figures.quoting import Fact, Passage, quoted_as, quotes, require, sci
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = documents(ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +36,16 @@ def test_every_quantity_is_quoted_and_computable(F):
     """A quantity nobody quotes is dead weight; one whose source is missing cannot be checked."""
     marked = {name for path in DOCS for name, _ in quotes(path.read_text())}
     paper = (ROOT / "paper" / "paper.tex").read_text()
-    for name, q in QUANTITIES.items():
+    for name, q in QUOTED.items():
         assert name in marked or (q.paper and f"\\{name}" in paper), f"{name} is quoted nowhere"
         assert q.value(F) is not None, f"{name}: its table or bench result is missing"
 
 
 def test_the_papers_quantities_have_a_macro_and_only_they():
-    paper = {name for name, q in QUANTITIES.items() if q.paper}
+    paper = {name for name, q in QUANTITIES.items() if q.paper and not q.fact}
     assert paper <= set(NUMBERS) and not (set(QUANTITIES) - paper) & set(NUMBERS)
+    facts = {name for name, q in QUANTITIES.items() if q.paper and q.fact}
+    assert facts <= set(FACTS)
 
 
 def test_a_changed_number_or_an_unknown_name_is_reported(F, tmp_path):
@@ -52,6 +59,49 @@ def test_a_changed_number_or_an_unknown_name_is_reported(F, tmp_path):
     assert len(said) == 2 and "QiuYaoZ" in said[0] and "NoSuchThing" in said[1]
 
 
+def test_a_fact_is_quoted_as_the_words_of_its_answer(F, tmp_path):
+    fact = QUOTED["SweepInvariantsHold"]
+    assert fact.fact and fact.value(F) is True
+    good = tmp_path / "good.md"
+    good.write_text("In every row of every sweep m_ok and l_ok hold<!--q:SweepInvariantsHold-->.")
+    assert misquoted(F, [good]) == []
+    assert fact.md(False) == "m_ok or l_ok fails in a stored sweep"
+    no = Fact("never", lambda F: False, "it holds", "it fails")
+    assert no.md(no.value(F)) == "it fails"
+
+
+def test_a_passage_checks_each_fragment_and_that_each_is_marked(F, tmp_path, monkeypatch):
+    import flashnum.figures.docs as docs
+
+    rows = lambda F: ["| a | 1.5 |", "| b | 2 |", "and 3 more"]  # noqa: E731
+    monkeypatch.setitem(docs.QUOTED, "Demo", Passage("a table and a sentence", rows))
+    good = tmp_path / "good.md"
+    # a row's marker sits in its last cell, so that the row keeps its number of cells
+    good.write_text("| x | y |\n|---|---|\n| a | 1.5<!--q:Demo--> |\n| b | 2<!--q:Demo--> |\n\n"
+                    "and 3\nmore<!--q:Demo-->.")
+    assert misquoted(F, [good]) == []
+    bad = tmp_path / "bad.md"
+    bad.write_text("| a | 1.6<!--q:Demo--> |\n| b | 2<!--q:Demo--> |\n")
+    said = misquoted(F, [bad])
+    assert any("no fragment of it ends" in x and "1.6" in x for x in said)
+    assert any("'| a | 1.5 |', and no marked place does" in x for x in said)
+    assert any("'and 3 more', and no marked place does" in x for x in said)
+
+
+def test_a_statement_the_tables_no_longer_support_is_reported(F, tmp_path, monkeypatch):
+    import flashnum.figures.docs as docs
+
+    def rows(F):
+        require(1 > 2, "one is more than two")
+        return ["never"]
+
+    monkeypatch.setitem(docs.QUOTED, "Demo", Passage("a claim that fails", rows))
+    doc = tmp_path / "doc.md"
+    doc.write_text("never<!--q:Demo-->")
+    assert misquoted(F, [doc]) == [f"{doc}: Demo: the stored tables no longer say: one is more "
+                                   "than two"]
+
+
 def test_a_quote_is_a_whole_token():
     # 12.5 does not quote 2.5, nor -2.5 quote 2.5; the value may follow any punctuation
     assert quoted_as("ratio 2.5", "2.5") and quoted_as("(2.5", "2.5")
@@ -60,8 +110,11 @@ def test_a_quote_is_a_whole_token():
     assert sci(2)(3.27e-4) == "3.3e-4" and sci(3)(2.5e-4) == "2.50e-4"
 
 
-
 def test_a_marker_in_code_is_an_example_not_a_quote():
     text = ("quoted 1.84<!--q:A--> here; `2<!--q:B-->` in a span\n"
-            "```text\n3<!--q:C-->\n```\nand 4<!--q:D--> after the block")
+            "```text\n3<!--q:C-->\n```\nand 4<!--q:D--> after the block; `a span\n"
+            "over a line break 5<!--q:E-->`")
     assert [name for name, _ in quotes(text)] == ["A", "D"]
+    # the text before a marker is read as Markdown renders it: other markers and line
+    # breaks are not there
+    assert quotes("a 1<!--q:A-->\nb  2<!--q:B-->") == [("A", "a 1"), ("B", "a 1 b 2")]

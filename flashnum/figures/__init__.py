@@ -74,6 +74,8 @@ into the FIGURES registry below):
     reproductions.py  the reproductions' tables and the numbers and facts the paper's
                 sentences about them read
     quantities.py  the named quantities paper, README and docs quote (QUANTITIES)
+    quoting.py  how a document quotes a quantity, a fact or a passage, and the check
+    docs/       the passages README and docs quote, one module per topic (QUOTED)
     lowprec.py  block-scaled formats, FA4's fp8 offset, the P-cast threshold, split-KV
     audit.py    the real codes audited: experiments/kernel_audit, Qiu & Yao's clamp
     trained.py  the trained model's heads beside the catalogue

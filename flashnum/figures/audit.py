@@ -168,12 +168,12 @@ def _markdown(cols: list[str], rows: list[list[str]]) -> str:
 
 
 def kernel_table_markdown(df: pd.DataFrame) -> str:
-    """The forward table as README and docs/audit.md quote it (tests/test_claims.py)."""
+    """The forward table as README and docs/audit.md quote it (flashnum.figures.docs)."""
     return _markdown(_FWD_COLS, kernel_table_rows(df))
 
 
 def kernel_grad_markdown(df: pd.DataFrame) -> str:
-    """The gradient table as docs/audit.md quotes it (tests/test_claims.py)."""
+    """The gradient table as docs/audit.md quotes it (flashnum.figures.docs)."""
     return _markdown(_GRAD_COLS, kernel_grad_rows(df))
 
 

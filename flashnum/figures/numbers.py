@@ -239,7 +239,7 @@ NUMBERS = {
     "PcastScaleOnly": "repro_fp8_pcast: median gain of the scale without reverse order",
     **TRAINED,
     # the named quantities not listed above (flashnum.figures.quantities)
-    **{k: q.what for k, q in QUANTITIES.items() if q.paper},
+    **{k: q.what for k, q in QUANTITIES.items() if q.paper and not q.fact},
 }
 
 # every yes/no the text branches on (\\if<Name> ... \\else ... \\fi): name -> when true.
@@ -286,6 +286,8 @@ FACTS = {
     "PcastAgrees": "repro_fp8_pcast: every gain within AgreeFactor of the published range",
     "PcastLarger": "repro_fp8_pcast: the median gain lies above the published range",
     "TrainedSink": "trained_model_stats: some head's mean probability on key 0 is >= 0.1",
+    # the named yes/nos the paper branches on (flashnum.figures.quantities)
+    **{k: q.what for k, q in QUANTITIES.items() if q.paper and q.fact},
 }
 
 
@@ -303,10 +305,13 @@ def fa3_protocol(F) -> None:
 
 
 def quantities(F) -> None:
-    """Every named quantity's macro (flashnum.figures.quantities), where its source exists."""
+    """Every named quantity's macro or \\newif (flashnum.figures.quantities), where its source
+    exists."""
     for name, q in QUANTITIES.items():
         v = q.value(F) if q.paper else None
-        if v is not None:
+        if v is not None and q.fact:
+            F.fact(name, bool(v))
+        elif v is not None:
             F.num(name, q.tex(v))
 
 

@@ -20,58 +20,25 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from flashnum.figures.tex import tex_name, tex_num
+from flashnum.figures import quoting
+from flashnum.figures.quoting import (  # noqa: F401  (the renderers, also for the tests)
+    Fact,
+    Quantity,
+    count,
+    fixed,
+    percent,
+    quoted_as,
+    quotes,
+    sci,
+    sig,
+    two,
+)
+from flashnum.figures.tex import tex_name
 from flashnum.harness.fa3_protocol import summary as fa3_summary
-
-
-def fixed(digits: int) -> Callable[[float], str]:
-    """1.84 style: `digits` decimals."""
-    return lambda x: f"{x:.{digits}f}"
-
-
-def sci(digits: int = 2) -> Callable[[float], str]:
-    """3.3e-4 style: `digits` significant digits, no exponent padding."""
-    def render(x: float) -> str:
-        mant, exp = f"{x:.{digits - 1}e}".split("e")
-        return f"{mant}e{int(exp)}"
-    return render
-
-
-def percent(x: float) -> str:
-    """A fraction as a whole percentage: 0.251 -> 25%."""
-    return f"{100 * x:.0f}%"
-
-
-def two(x: float) -> str:
-    """0.30, 4.0, 16, 1400 style: two significant digits, written out (Markdown)."""
-    d = 1 - math.floor(math.log10(abs(x)))
-    return f"{round(x, d):.{max(d, 0)}f}"
-
-
-def count(n: int) -> str:
-    """1,790 style: a whole number with thousands separators (Markdown)."""
-    return f"{int(n):,}"
-
-
-def sig(digits: int = 2) -> Callable[[float], str]:
-    """As the paper prints a number (flashnum.figures.tex.tex_num), for LaTeX."""
-    return lambda x: tex_num(x, digits)
-
-
-@dataclass(frozen=True)
-class Quantity:
-    """One quoted number: what it is, how it is computed, how each medium writes it."""
-
-    what: str
-    value: Callable[[object], object]  # F -> the number, or None (its source is missing)
-    tex: Callable[[object], str] = sig(2)
-    md: Callable[[object], str] = str
-    paper: bool = True  # numbers.tex gets its macro (False: only the documents quote it)
+from flashnum.harness.summary import growth
 
 
 def _bench(F, name: str) -> dict | None:
@@ -212,9 +179,34 @@ def _rows(name: str) -> Callable[[object], object]:
     return value
 
 
-# the sweeps whose sizes README quotes (each beside the time it took)
+# the sweeps whose sizes README quotes (each beside the time it took), and the other
+# tables docs/experiments.md counts
 SWEEPS = ("fp16_sweep", "fp32_sweep", "block_order", "block_size", "seqlen_growth",
           "precision_bits", "kernel_vs_emulator", "worst_case")
+COUNTED = (*SWEEPS, "block_scaled", "splitkv_decode")
+# the sweeps whose every row the invariants m_ok and l_ok are checked on
+INVARIANT_SWEEPS = ("bf16_sweep", *SWEEPS)
+
+
+def _growth(name: str, x: str, policy: str) -> Callable[[object], object]:
+    """The exponent a of max error ~ x^a a sweep's summary fits for a policy
+    (flashnum.harness.summary.growth: over the whole table; not the paper's SlopeN, the
+    median over seeds of seqlen_growth)."""
+    def value(F):
+        df = F.table(name)
+        if df is None:
+            return None
+        fit = growth(df, x, "max_abs_err").get(policy)
+        return math.nan if fit is None else float(fit[0])
+    return value
+
+
+def _invariants_hold(F):
+    """Whether m_ok and l_ok hold in every row of every sweep (None: a sweep is missing)."""
+    tables = [F.table(n) for n in INVARIANT_SWEEPS]
+    if any(t is None for t in tables):
+        return None
+    return all(bool(t[c].astype(bool).all()) for t in tables for c in ("m_ok", "l_ok"))
 
 def _worst_case(col: str, precision: str = "bf16", how=None) -> Callable[[object], object]:
     """The searched worst case of worst_case at N = 1024, d = 64: a column of its row in
@@ -278,7 +270,19 @@ _PROTOCOL = "experiments/fa3_protocol"
 QUANTITIES = {
     "SweepCases": Quantity("rows in bf16_sweep", _rows("bf16_sweep"), md=count),
     **{f"Rows{tex_name(n)}": Quantity(f"rows in {n}", _rows(n), md=count, paper=False)
-       for n in SWEEPS},
+       for n in COUNTED},
+    **{f"SweepGrowth{k}": Quantity(f"{n}: the fitted exponent a of max error ~ {x}^a, {p} "
+                                   "(the sweep's summary)", _growth(n, x, p),
+                                   md=lambda a: f"{a:+.2f}", paper=False)
+       for k, n, x, p in (("NFa", "bf16_sweep", "seq_len_k", "fa2"),
+                          ("NLowp", "bf16_sweep", "seq_len_k", "lowp"),
+                          ("BlockNLowp", "bf16_sweep", "block_n", "lowp"),
+                          ("NLowpFp", "fp16_sweep", "seq_len_k", "lowp"),
+                          ("BlockNLowpFp", "fp16_sweep", "block_n", "lowp"))},
+    "SweepInvariantsHold": Fact("m_ok and l_ok hold in every row of every sweep",
+                                _invariants_hold,
+                                "In every row of every sweep m_ok and l_ok hold",
+                                "m_ok or l_ok fails in a stored sweep"),
     "ExpInputs": Quantity(
         "float32 arguments of exp and exp2 checked (bench/exp_exhaustive.py)",
         _exp(lambda x: x["inputs"]), tex=lambda n: f"{n / 1e9:.1f}" + r"\times 10^9",
@@ -395,51 +399,7 @@ QUANTITIES = {
                        ("Published", "the published ratio", lambda r: r["published_ratio"]))},
 }
 
-MARK = re.compile(r"<!--q:(\w+)-->")
-
-
-def _in_code(text: str, pos: int) -> bool:
-    """Whether text[pos] lies in a fenced code block or a code span (where a marker prints:
-    an example of the syntax, not a quote)."""
-    start = text.rfind("\n", 0, pos) + 1
-    fences = sum(line.lstrip().startswith("```") for line in text[:start].splitlines())
-    return fences % 2 == 1 or text[start:pos].count("`") % 2 == 1
-
-
-def quotes(text: str) -> list[tuple[str, str]]:
-    """(name, the text just before the marker) for each marker of a Markdown text outside
-    code (in code the marker would print: there it is an example, not a quote)."""
-    return [(m[1], text[max(0, m.start() - 40):m.start()]) for m in MARK.finditer(text)
-            if not _in_code(text, m.start())]
-
-
-def quoted_as(before: str, rendered: str) -> bool:
-    """Whether the text before a marker ends with the rendered value, a whole token: not the
-    tail of a longer number (12.5 is no quote of 2.5, -2.5 none of 2.5), though a range's
-    dash may precede it (1.57-2.23)."""
-    if not before.endswith(rendered):
-        return False
-    head = before[:len(before) - len(rendered)]
-    if head[-1:] == "-":
-        return head[-2:-1].isdigit() or head[-2:-1] == ">"
-    return not (head[-1:].isalnum() or head[-1:] in ("_", ".", "+"))
-
 
 def misquoted(F, paths) -> list[str]:
-    """Every marked quote in `paths` whose text is not its quantity rendered now, one line
-    each (path, name, what it says, what it should say); unknown names included."""
-    values: dict = {}
-    bad = []
-    for path in paths:
-        for name, before in quotes(Path(path).read_text()):
-            if name not in QUANTITIES:
-                bad.append(f"{path}: unknown quantity {name!r} (declare it in QUANTITIES)")
-                continue
-            if name not in values:
-                values[name] = QUANTITIES[name].value(F)
-            v = values[name]
-            want = "(its source is missing)" if v is None else QUANTITIES[name].md(v)
-            if v is None or not quoted_as(before, want):
-                bad.append(f"{path}: {name} is quoted as ...{before[-12:]!r}, "
-                           f"its value is {want}")
-    return bad
+    """Every marked quote in `paths` that does not say its quantity now (one line each)."""
+    return quoting.misquoted(F, paths, QUANTITIES)

@@ -1,6 +1,6 @@
 """Bitwise agreement of flashnum's lowp policy with Qiu & Yao's released attention.py: the
 table of the experiment qiu_yao_agreement (conf/table/qiu_yao_agreement.yaml; docs/audit.md
-and README quote it through tests/test_claims.py).
+and README quote it through flashnum.figures.docs, tests/test_quoted.py).
 
     FLASHNUM_QIU_YAO=PATH/attention.py python -m flashnum.run experiment=qiu_yao_agreement
 

@@ -1,0 +1,46 @@
+"""What README.md and docs/*.md quote, checked by one mechanism (flashnum.figures.quoting).
+
+    QUOTED      name -> Quantity: every named number and fact (QUANTITIES, shared with the
+                paper) and every passage (the documents' tables and sentences with
+                several numbers, rebuilt from the stored tables with the document's digits)
+    DOCUMENTS   the Markdown files that quote them (README.md, docs/*.md)
+    misquoted(F)  every marked place that does not say its quantity now
+
+A document carries a quantity's rendered text followed by <!--q:Name-->; a passage's
+fragments each carry its marker. tests/test_quoted.py recomputes them from the stored
+tables and checks every marked place. A new quoted number goes into QUANTITIES
+(flashnum.figures.quantities); a new passage into the module here named for its topic.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flashnum.figures import quoting
+from flashnum.figures.docs import (
+    audit,
+    backward,
+    bounds,
+    experiments,
+    formats,
+    kernel,
+    reproductions,
+    trained,
+)
+from flashnum.figures.quantities import QUANTITIES
+
+PASSAGES = {**audit.PASSAGES, **backward.PASSAGES, **bounds.PASSAGES, **experiments.PASSAGES,
+            **formats.PASSAGES, **kernel.PASSAGES, **reproductions.PASSAGES, **trained.PASSAGES}
+QUOTED = {**QUANTITIES, **PASSAGES}
+
+
+def documents(root: Path) -> list[Path]:
+    """The Markdown files under the repository's root that may quote a quantity."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def misquoted(F, paths=None) -> list[str]:
+    """Every marked place in `paths` (default: every document) that does not say its
+    quantity now, one line each."""
+    paths = documents(Path(F.experiments).parent) if paths is None else paths
+    return quoting.misquoted(F, paths, QUOTED)

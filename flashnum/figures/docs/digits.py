@@ -1,0 +1,75 @@
+"""How the documents write numbers: the digits and styles their sentences use.
+
+Each function is one style (2.5e-4, 1,790, 99.99% rounded down, +8.2e-5, ...), so that a
+passage (flashnum.figures.docs) renders a number as the document prints it.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def sci(x, digits=2):
+    """2.5e-4 style: `digits` significant digits, no exponent padding."""
+    mant, exp = f"{x:.{digits - 1}e}".split("e")
+    return f"{mant}e{int(exp)}"
+
+
+def tex_sci(x, digits=2):
+    """-2.6\\times10^{-4} style, as a document's LaTeX writes it."""
+    mant, exp = sci(x, digits).split("e")
+    return f"{mant}\\times10^{{{exp}}}"
+
+
+def thousands(n):
+    """1,790 style."""
+    return f"{n:,}"
+
+
+def g2(x):
+    """0.30, 4.0, 16, 1400 style: two significant digits, written out."""
+    d = 1 - math.floor(math.log10(abs(x)))
+    return f"{round(x, d):.{max(d, 0)}f}"
+
+
+def pct_floor(frac, digits=2):
+    """99.99% style, rounded down: a '>=' claim must not round up."""
+    return f"{math.floor(frac * 100 * 10**digits) / 10**digits:.{digits}f}%"
+
+
+def pct_short(frac):
+    """95%, 5.9%, 0.06% style."""
+    x = 100 * frac
+    if x >= 10:
+        return f"{x:.0f}%"
+    if x >= 0.95:
+        return f"{x:.1f}%"
+    return f"{x:.1g}%"
+
+
+def ceil_to(x, digits):
+    """0.091 style for an 'at most' claim: rounded up, so the text never understates."""
+    return f"{math.ceil(x * 10**digits) / 10**digits:.{digits}f}"
+
+
+def signed(x):
+    """+8.2e-5, -3.3e-4, +0.11, +1.00 style: signed mean errors."""
+    s = f"{x:+.2f}" if abs(x) >= 0.095 else sci(x)
+    return s if s[0] in "+-" else "+" + s
+
+
+def zs(z, sign=True):
+    """-8.8, +14, +0.28, +967 style: two significant digits, three from 100 on."""
+    s = f"{z:.0f}" if abs(z) >= 100 else g2(z)
+    return "+" + s if sign and z >= 0 else s
+
+
+def pm(x, se):
+    """2.53e-4 +- 0.20e-4 style: three digits, the error in the value's exponent."""
+    e = math.floor(math.log10(x))
+    return f"{x / 10**e:.2f}e{e} +- {se / 10**e:.2f}e{e}"
+
+
+def pct(frac, digits):
+    """12.3456% style: a fraction as a percentage with `digits` decimals."""
+    return f"{100 * frac:.{digits}f}%"

@@ -1,0 +1,46 @@
+"""Where the documents' passages read their numbers: stored tables, their manifests and the
+bench results, each under the folder F.experiments sits in (the repository's root).
+
+    table(F, "bwd_order")            experiments/bwd_order/results.parquet
+    last_run(F, "bwd_order")         the manifest's last run (wall_s, git, n_workers, ...)
+    bench(F, "engine")               bench/results/engine.json
+    bench_text(F, "bound_stress.txt")  a stored text output of a bench script
+
+A missing file raises FileNotFoundError, which the check reports as a missing source.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+
+def root(F) -> Path:
+    """The repository's root: the folder that holds experiments/ and bench/."""
+    return Path(F.experiments).parent
+
+
+def table(F, name: str) -> pd.DataFrame:
+    """An experiment's stored table, as the parquet file holds it."""
+    return pd.read_parquet(Path(F.experiments) / name / "results.parquet")
+
+
+def runs(F, name: str) -> list[dict]:
+    """Every run the experiment's manifest records, oldest first."""
+    return json.loads((Path(F.experiments) / name / "manifest.json").read_text())["runs"]
+
+
+def last_run(F, name: str) -> dict:
+    """The manifest's record of the run that wrote the stored table last."""
+    return runs(F, name)[-1]
+
+
+def bench(F, name: str) -> dict:
+    """A stored bench result, bench/results/<name>.json."""
+    return json.loads(bench_text(F, f"{name}.json"))
+
+
+def bench_text(F, filename: str) -> str:
+    return (root(F) / "bench" / "results" / filename).read_text()

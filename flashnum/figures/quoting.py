@@ -1,0 +1,214 @@
+"""How a document quotes a named quantity, and how the quote is checked.
+
+    Quantity(what, value, tex, md)   one quoted thing: value(F) from the stored tables
+    words("held", "failed")          md of a yes/no fact: the words each answer reads as
+    require(cond, "what the text says")  inside a value: the text's claim in words holds
+    quotes(text), quoted_as(before, rendered), misquoted(F, paths, registry)
+
+A quantity is a number (rendered with the digits its sentence wants), a yes/no fact (the
+paper branches on it, \\ifName; a document writes the chosen words), or a passage: the
+list of text fragments (table rows, sentences with several numbers) a document carries,
+each followed by the marker. A Markdown document quotes one as its rendered text followed
+by the invisible marker <!--q:Name--> (a passage's fragment printed in a fenced block,
+as a command's output: the marker on the line after the block); misquoted recomputes each
+quantity and reports
+every marked place that does not say it, and every passage fragment no marker follows.
+The registry itself is flashnum.figures.quantities.QUANTITIES.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from flashnum.figures.tex import tex_num
+
+
+def fixed(digits: int) -> Callable[[float], str]:
+    """1.84 style: `digits` decimals."""
+    return lambda x: f"{x:.{digits}f}"
+
+
+def sci(digits: int = 2) -> Callable[[float], str]:
+    """3.3e-4 style: `digits` significant digits, no exponent padding."""
+    def render(x: float) -> str:
+        mant, exp = f"{x:.{digits - 1}e}".split("e")
+        return f"{mant}e{int(exp)}"
+    return render
+
+
+def percent(x: float) -> str:
+    """A fraction as a whole percentage: 0.251 -> 25%."""
+    return f"{100 * x:.0f}%"
+
+
+def two(x: float) -> str:
+    """0.30, 4.0, 16, 1400 style: two significant digits, written out (Markdown)."""
+    d = 1 - math.floor(math.log10(abs(x)))
+    return f"{round(x, d):.{max(d, 0)}f}"
+
+
+def count(n: int) -> str:
+    """1,790 style: a whole number with thousands separators (Markdown)."""
+    return f"{int(n):,}"
+
+
+def sig(digits: int = 2) -> Callable[[float], str]:
+    """As the paper prints a number (flashnum.figures.tex.tex_num), for LaTeX."""
+    return lambda x: tex_num(x, digits)
+
+
+def words(yes: str, no: str) -> Callable[[bool], str]:
+    """How a document writes a yes/no fact: `yes` when it holds, `no` otherwise."""
+    return lambda b: yes if b else no
+
+
+def passage(fragments: list[str]) -> list[str]:
+    """A passage renders as its fragments, each quoted before its own marker (an empty one:
+    a sentence the document says only in another case, quoted nowhere)."""
+    return [f for f in fragments if f]
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """One quoted number, yes/no fact or passage: what it is, how it is computed, how each
+    medium writes it."""
+
+    what: str
+    value: Callable[[object], object]  # F -> the value, or None (its source is missing)
+    tex: Callable[[object], str] = sig(2)
+    md: Callable[[object], object] = str  # a str, or a passage's list of fragments
+    paper: bool = True  # numbers.tex gets its macro or \newif (False: only the documents)
+    fact: bool = False  # a yes/no (the paper: \ifName ... \else ... \fi)
+
+
+def Passage(what: str, value: Callable[[object], list[str]]) -> Quantity:  # noqa: N802
+    """A quantity that is a document's text fragments, each rebuilt from its source with
+    the document's rounding (table rows, a sentence with several numbers)."""
+    return Quantity(what, value, md=passage, paper=False)
+
+
+def Fact(what: str, value: Callable[[object], bool], yes: str, no: str,  # noqa: N802
+         paper: bool = False) -> Quantity:
+    """A yes/no from the stored tables, quoted in a document as the words of its answer."""
+    return Quantity(what, value, md=words(yes, no), paper=paper, fact=True)
+
+
+class Contradicted(Exception):
+    """A stored table no longer says what a quoted text states in words."""
+
+
+def require(cond, says: str) -> None:
+    """Inside a quantity's value: the statement `says`, which the document makes in words,
+    holds in the stored tables (Contradicted otherwise, reported with the quote)."""
+    if not bool(cond):
+        raise Contradicted(says)
+
+
+MARK = re.compile(r"<!--q:(\w+)-->")
+
+
+def _in_code(text: str, pos: int) -> bool:
+    """Whether text[pos] lies in a fenced code block or a code span (where a marker prints:
+    an example of the syntax, not a quote)."""
+    start = text.rfind("\n", 0, pos) + 1
+    fences = sum(line.lstrip().startswith("```") for line in text[:start].splitlines())
+    paragraph = text.rfind("\n\n", 0, pos) + 1  # a code span may run over a line break
+    return fences % 2 == 1 or text[paragraph:pos].count("`") % 2 == 1
+
+
+def quotes(text: str) -> list[tuple[str, str]]:
+    """(name, the text before the marker: other markers removed, runs of white space one
+    space, as Markdown reads them) for each marker of a Markdown text outside code (in
+    code the marker would print: there it is an example, not a quote)."""
+    out, parts, last = [], [], 0
+    for m in MARK.finditer(text):
+        parts.append(text[last:m.start()])
+        last = m.end()
+        if not _in_code(text, m.start()):
+            before = "".join(parts)
+            block = _block_before(before)
+            out.append((m[1], block if block is not None else " ".join(before.split())))
+    return out
+
+
+def _block_before(before: str) -> str | None:
+    """The fenced block a marker follows on the next line (a command's printed output, where
+    a marker would print), as FENCE + its lines + FENCE; None if the marker follows text."""
+    if not before.rstrip().endswith("```") or not before.endswith("\n"):
+        return None
+    head = before.rstrip()[:-3]
+    start = head.rfind("```")
+    body = head[head.find("\n", start) + 1:] if start >= 0 else ""
+    return FENCE + " ".join(body.split()) + FENCE
+
+
+FENCE = "```"
+
+
+def quoted_as(before: str, rendered: str) -> bool:
+    """Whether the text before a marker ends with the rendered value, a whole token: not the
+    tail of a longer number (12.5 is no quote of 2.5, -2.5 none of 2.5), though a range's
+    dash may precede it (1.57-2.23). A rendered table row (ending in "|") is quoted with
+    the marker inside its last cell, so that the row keeps its number of cells."""
+    rendered = " ".join(rendered.split())
+    if rendered.endswith("|"):  # a table row's marker sits in its last cell, before the "|"
+        rendered = rendered[:-1].rstrip()
+    if not before.endswith(rendered):
+        return False
+    head = before[:len(before) - len(rendered)]
+    if head[-1:] == "-":
+        return head[-2:-1].isdigit() or head[-2:-1] == ">"
+    return not (head[-1:].isalnum() or head[-1:] in ("_", ".", "+"))
+
+
+def _in_block(before: str, fragment: str) -> bool:
+    """Whether a marker after a fenced block (`before`: FENCE + its text + FENCE) quotes a
+    fragment printed anywhere in it."""
+    return before.startswith(FENCE) and " ".join(fragment.split()) in before
+
+
+def _value(registry: dict, name: str, F):
+    """(rendered, None) or (None, why it cannot be checked)."""
+    q = registry[name]
+    try:
+        v = q.value(F)
+    except Contradicted as e:
+        return None, f"the stored tables no longer say: {e}"
+    except FileNotFoundError as e:
+        return None, f"(its source is missing: {e.filename})"
+    return (None, "(its source is missing)") if v is None else (q.md(v), None)
+
+
+def misquoted(F, paths, registry: dict) -> list[str]:
+    """Every marked quote in `paths` whose text is not its quantity rendered now, one line
+    each (path, name, what it says, what it should say); unknown names, contradicted
+    statements and passage fragments that no marker follows included."""
+    rendered: dict = {}
+    bad, unmatched = [], {}
+    for path in paths:
+        for name, before in quotes(Path(path).read_text()):
+            if name not in registry:
+                bad.append(f"{path}: unknown quantity {name!r} (declare it in QUANTITIES)")
+                continue
+            if name not in rendered:
+                rendered[name] = _value(registry, name, F)
+                if isinstance(rendered[name][0], list):
+                    unmatched[name] = (path, set(rendered[name][0]))
+            want, why = rendered[name]
+            if why is not None:
+                bad.append(f"{path}: {name}: {why}")
+            elif isinstance(want, list):  # a passage: the fragment this marker closes
+                hit = [f for f in want if quoted_as(before, f) or _in_block(before, f)]
+                unmatched[name][1].difference_update(hit)
+                if not hit:
+                    bad.append(f"{path}: {name}: no fragment of it ends at ...{before[-60:]!r}")
+            elif not quoted_as(before, want):
+                bad.append(f"{path}: {name} is quoted as ...{before[-12:]!r}, "
+                           f"its value is {want}")
+    for name, (path, left) in unmatched.items():
+        bad += [f"{path}: {name} says {f!r}, and no marked place does" for f in sorted(left)]
+    return bad
