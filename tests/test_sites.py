@@ -87,3 +87,11 @@ def test_the_triton_kernel_refuses_through_the_declaration():
     pol = P.make_policy("lowp", "bf16")
     with pytest.raises(ValueError, match="cannot run on the triton kernel .*s='bf16'"):
         triton._kernel_spec(pol, None)
+
+
+@pytest.mark.parametrize("cls, kind", [(P.Policy, "policy"),
+                                       (P.BackwardPolicy, "backward policy")])
+def test_a_site_given_no_format_is_one_line_naming_it_and_the_formats(cls, kind):
+    with pytest.raises(ValueError) as e:
+        cls(s="bf17")
+    assert str(e.value).startswith(f"{kind} site s='bf17' is not a format; valid: fp64, fp32")

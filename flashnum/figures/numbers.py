@@ -87,6 +87,13 @@ TRAINED = {
 _KEYS = (("FaThree", "repro_fa3_table3"), ("Golden", "repro_is_flash_stable"),
          ("QiuYao", "repro_qiu_yao"), ("Pcast", "repro_fp8_pcast"))
 
+
+
+def _quoted(*names: str) -> dict:
+    """Named quantities (flashnum.figures.quantities) at this place of numbers.tex."""
+    return {k: QUANTITIES[k].what for k in names}
+
+
 # every number the text may quote: macro name -> what it is
 NUMBERS = {
     **{f"Thresh{k}{m}": f"repro_pcast_threshold: {w} collapse lead, S = {s}, forward, spread 0"
@@ -106,7 +113,7 @@ NUMBERS = {
                      "partials",
     "SplitTop": "repro_splitkv_decode: the most splits measured",
     "SplitNkMax": "repro_splitkv_decode: the largest Nk",
-    **{k: QUANTITIES[k].what for k in ("ExpInputs", "ExpHard", "ExpFloatMisses")},
+    **_quoted("ExpInputs", "ExpHard", "ExpFloatMisses"),
     "NMin": "smallest N in seqlen_growth",
     "NMax": "largest N in seqlen_growth",
     **{f"SlopeN{p}": f"exponent a of median error ~ N^a, {p} fa2 (seqlen_growth)"
@@ -123,7 +130,7 @@ NUMBERS = {
     "OrderBest": "the order with the smallest error ratio to forward (block_order)",
     "OrderBestRatio": "that smallest ratio (block_order)",
     "OrderBestDist": "the distribution where it occurs (block_order)",
-    "SweepCases": QUANTITIES["SweepCases"].what,
+    **_quoted("SweepCases"),
     "HeatWorstDist": "distribution with the largest fa2 error (bf16_sweep)",
     "HeatWorstRatio": "its fa2 error / gaussian's fa2 error (bf16_sweep)",
     "HeatNaiveOverFa": "median over distributions of naive error / fa2 error (bf16_sweep)",
@@ -185,7 +192,7 @@ NUMBERS = {
     "GoldenLenSlopeFa": "repro_is_flash_stable: exponent of deviation ~ N^a, fa2",
     "GoldenLenSlopeStd": "repro_is_flash_stable: exponent of deviation ~ N^a, standard",
     "GoldenSwapEffect": "repro_is_flash_stable: largest output change from block_m alone",
-    **{k: QUANTITIES[k].what for k in ("QiuYaoZ", "QiuYaoZFixed")},
+    **_quoted("QiuYaoZ", "QiuYaoZFixed"),
     "QiuYaoZGauss": "repro_qiu_yao: the same on gaussian inputs, no fix",
     "QiuYaoZFaTwo": "repro_qiu_yao: ties under the fa2 policy, no fix",
     "QiuYaoZBroken": "repro_qiu_yao: the control with the ties broken, lowp, no fix",
@@ -201,9 +208,7 @@ NUMBERS = {
     "KernelTableAllKept": "kernel_table: (kernel, dtype) rows where every case kept every rule",
     "KernelTableLowpModelMin": "kernel_table: smallest bf16/fp16 % where a kernel's model "
                                "equals it bit for bit",
-    "QiuYaoReleasedErr": QUANTITIES["QiuYaoReleasedErr"].what,
-    "QiuYaoOnset": QUANTITIES["QiuYaoOnset"].what,
-    "QiuYaoOnsetMeasured": QUANTITIES["QiuYaoOnsetMeasured"].what,
+    **_quoted("QiuYaoReleasedErr", "QiuYaoOnset", "QiuYaoOnsetMeasured"),
     "PcastRatio": "repro_fp8_pcast: median MSE gain of reverse + scale over forward",
     "PcastRatioMin": "repro_fp8_pcast: smallest such gain",
     "PcastRatioMax": "repro_fp8_pcast: largest such gain",
@@ -229,8 +234,7 @@ NUMBERS = {
     "GoldenNear": "repro_is_flash_stable: the policies and N within AgreeFactor of the "
                   "published ratio",
     "GoldenSlopeList": "repro_is_flash_stable: exponents of deviation ~ N^a per policy",
-    "QiuYaoLogitStdMax": QUANTITIES["QiuYaoLogitStdMax"].what,
-    "QiuYaoExactUpTo": QUANTITIES["QiuYaoExactUpTo"].what,
+    **_quoted("QiuYaoLogitStdMax", "QiuYaoExactUpTo"),
     "QiuYaoCollapseMin": "repro_qiu_yao: smallest out/ref of the released fix in the sweep",
     "QiuYaoCollapseAt": "repro_qiu_yao: the largest max logit of the sweep",
     "PcastScale": "repro_fp8_pcast: the largest static scale S",

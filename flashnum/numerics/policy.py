@@ -125,18 +125,22 @@ def _policy_fields(sites, extra) -> list:
         (n, t, field(default=d)) for n, t, d in extra]
 
 
+def check_formats(policy, sites, kind: str) -> None:
+    """Every site of a policy names a format; one line naming the first that does not."""
+    for site in sites:
+        f = getattr(policy, site)
+        try:
+            get_format(f)
+        except ValueError:
+            raise ValueError(f"{kind} site {site}={f!r} is not a format; valid: "
+                             f"{', '.join(FORMAT_NAMES)}") from None
+
+
 class _PolicyRules:
     """What a Policy does with its fields (the fields come from FORWARD_SITES)."""
 
     def __post_init__(self):
-        for site in SITES:
-            f = getattr(self, site)
-            try:
-                get_format(f)
-            except ValueError:
-                raise ValueError(
-                    f"policy site {site}={f!r} is not a format; valid: {', '.join(FORMAT_NAMES)}"
-                ) from None
+        check_formats(self, SITES, "policy")
         if self.l_from not in ("p", "p_cast"):
             raise ValueError(f"unknown l_from {self.l_from!r}; valid: p, p_cast")
         if self.structure not in STRUCTURES:
@@ -279,15 +283,7 @@ class _BackwardRules:
     """What a BackwardPolicy does with its fields (the fields come from BACKWARD_SITES)."""
 
     def __post_init__(self):
-        for site in BWD_SITES:
-            f = getattr(self, site)
-            try:
-                get_format(f)
-            except ValueError:
-                raise ValueError(
-                    f"backward policy site {site}={f!r} is not a format; "
-                    f"valid: {', '.join(FORMAT_NAMES)}"
-                ) from None
+        check_formats(self, BWD_SITES, "backward policy")
         if self.structure not in STRUCTURES:
             raise ValueError(
                 f"unknown structure {self.structure!r}; valid: {', '.join(STRUCTURES)}"
