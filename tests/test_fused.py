@@ -151,3 +151,37 @@ def test_the_engine_benchmark_case_is_claimed():
     run_ = Run(Arith(pol, "nearest", 0, carrier(pol)), variant=FA2(), f_diff=None, tall=True)
     x = torch.zeros(8, 64, 64, 64)
     assert fused.claim(run_, Tiles(x, x, x, 4096, 4096), "fa2") is None
+
+
+@pytest.mark.parametrize("d,block_n,block_m", [(16, 16, 16), (40, 48, 32), (64, 64, 64),
+                                               (72, 80, 48), (128, 128, 64), (64, 256, 64)])
+def test_the_loop_s_own_tile_gemms_give_torch_s_bits_for_every_width(d, block_n, block_m):
+    # native.c's own tile GEMMs (AVX-512) hold up to 8 vectors of 16 columns, the last one
+    # partial for widths that are not multiples of 16; wider blocks take the library's sgemm.
+    # Ragged lengths, causal masking and a zero query row (a sum that starts from +0).
+    g = torch.Generator().manual_seed(d + block_n)
+    q, k, v = (torch.randn(1, 2, n, d, generator=g) * 3 for n in (200, 333, 333))
+    q[0, 0, 5] = 0.0
+    ran, real = [], fused.fused_forward
+
+    def spy(*a, **kw):
+        out = real(*a, **kw)
+        ran.append(out is not None)
+        return out
+
+    outs = []
+    for on in (True, False):
+        fused.set_enabled(on)
+        try:
+            flashnum.engine.flash.fused_forward = spy
+            outs.append(flashnum.attention(q, k, v, precision="bf16", policy="fa2",
+                                           block_m=block_m, block_n=block_n, causal=True,
+                                           trace=True))
+        finally:
+            flashnum.engine.flash.fused_forward = real
+            fused.set_enabled(True)
+    assert ran == [True, False]
+    on, off = outs
+    for f in ("out", "m", "l", "lse", "n_rescales"):
+        assert same_bits(getattr(on, f), getattr(off, f)), f
+    assert same_bits(on.trace.m, off.trace.m) and same_bits(on.trace.l, off.trace.l)

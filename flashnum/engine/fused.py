@@ -11,10 +11,14 @@ head) through all its key blocks while its tiles stay in cache, on torch's OpenM
 over (batch, head, query blocks). It performs the in-place path's operations in its
 order, so it changes no bit of any result:
 
-  - the two tile GEMMs are the library's own sgemm (the one torch.matmul calls, inside
-    the libtorch_cpu torch loaded, as flashnum.engine.torch_cpu calls it) on the same K_j
-    and V_j operands; that the library sums a tile's dot products in the same order for
-    these row counts as for torch.matmul's shapes is checked once per shape (`_agrees`);
+  - the two tile GEMMs sum each dot product as torch.matmul's library (MKL's sgemm) does
+    for these shapes: one chain of fused multiply-adds over k in order, from +0. On CPUs
+    with AVX-512 (and tile widths up to 128) native.c's own register-blocked kernel runs
+    that chain on a panel of rows (`fn_fused_forward_v4`: no library call, the panel's S
+    and P never leave the first-level cache); elsewhere the loop calls the library's own
+    sgemm (inside the libtorch_cpu torch loaded, as flashnum.engine.torch_cpu does) on the
+    same K_j and V_j operands. Either way `_agrees` checks once per shape that the kernel
+    gives torch.matmul's bits for the tall and the per-query-block shapes;
   - the exp is native.c's correctly rounded exp_round, the exp site's own kernel;
   - the row sum of P follows torch's float sum (ATen's cascade_sum with its vector width,
     torch.backends.cpu.get_cpu_capability()), also checked once per width;
@@ -63,7 +67,7 @@ class _Job(ctypes.Structure):
                                          "perm_b")]
         + [("scale", ctypes.c_float), ("tau", ctypes.c_float)]
         + [(n, ctypes.c_int) for n in ("lazy", "base2", "cast", "l_from_cast")]
-        + [(n, ctypes.c_void_p) for n in ("m", "l", "o", "m_tr", "l_tr", "n_resc")])
+        + [(n, ctypes.c_void_p) for n in ("m", "l", "o", "m_tr", "l_tr", "n_resc", "kt")])
 
 
 def set_enabled(flag: bool) -> None:
@@ -91,11 +95,21 @@ def _sgemm() -> int | None:
 
 
 @functools.cache
+def _own_gemm(bn: int, dv: int) -> bool:
+    """Whether native.c's own tile GEMMs run these widths here (AVX-512; bn, dv <= 128)."""
+    x, y = torch.zeros(1), torch.empty(1)
+    lib = native.library()
+    return max(bn, dv) <= 128 and bool(lib.fn_chain_gemm(x.data_ptr(), x.data_ptr(),
+                                                         y.data_ptr(), 1, 1, 1))
+
+
+@functools.cache
 def _agrees(rows: int, bm: int, bn: int, d: int, dv: int) -> bool:
-    """Whether, for these shapes, the library's sgemm on a job's rows gives torch.matmul's
-    bits (both the tall shape and the per-query-block one), and the C row sum torch's.
-    The order of a dot product's terms does not depend on the values: one random case
-    with a wide dynamic range shows a different order."""
+    """Whether, for these shapes, the tile GEMMs the fused loop calls (its own, else the
+    library's sgemm on a job's rows) give torch.matmul's bits (both the tall shape and the
+    per-query-block one), and the C row sum torch's. The order of a dot product's terms
+    does not depend on the values: one random case with a wide dynamic range shows a
+    different order; zero rows against negative keys show whether a sum starts from +0."""
     from flashnum.engine.torch_cpu import _gemm
 
     g = torch.Generator().manual_seed(rows * 7919 + bn)
@@ -105,18 +119,29 @@ def _agrees(rows: int, bm: int, bn: int, d: int, dv: int) -> bool:
         return torch.randn(*shape, generator=g) * torch.exp(4 * torch.randn(*shape, generator=g))
 
     q, k, v, p = wide(n, d), wide(bn, d), wide(bn, dv), torch.rand(n, bn, generator=g)
+    q[0], q[1], k[0], p[2], v[0] = 0.0, -0.0, -k[0].abs(), 0.0, -v[0].abs()
     s_tall = torch.matmul(q.view(1, 1, n, d), k.T.view(1, 1, d, bn)).view(n, bn)
     s_small = torch.matmul(q.view(1, n // bm, bm, d), k.T.view(1, 1, d, bn)).view(n, bn)
     pv_tall = torch.matmul(p.view(1, 1, n, bn), v.view(1, 1, bn, dv)).view(n, dv)
     pv_small = torch.matmul(p.view(1, n // bm, bm, bn), v.view(1, 1, bn, dv)).view(n, dv)
     s, pv = torch.empty(n, bn), torch.empty(n, dv)
-    for r0 in (0, rows):
-        _gemm("fp32", b"T", b"N", bn, rows, d, k, d, q[r0:], d, 0.0, s[r0:], bn)
-        _gemm("fp32", b"N", b"N", dv, rows, bn, v, dv, p[r0:], bn, 0.0, pv[r0:], dv)
+    if _own_gemm(bn, dv):
+        kt = k.T.contiguous()
+        native.library().fn_chain_gemm(q.data_ptr(), kt.data_ptr(), s.data_ptr(), n, bn, d)
+        native.library().fn_chain_gemm(p.data_ptr(), v.data_ptr(), pv.data_ptr(), n, dv, bn)
+    else:
+        for r0 in (0, rows):
+            _gemm("fp32", b"T", b"N", bn, rows, d, k, d, q[r0:], d, 0.0, s[r0:], bn)
+            _gemm("fp32", b"N", b"N", dv, rows, bn, v, dv, p[r0:], bn, 0.0, pv[r0:], dv)
     sums = torch.empty(n)
     native.library().fn_torch_rowsum(s.data_ptr(), sums.data_ptr(), n, bn)
-    return (torch.equal(s, s_tall) and torch.equal(s, s_small) and torch.equal(pv, pv_tall)
-            and torch.equal(pv, pv_small) and torch.equal(sums, s.sum(-1)))
+
+    def bits(x):
+        return x.view(torch.int32)  # -0 is not +0
+
+    return (torch.equal(bits(s), bits(s_tall)) and torch.equal(bits(s), bits(s_small))
+            and torch.equal(bits(pv), bits(pv_tall)) and torch.equal(bits(pv), bits(pv_small))
+            and torch.equal(sums, s.sum(-1)))
 
 
 def claim(run: Run, tiles: Tiles, variant: Variant | str) -> str | None:
@@ -183,7 +208,13 @@ def fused_forward(run: Run, tiles: Tiles, perm: torch.Tensor, scale_s: float, ca
         CASTS[run.ar.fmt("p_cast").name], int(run.ar.policy.l_from == "p_cast"),
         m.data_ptr(), l.data_ptr(), o.data_ptr(),
         m_tr.data_ptr() if trace else None, l_tr.data_ptr() if trace else None,
-        n_resc.data_ptr())
-    native.library().fn_fused_forward(ctypes.byref(job), torch.get_num_threads())
+        n_resc.data_ptr(), None)
+    lib, threads = native.library(), torch.get_num_threads()
+    if _own_gemm(bn, dv):
+        kt = tiles.k.transpose(-1, -2).contiguous()  # K_j^T of every key block: (d, bn)
+        job.kt = kt.data_ptr()
+        lib.fn_fused_forward_v4(ctypes.byref(job), threads)
+    else:
+        lib.fn_fused_forward(ctypes.byref(job), threads)
     traces = [[(m_tr[t], l_tr[t]) for t in range(n_kb)] if trace else None]
     return [State(m, l, o, n_resc)], traces

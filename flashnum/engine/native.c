@@ -271,76 +271,109 @@ typedef struct {
   int lazy, base2, cast, l_from_cast;
   float *m, *l, *o, *m_tr, *l_tr; /* state (B, n_qb bm[, dv]); trace (n_kb, B, n_qb bm) */
   int64_t *n_resc;
+  const float *kt;              /* (B, n_kb, d, bn): K_j^T, for the own tile GEMM below */
 } fused_job;
+
+/* One row's softmax step on its logit row sr (bn values, S on entry; P on return, Pc in pr):
+   the scale, the mask, the row max, the state (m, n_resc, alpha) and l. r is the job's row,
+   rg its row among the query rows (for the visible prefix), j the key block. */
+static inline __attribute__((always_inline)) void row_step(
+    const fused_job *J, int64_t rg, int64_t j, float *sr, float *pr, float *m, float *l,
+    int64_t *nr, float *alpha, const int base2, const int cast) {
+  const int64_t bn = J->bn;
+  int64_t nv = J->vis[rg] - j * bn;  /* visible columns of this row */
+  nv = nv < 0 ? 0 : nv > bn ? bn : nv;
+  /* s = fl(S scale), -inf past the visible prefix */
+  for (int64_t c = 0; c < nv; ++c) sr[c] = sr[c] * J->scale;
+  for (int64_t c = nv; c < bn; ++c) sr[c] = -INFINITY;
+  /* its row max, NaN if any logit is NaN (torch.amax): a max is exact in any order, so
+     it is taken on the floats' bits mapped to integers of the same order (a reduction
+     that vectorises; the mapping puts -0 below +0, and S is never -0: the GEMM sums
+     from +0) */
+  int32_t km = INT32_MIN;
+  uint32_t nan = 0;
+  for (int64_t c = 0; c < bn; ++c) {
+    const uint32_t b = bits32(sr[c]);
+    const int32_t key = (int32_t) (b ^ ((uint32_t) ((int32_t) b >> 31) >> 1));
+    km = key > km ? key : km;
+    nan |= (b & 0x7fffffffu) > 0x7f800000u;
+  }
+  float mb = from32((uint32_t) km ^ ((uint32_t) (km >> 31) >> 1));
+  if (nan) mb = NAN;
+  /* the state: torch.maximum (NaN if either is), lazy_max, grew, finite_or_zero */
+  const float a = *m;
+  float mn = (a != a || mb != mb) ? a + mb : (mb > a ? mb : a);
+  if (J->lazy && a - a == 0.0f && mn - a <= J->tau) mn = a;
+  *nr += (mn > a) & (a - a == 0.0f);
+  const float ms = mn - mn == 0.0f ? mn : 0.0f;
+  *m = mn;
+  *alpha = exp_round(a - ms, base2);
+  if (cast) {
+#pragma omp simd
+    for (int64_t c2 = 0; c2 < bn; ++c2) {
+      const float p = exp_round(sr[c2] - ms, base2);
+      sr[c2] = p;
+      pr[c2] = cast == 1 ? round_bf16(p) : round_f16(p);
+    }
+  } else {
+#pragma omp simd
+    for (int64_t c2 = 0; c2 < bn; ++c2) sr[c2] = exp_round(sr[c2] - ms, base2);
+  }
+  const float lb = torch_rowsum(J->l_from_cast && cast ? pr : sr, bn);
+  const float la = *l * *alpha;
+  *l = la + lb;
+}
+
+/* The start of a job: its rows' state, and where its rows, key order and outputs lie. */
+typedef struct {
+  int64_t R, r0, row0;
+  const float *q;
+  float *m, *l, *o;
+  int64_t *nr;
+  const int64_t *perm;
+} fused_rows;
+
+static fused_rows job_rows(const fused_job *J, int64_t b, int64_t qb0) {
+  const int64_t nqb = J->g < J->n_qb - qb0 ? J->g : J->n_qb - qb0;
+  fused_rows w;
+  w.R = nqb * J->bm;
+  w.r0 = qb0 * J->bm;
+  w.row0 = b * J->n_qb * J->bm + w.r0;
+  w.q = J->q + w.row0 * J->d;
+  w.m = J->m + w.row0; w.l = J->l + w.row0; w.o = J->o + w.row0 * J->dv;
+  w.nr = J->n_resc + w.row0;
+  w.perm = J->perm + ((J->perm_b ? b : 0) * J->n_qb + qb0) * J->n_kb;
+  for (int64_t r = 0; r < w.R; ++r) { w.m[r] = -INFINITY; w.l[r] = 0.0f; w.nr[r] = 0; }
+  for (int64_t e = 0; e < w.R * J->dv; ++e) w.o[e] = 0.0f;
+  return w;
+}
+
+static inline void trace_step(const fused_job *J, const fused_rows *w, int64_t t) {
+  if (J->m_tr) {
+    const int64_t off = t * J->B * J->n_qb * J->bm + w->row0;
+    for (int64_t r = 0; r < w->R; ++r) { J->m_tr[off + r] = w->m[r]; J->l_tr[off + r] = w->l[r]; }
+  }
+}
 
 static inline __attribute__((always_inline)) void fused_block(
     const fused_job *J, int64_t b, int64_t qb0, float *s, float *pc, float *pv,
-    float *m_safe, float *alpha, const int base2, const int cast) {
-  const int64_t bm = J->bm, bn = J->bn, d = J->d, dv = J->dv, nrow = J->n_qb * bm;
-  const int64_t nqb = J->g < J->n_qb - qb0 ? J->g : J->n_qb - qb0;
-  const int R = (int) (nqb * bm), ibn = (int) bn, id = (int) d, idv = (int) dv;
-  const int64_t r0 = qb0 * bm, row0 = b * nrow + r0;
+    float *alpha, const int base2, const int cast) {
+  const int64_t bn = J->bn, d = J->d, dv = J->dv;
+  const fused_rows w = job_rows(J, b, qb0);
+  const int R = (int) w.R, ibn = (int) bn, id = (int) d, idv = (int) dv;
   const float one = 1.0f, zero = 0.0f;
-  const float *q = J->q + row0 * d;
-  float *m = J->m + row0, *l = J->l + row0, *o = J->o + row0 * dv;
-  int64_t *nr = J->n_resc + row0;
-  const int64_t *perm = J->perm + ((J->perm_b ? b : 0) * J->n_qb + qb0) * J->n_kb;
-  for (int64_t r = 0; r < R; ++r) { m[r] = -INFINITY; l[r] = 0.0f; nr[r] = 0; }
-  for (int64_t e = 0; e < R * dv; ++e) o[e] = 0.0f;
   for (int64_t t = 0; t < J->n_kb; ++t) {
-    const int64_t j = perm[t];
+    const int64_t j = w.perm[t];
     const float *kj = J->k + (b * J->n_kb + j) * bn * d;
     const float *vj = J->v + (b * J->n_kb + j) * bn * dv;
-    J->gemm("T", "N", &ibn, &R, &id, &one, kj, &id, q, &id, &zero, s, &ibn);
-    for (int64_t r = 0; r < R; ++r) {
-      float *sr = s + r * bn, *pr = pc + r * bn;
-      int64_t nv = J->vis[r0 + r] - j * bn;  /* visible columns of this row */
-      nv = nv < 0 ? 0 : nv > bn ? bn : nv;
-      /* s = fl(S scale), -inf past the visible prefix */
-      for (int64_t c = 0; c < nv; ++c) sr[c] = sr[c] * J->scale;
-      for (int64_t c = nv; c < bn; ++c) sr[c] = -INFINITY;
-      /* its row max, NaN if any logit is NaN (torch.amax): a max is exact in any order, so
-         it is taken on the floats' bits mapped to integers of the same order (a reduction
-         that vectorises; the mapping puts -0 below +0, and S is never -0: the GEMM sums
-         from +0) */
-      int32_t km = INT32_MIN;
-      uint32_t nan = 0;
-      for (int64_t c = 0; c < bn; ++c) {
-        const uint32_t b = bits32(sr[c]);
-        const int32_t key = (int32_t) (b ^ ((uint32_t) ((int32_t) b >> 31) >> 1));
-        km = key > km ? key : km;
-        nan |= (b & 0x7fffffffu) > 0x7f800000u;
-      }
-      float mb = from32((uint32_t) km ^ ((uint32_t) (km >> 31) >> 1));
-      if (nan) mb = NAN;
-      /* the state: torch.maximum (NaN if either is), lazy_max, grew, finite_or_zero */
-      const float a = m[r];
-      float mn = (a != a || mb != mb) ? a + mb : (mb > a ? mb : a);
-      if (J->lazy && a - a == 0.0f && mn - a <= J->tau) mn = a;
-      nr[r] += (mn > a) & (a - a == 0.0f);
-      const float ms = mn - mn == 0.0f ? mn : 0.0f;
-      m[r] = mn;
-      m_safe[r] = ms;
-      alpha[r] = exp_round(a - ms, base2);
-      if (cast) {
-#pragma omp simd
-        for (int64_t c2 = 0; c2 < bn; ++c2) {
-          const float p = exp_round(sr[c2] - ms, base2);
-          sr[c2] = p;
-          pr[c2] = cast == 1 ? round_bf16(p) : round_f16(p);
-        }
-      } else {
-#pragma omp simd
-        for (int64_t c2 = 0; c2 < bn; ++c2) sr[c2] = exp_round(sr[c2] - ms, base2);
-      }
-      const float lb = torch_rowsum(J->l_from_cast && cast ? pr : sr, bn);
-      const float la = l[r] * alpha[r];
-      l[r] = la + lb;
-    }
+    J->gemm("T", "N", &ibn, &R, &id, &one, kj, &id, w.q, &id, &zero, s, &ibn);
+    for (int64_t r = 0; r < R; ++r)
+      row_step(J, w.r0 + r, j, s + r * bn, pc + r * bn, w.m + r, w.l + r, w.nr + r, alpha + r,
+               base2, cast);
     J->gemm("N", "N", &idv, &R, &ibn, &one, vj, &idv, J->cast ? pc : s, &ibn, &zero, pv, &idv);
     for (int64_t r = 0; r < R; ++r) {
       const float ar = alpha[r];
-      float *orow = o + r * dv;
+      float *orow = w.o + r * dv;
       const float *prow = pv + r * dv;
 #pragma omp simd
       for (int64_t c = 0; c < dv; ++c) {
@@ -348,10 +381,7 @@ static inline __attribute__((always_inline)) void fused_block(
         orow[c] = x + prow[c];
       }
     }
-    if (J->m_tr) {
-      const int64_t off = t * J->B * nrow + row0;
-      for (int64_t r = 0; r < R; ++r) { J->m_tr[off + r] = m[r]; J->l_tr[off + r] = l[r]; }
-    }
+    trace_step(J, &w, t);
   }
 }
 
@@ -365,19 +395,157 @@ void fn_fused_forward(const fused_job *J, int nthreads) {
     float *buf = aligned_alloc(64, ((2 * rows * J->bn + rows * J->dv + 2 * rows) * 4 + 63)
                                        / 64 * 64);
     float *s = buf, *pc = s + rows * J->bn, *pv = pc + rows * J->bn;
-    float *m_safe = pv + rows * J->dv, *alpha = m_safe + rows;
+    float *alpha = pv + rows * J->dv;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t job = 0; job < jobs; ++job) {
       const int64_t b = job / n_groups, qb0 = (job % n_groups) * J->g;
       switch (J->base2 * 3 + J->cast) {  /* each loop compiled for its constants */
-        case 0: fused_block(J, b, qb0, s, pc, pv, m_safe, alpha, 0, 0); break;
-        case 1: fused_block(J, b, qb0, s, pc, pv, m_safe, alpha, 0, 1); break;
-        case 2: fused_block(J, b, qb0, s, pc, pv, m_safe, alpha, 0, 2); break;
-        case 3: fused_block(J, b, qb0, s, pc, pv, m_safe, alpha, 1, 0); break;
-        case 4: fused_block(J, b, qb0, s, pc, pv, m_safe, alpha, 1, 1); break;
-        default: fused_block(J, b, qb0, s, pc, pv, m_safe, alpha, 1, 2); break;
+        case 0: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 0); break;
+        case 1: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 1); break;
+        case 2: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 2); break;
+        case 3: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 0); break;
+        case 4: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 1); break;
+        default: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 2); break;
       }
     }
     free(buf);
   }
+}
+
+
+/* ---------------------------------------------------------------------------------------
+   The same loop with its own tile GEMMs, on CPUs with AVX-512 (x86-64-v4).
+
+   For these shapes the library's sgemm computes each element of C = A B as one chain of
+   fused multiply-adds over k in order, from +0: c = fma(a[i][k], b[k][j], c), k = 0, 1, ...
+   (fused.py's `_agrees` checks, once per shape, that fn_chain_gemm below gives
+   torch.matmul's bits on values of a wide range and with signed zeros). chain_panel performs
+   that chain for MR rows by NV vectors of 16 columns held in registers, so that a panel of
+   query rows goes through S = Q K_j^T, its softmax step and O = O alpha + P V_j while it is
+   in the first-level cache, with no call into the library and no pass through memory. */
+#include <immintrin.h>
+#define V4 __attribute__((target("arch=x86-64-v4")))
+#define PANEL 48 /* rows per panel: a multiple of every MR below */
+
+/* the rows held at once for NV vectors of columns: MR NV accumulators, NV of B, 1 of A */
+#define MR_OF(NV) ((NV) <= 2 ? 8 : (NV) <= 4 ? 6 : (NV) <= 6 ? 4 : 3)
+
+/* C[r][:N] = sum_k A[r][k] B[k][:N] for r < mr (<= MR), as a chain of FMAs from +0; with
+   rescale, C[r] = fl(C[r] alpha[r]) + that sum (o.mul_(alpha).add_(pv): two roundings). */
+static inline __attribute__((always_inline)) V4 void chain_panel(
+    const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K, int64_t N, float *c,
+    int64_t ldc, const float *alpha, int mr, const int NV, const int MR, const int rescale) {
+  const int64_t last = N - 16 * (NV - 1);
+  const __mmask16 tail = last >= 16 ? (__mmask16) 0xffff : (__mmask16) ((1u << last) - 1);
+  __m512 acc[8][8];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    __m512 bv[8];
+    for (int v = 0; v < NV; ++v)
+      bv[v] = v < NV - 1 ? _mm512_loadu_ps(b + k * ldb + 16 * v)
+                         : _mm512_maskz_loadu_ps(tail, b + k * ldb + 16 * v);
+    for (int r = 0; r < MR; ++r) {
+      if (r < mr) {
+        const __m512 ar = _mm512_set1_ps(a[r * lda + k]);
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    if (r >= mr) break;
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 mk = v < NV - 1 ? (__mmask16) 0xffff : tail;
+      float *cr = c + r * ldc + 16 * v;
+      __m512 x = acc[r][v];
+      if (rescale) {
+        const __m512 o = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, cr), _mm512_set1_ps(alpha[r]));
+        x = _mm512_add_ps(o, x);
+      }
+      _mm512_mask_storeu_ps(cr, mk, x);
+    }
+  }
+}
+
+/* rows x N of C = A B (or C = C alpha + A B), MR rows at a time; N <= 128 */
+#define CHAIN_CASE(NV) \
+  case NV: \
+    for (int64_t r = 0; r < rows; r += MR_OF(NV)) { \
+      const int mr = rows - r < MR_OF(NV) ? (int) (rows - r) : MR_OF(NV); \
+      chain_panel(a + r * lda, lda, b, ldb, K, N, c + r * ldc, ldc, alpha ? alpha + r : 0, mr, \
+                  NV, MR_OF(NV), rescale); \
+    } \
+    break;
+
+static V4 void chain_rows(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K,
+                          int64_t N, float *c, int64_t ldc, const float *alpha, int64_t rows,
+                          const int rescale) {
+  if (rescale) {
+    switch ((N + 15) / 16) { CHAIN_CASE(1) CHAIN_CASE(2) CHAIN_CASE(3) CHAIN_CASE(4)
+                             CHAIN_CASE(5) CHAIN_CASE(6) CHAIN_CASE(7) CHAIN_CASE(8) }
+  } else {
+    switch ((N + 15) / 16) { CHAIN_CASE(1) CHAIN_CASE(2) CHAIN_CASE(3) CHAIN_CASE(4)
+                             CHAIN_CASE(5) CHAIN_CASE(6) CHAIN_CASE(7) CHAIN_CASE(8) }
+  }
+}
+
+/* C (M x N) = A (M x K) B (K x N), all row-major, through chain_rows: what fused.py compares
+   with torch.matmul; 0 if N is over 128 or the CPU has no AVX-512 (nothing written). */
+int fn_chain_gemm(const float *a, const float *b, float *c, int64_t M, int64_t N, int64_t K) {
+  if (N > 128 || !__builtin_cpu_supports("avx512f")) return 0;
+  chain_rows(a, K, b, N, K, N, c, N, 0, M, 0);
+  return 1;
+}
+
+static inline __attribute__((always_inline)) V4 void fused_panels(
+    const fused_job *J, int64_t b, int64_t qb0, float *s, float *pc, float *alpha,
+    const int base2, const int cast) {
+  const int64_t bn = J->bn, d = J->d, dv = J->dv;
+  const fused_rows w = job_rows(J, b, qb0);
+  float *p = cast ? pc : s;
+  for (int64_t t = 0; t < J->n_kb; ++t) {
+    const int64_t j = w.perm[t];
+    const float *ktj = J->kt + (b * J->n_kb + j) * d * bn;
+    const float *vj = J->v + (b * J->n_kb + j) * bn * dv;
+    for (int64_t r0 = 0; r0 < w.R; r0 += PANEL) {
+      const int64_t h = w.R - r0 < PANEL ? w.R - r0 : PANEL;
+      chain_rows(w.q + r0 * d, d, ktj, bn, d, bn, s, bn, 0, h, 0);
+      for (int64_t r = 0; r < h; ++r)
+        row_step(J, w.r0 + r0 + r, j, s + r * bn, pc + r * bn, w.m + r0 + r, w.l + r0 + r,
+                 w.nr + r0 + r, alpha + r, base2, cast);
+      chain_rows(p, bn, vj, dv, bn, dv, w.o + r0 * dv, dv, alpha, h, 1);
+    }
+    trace_step(J, &w, t);
+  }
+}
+
+/* fn_fused_forward with the own tile GEMMs; 0 if this CPU has no AVX-512 or a width is over
+   128 (nothing run), else 1 */
+int fn_fused_forward_v4(const fused_job *J, int nthreads);
+static V4 void fused_v4(const fused_job *J, int nthreads) {
+  const int64_t n_groups = (J->n_qb + J->g - 1) / J->g, jobs = J->B * n_groups;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+  {
+    float *buf = aligned_alloc(64, (2 * PANEL * J->bn + PANEL) * 4 / 64 * 64 + 64);
+    float *s = buf, *pc = s + PANEL * J->bn, *alpha = pc + PANEL * J->bn;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t job = 0; job < jobs; ++job) {
+      const int64_t b = job / n_groups, qb0 = (job % n_groups) * J->g;
+      switch (J->base2 * 3 + J->cast) {  /* each loop compiled for its constants */
+        case 0: fused_panels(J, b, qb0, s, pc, alpha, 0, 0); break;
+        case 1: fused_panels(J, b, qb0, s, pc, alpha, 0, 1); break;
+        case 2: fused_panels(J, b, qb0, s, pc, alpha, 0, 2); break;
+        case 3: fused_panels(J, b, qb0, s, pc, alpha, 1, 0); break;
+        case 4: fused_panels(J, b, qb0, s, pc, alpha, 1, 1); break;
+        default: fused_panels(J, b, qb0, s, pc, alpha, 1, 2); break;
+      }
+    }
+    free(buf);
+  }
+}
+
+int fn_fused_forward_v4(const fused_job *J, int nthreads) {
+  if (J->bn > 128 || J->dv > 128 || !__builtin_cpu_supports("avx512f")) return 0;
+  fused_v4(J, nthreads);
+  return 1;
 }

@@ -159,6 +159,9 @@ def _open(path: Path) -> ctypes.CDLL:
     lib.fn_torch_rowsum.restype = lib.fn_fused_forward.restype = None
     lib.fn_torch_rowsum.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
     lib.fn_fused_forward.argtypes = [ctypes.c_void_p, ctypes.c_int]  # flashnum.engine.fused
+    lib.fn_fused_forward_v4.restype = lib.fn_chain_gemm.restype = ctypes.c_int
+    lib.fn_fused_forward_v4.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.fn_chain_gemm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
     return lib
 
 
