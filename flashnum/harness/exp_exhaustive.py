@@ -1,6 +1,6 @@
 """Exhaustive check of the exp site: every float32 argument, native kernel against torch;
 the table of the experiment exp_exhaustive (conf/table/exp_exhaustive.yaml; README and
-docs/engine.md quote it through flashnum.figures.quantities and tests/test_claims.py).
+docs/engine.md quote it through flashnum.figures.quantities and flashnum.figures.docs).
 
     python -m flashnum.run experiment=exp_exhaustive      # every argument, minutes
 

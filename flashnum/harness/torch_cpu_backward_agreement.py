@@ -1,6 +1,6 @@
 """How exactly attention_backward(policy="torch_cpu") reproduces torch's CPU SDPA backward:
 the table of the experiment torch_cpu_backward (conf/table/torch_cpu_backward.yaml;
-docs/audit.md and README quote it, tests/test_claims_torch_cpu_backward.py checks them).
+docs/audit.md and README quote it through flashnum.figures.docs, tests/test_quoted.py).
 
     python -m flashnum.run experiment=torch_cpu_backward
 

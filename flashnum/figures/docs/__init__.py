@@ -21,16 +21,19 @@ from flashnum.figures.docs import (
     audit,
     backward,
     bounds,
+    engine,
     experiments,
     formats,
     kernel,
+    reference,
     reproductions,
     trained,
 )
 from flashnum.figures.quantities import QUANTITIES
 
-PASSAGES = {**audit.PASSAGES, **backward.PASSAGES, **bounds.PASSAGES, **experiments.PASSAGES,
-            **formats.PASSAGES, **kernel.PASSAGES, **reproductions.PASSAGES, **trained.PASSAGES}
+PASSAGES = {**audit.PASSAGES, **backward.PASSAGES, **bounds.PASSAGES, **engine.PASSAGES,
+            **experiments.PASSAGES, **formats.PASSAGES, **kernel.PASSAGES, **reference.PASSAGES,
+            **reproductions.PASSAGES, **trained.PASSAGES}
 QUOTED = {**QUANTITIES, **PASSAGES}
 
 

@@ -1,5 +1,6 @@
 """What docs/backward.md quotes about the backward pass: its tables and findings as passages
-rebuilt from experiments/bwd_bf16_sweep, bwd_order, bwd_delta_site and bwd_seqlen_growth.
+rebuilt from experiments/bwd_bf16_sweep, bwd_order, bwd_delta_site and bwd_seqlen_growth,
+and the backward's benchmark (bench/results/backward.json, python bench/bench_backward.py).
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from flashnum.figures.docs.digits import g2, sci
-from flashnum.figures.docs.sources import table
+from flashnum.figures.docs.sources import bench, table
 from flashnum.figures.quoting import Passage, require
 
 GRADS = ("dq", "dk", "dv")
@@ -165,11 +166,36 @@ def bwd_growth_table(F):
     return rows
 
 
+
+def bwd_bench_docs(F):
+    b = bench(F, "backward")
+    s, c = b["speed"], b["certified"]
+    mem = {m["n"]: m for m in b["memory"]}
+    mb = lambda n: f"{mem[n]['peak_rss_over_base_gib'] * 1024:.0f} MB"  # noqa: E731
+    require(c["uncertain"] == 0 and c["max_prec"] == 128,
+            "the certified backward was certain everywhere at 128 bits")
+    peak = {n: m["peak_rss_over_base_gib"] for n, m in mem.items()}
+    fb = s["torch_fp32_sdpa_forward_backward_s"]
+    return [f"load average {b['load_average']:.1f}, recorded in the file",
+            f"| {s['emulate_bf16_fa2_backward_s']:.2f} s vs {s['torch_fp32_sdpa_backward_s']:.2f} "
+            f"s (backward alone): ratio {s['ratio_vs_backward']:.2f}; vs forward + backward "
+            f"{fb:.2f} s: {s['ratio_vs_forward_backward']:.2f} |",
+            f"| {mb(2048)} (N=2048), {mb(4096)} (4096), {mb(8192)} (8192), {mb(16384)} (16384), "
+            f"{mb(65536)} (65536, `--only memory --sizes 65536`: "
+            f"{mem[65536]['backward_cpu_s']:.0f} s of CPU for the call): linear; an N x N fp32 "
+            f"matrix is {mem[16384]['n_by_n_fp32_gib']:.0f} GiB at 16384, "
+            f"{mem[65536]['n_by_n_fp32_gib']:.0f} GiB at 65536",
+            f"| {c['wall_s']:.1f} s wall ({c['cpu_s']:.1f} s CPU); 128 bits sufficed",
+            f"is {peak[65536] / peak[16384]:.1f}x that at N = 16384"]
+
+
 PASSAGES = {
     "BwdSweep": Passage("docs/backward.md: bwd_bf16_sweep's table and findings, "
                         "bwd_delta_site's dQ errors", bwd_sweep_docs),
     "BwdOrder": Passage("docs/backward.md: bwd_order", bwd_order_docs),
     "BwdGrowth": Passage("docs/backward.md: bwd_seqlen_growth's findings", bwd_growth_docs),
+    "BwdBench": Passage("docs/backward.md: the backward's speed, memory and certified "
+                        "reference (bench/results/backward.json)", bwd_bench_docs),
     "BwdGrowthTable": Passage("docs/backward.md: bwd_seqlen_growth's fitted exponents, median "
                               "[min, max] over the seeds", bwd_growth_table),
 }
