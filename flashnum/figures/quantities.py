@@ -266,6 +266,41 @@ def _min_or_nan(s) -> float:
     return float(s.min()) if len(s) else math.nan
 
 
+def _bwd_speed(key: Callable[[dict], object]) -> Callable[[object], object]:
+    """A figure of the backward benchmark's speed part (bench/bench_backward.py)."""
+    def value(F):
+        r = _bench(F, "backward")
+        return None if r is None or "cpu_model" not in r else key(r)
+    return value
+
+
+_BWD = "bench/results/backward.json"
+_BWD_BENCH = {
+    **{f"BwdBench{k}": Quantity(f"{_BWD}: {w}", _bwd_speed(f), md=fixed(2), paper=False)
+       for k, w, f in (
+           ("Seconds", "the fused bf16 fa2 backward, 8 x 4096 x 64, best wall s",
+            lambda r: r["speed"]["emulate_bf16_fa2_backward_s"]),
+           ("TorchSeconds", "torch's fp32 SDPA backward, best wall s",
+            lambda r: r["speed"]["torch_fp32_sdpa_backward_s"]),
+           ("Ratio", "the fused backward / torch's fp32 SDPA backward",
+            lambda r: r["speed"]["ratio_vs_backward"]),
+           ("RatioFwdBwd", "the fused backward / torch's fp32 SDPA forward + backward",
+            lambda r: r["speed"]["ratio_vs_forward_backward"]),
+           ("CpuRatio", "the same ratio in one-thread process CPU time",
+            lambda r: r["speed"]["cpu_ratio_one_thread"]),
+           ("LoopRatio", "the torch loop (fused off) / torch's fp32 SDPA backward",
+            lambda r: r["speed"]["ratio_torch_loop"]))},
+    **{f"BwdBenchLoad{k}": Quantity(f"{_BWD}: {w} load average before and after the speed part",
+                                    _bwd_speed(lambda r, how=how: how(
+                                        r["load_average_before"][0],
+                                        r["load_average_after"][0])),
+                                    md=fixed(1), paper=False)
+       for k, w, how in (("Min", "the lower", min), ("Max", "the higher", max))},
+    "BwdBenchCpu": Quantity(f"{_BWD}: the CPU model", _bwd_speed(lambda r: r["cpu_model"]),
+                            md=str, paper=False),
+}
+
+
 _PROTOCOL = "experiments/fa3_protocol"
 QUANTITIES = {
     "SweepCases": Quantity("rows in bf16_sweep", _rows("bf16_sweep"), md=count),
@@ -397,6 +432,7 @@ QUANTITIES = {
                        ("RatioMax", "largest per-seed ratio",
                         lambda r: r["summary"]["ratio"]["max"]),
                        ("Published", "the published ratio", lambda r: r["published_ratio"]))},
+    **_BWD_BENCH,
 }
 
 
