@@ -98,7 +98,6 @@ from flashnum.figures.lowprec import (
 from flashnum.figures.numbers import (
     EXPERIMENTS,
     NUMBERS,
-    fa3_protocol,
     quantities,
     write_numbers,
 )
@@ -170,7 +169,6 @@ def generate(experiments=None, out=None) -> Figures:
     for name in REPROS:
         tab_repro(F, name)
     quantities(F)
-    fa3_protocol(F)
     write_numbers(F, PLOTS)
     return F
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from flashnum.figures.quantities import QUANTITIES
 from flashnum.figures.tex import tex_name
-from flashnum.harness.fa3_protocol import summary as fa3_summary
 
 _RUN = "python -m flashnum.run experiment={}"
 _REPRO = "python -m flashnum.run experiment=repro_{}"
@@ -222,7 +221,8 @@ NUMBERS = {
     "FaThreeJointN": "repro_fa3_table3: N of the best single protocol for all rows",
     "FaThreeJointD": "repro_fa3_table3: head dim of the best single protocol for all rows",
     "FaThreeDisagreements": "repro_fa3_table3: the rows off by more than AgreeFactor",
-    **{k: q.what for k, q in QUANTITIES.items() if k.startswith("FaThreeProtocol")},
+    **{k: q.what for k, q in QUANTITIES.items()
+       if k.startswith("FaThreeProtocol") and not q.fact},
     "GoldenPublished": "repro_is_flash_stable: the published flash / standard ratio",
     **{f"Golden{w}{k}": f"repro_is_flash_stable: {d}, {p}"
        for k, p in (("Fa", "fa2"), ("Lowp", "lowp"))
@@ -255,8 +255,7 @@ FACTS = {
     "FaThreeJoint": "repro_fa3_table3: one protocol was matched to all rows",
     "FaThreePublished": "repro_fa3_table3: some row has a published number",
     "FaThreeDisagree": "repro_fa3_table3: some row is off by more than AgreeFactor",
-    "FaThreeProtocolMeasured": "experiments/fa3_protocol exists",
-    "FaThreeProtocolInside": "the published ratio lies inside the per-seed range",
+    **_quoted("FaThreeProtocolMeasured", "FaThreeProtocolInside"),
     "GoldenLengthFa": "repro_is_flash_stable: the length sweep has fa2 rows",
     "GoldenLengthLowp": "repro_is_flash_stable: the length sweep has lowp rows",
     "GoldenMatched": "repro_is_flash_stable: some policy and N within AgreeFactor of the "
@@ -290,22 +289,9 @@ FACTS = {
     "PcastAgrees": "repro_fp8_pcast: every gain within AgreeFactor of the published range",
     "PcastLarger": "repro_fp8_pcast: the median gain lies above the published range",
     "TrainedSink": "trained_model_stats: some head's mean probability on key 0 is >= 0.1",
-    # the named yes/nos the paper branches on (flashnum.figures.quantities)
+    # the named yes/nos not listed above (flashnum.figures.quantities)
     **{k: q.what for k, q in QUANTITIES.items() if q.paper and q.fact},
 }
-
-
-def fa3_protocol(F) -> None:
-    """Whether FA3's fp16 pair was measured at the protocol fixed in advance
-    (experiments/fa3_protocol), and whether the published ratio lies inside its per-seed
-    range; its numbers are quantities (flashnum.figures.quantities)."""
-    df = F.table("fa3_protocol")
-    if df is None:
-        return
-    r = fa3_summary(df)
-    F.fact("FaThreeProtocolMeasured", True)
-    F.fact("FaThreeProtocolInside",
-           r["summary"]["ratio"]["min"] <= r["published_ratio"] <= r["summary"]["ratio"]["max"])
 
 
 def quantities(F) -> None:

@@ -87,6 +87,20 @@ def _qiu_yao_z(variant: str) -> Callable[[object], object]:
     return value
 
 
+def _fa3_measured(F):
+    """Whether the protocol fixed in advance was measured (None: it was not)."""
+    return None if F.table("fa3_protocol") is None else True
+
+
+def _fa3_inside(F):
+    """Whether the published ratio lies inside the per-seed range of the protocol's ratio."""
+    df = F.table("fa3_protocol")
+    if df is None:
+        return None
+    r = fa3_summary(df)
+    return r["summary"]["ratio"]["min"] <= r["published_ratio"] <= r["summary"]["ratio"]["max"]
+
+
 def _fa3_published(row: str) -> Callable[[object], object]:
     """The published number of one row of FA3's Table 3 (repro_fa3_table3)."""
     def value(F):
@@ -407,6 +421,10 @@ QUANTITIES = {
                                  _pcast("reverse", "ratio_vs_forward_same_scale", how, 12),
                                  md=two, paper=False)
        for k, w, how in (("Min", "smallest", min), ("Max", "largest", max))},
+    "FaThreeProtocolMeasured": Fact("experiments/fa3_protocol exists", _fa3_measured,
+                                    "measured", "not measured", paper=True),
+    "FaThreeProtocolInside": Fact("the published ratio lies inside the per-seed range",
+                                  _fa3_inside, "inside", "outside", paper=True),
     "FaThreeProtocolN": Quantity(f"{_PROTOCOL}: N", _fa3(lambda r: r["protocol"]["n"]),
                                  tex=sig(4)),
     **{f"FaThreeProtocol{k}": Quantity(f"{_PROTOCOL}: {w}", _fa3(f), tex=str)
