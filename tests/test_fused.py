@@ -118,7 +118,8 @@ def test_the_row_sum_is_torch_s_float_sum_in_its_order(n):
 @pytest.mark.parametrize("kw,why", [
     (dict(variant="fa1"), "variant fa1"),
     (dict(variant="qiu_yao"), "variant qiu_yao"),
-    (dict(policy="lowp"), "not fp32"),
+    (dict(policy="uniform"), "not fp32"),
+    (dict(policy="lowp", precision="fp8_e4m3"), "not fp32"),
     (dict(precision="tf32"), "not fp32"),
     (dict(rounding="stochastic"), "not fp32"),
 ])
@@ -139,15 +140,17 @@ def test_what_it_does_not_claim_goes_to_the_torch_path_and_says_why(monkeypatch,
     assert fused.claim(run_, tiles, "fa2") == "disabled"
 
 
-def test_the_engine_benchmark_case_is_claimed():
-    # bench/bench_engine.py's case: bf16 fa2, 64 x 64 blocks, d = 64
+@pytest.mark.parametrize("policy,precision", [("fa2", "bf16"), ("lowp", "bf16"),
+                                              ("lowp", "fp16")])
+def test_the_engine_benchmark_case_is_claimed(policy, precision):
+    # bench/bench_engine.py's case: bf16 fa2, 64 x 64 blocks, d = 64; and lowp's sites
     from flashnum.engine.arith import Arith, carrier
     from flashnum.engine.recurrence import Run
     from flashnum.engine.tiles import Tiles
     from flashnum.engine.variants import FA2
     from flashnum.numerics.policy import make_policy
 
-    pol = make_policy("fa2", "bf16")
+    pol = make_policy(policy, precision)
     run_ = Run(Arith(pol, "nearest", 0, carrier(pol)), variant=FA2(), f_diff=None, tall=True)
     x = torch.zeros(8, 64, 64, 64)
     assert fused.claim(run_, Tiles(x, x, x, 4096, 4096), "fa2") is None
@@ -155,7 +158,11 @@ def test_the_engine_benchmark_case_is_claimed():
 
 @pytest.mark.parametrize("d,block_n,block_m", [(16, 16, 16), (40, 48, 32), (64, 64, 64),
                                                (72, 80, 48), (128, 128, 64), (64, 256, 64)])
-def test_the_loop_s_own_tile_gemms_give_torch_s_bits_for_every_width(d, block_n, block_m):
+@pytest.mark.parametrize("precision,policy,variant", [("bf16", "fa2", "fa2"),
+                                                      ("bf16", "lowp", "exp2"),
+                                                      ("fp16", "lowp", "lazy")])
+def test_the_loop_s_own_tile_gemms_give_torch_s_bits_for_every_width(
+        d, block_n, block_m, precision, policy, variant):
     # native.c's own tile GEMMs (AVX-512) hold up to 8 vectors of 16 columns, the last one
     # partial for widths that are not multiples of 16; wider blocks take the library's sgemm.
     # Ragged lengths, causal masking and a zero query row (a sum that starts from +0).
@@ -174,9 +181,9 @@ def test_the_loop_s_own_tile_gemms_give_torch_s_bits_for_every_width(d, block_n,
         fused.set_enabled(on)
         try:
             flashnum.engine.flash.fused_forward = spy
-            outs.append(flashnum.attention(q, k, v, precision="bf16", policy="fa2",
-                                           block_m=block_m, block_n=block_n, causal=True,
-                                           trace=True))
+            outs.append(flashnum.attention(q, k, v, precision=precision, policy=policy,
+                                           variant=variant, block_m=block_m, block_n=block_n,
+                                           causal=True, trace=True))
         finally:
             flashnum.engine.flash.fused_forward = real
             fused.set_enabled(True)
@@ -185,3 +192,30 @@ def test_the_loop_s_own_tile_gemms_give_torch_s_bits_for_every_width(d, block_n,
     for f in ("out", "m", "l", "lse", "n_rescales"):
         assert same_bits(getattr(on, f), getattr(off, f)), f
     assert same_bits(on.trace.m, off.trace.m) and same_bits(on.trace.l, off.trace.l)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("base2", [False, True])
+def test_the_narrow_exp_site_is_the_torch_path_s_on_every_input_of_its_format(precision,
+                                                                              base2):
+    # lowp rounds exp's argument into the format first, so its 2^16 values are every input
+    # the C loop's exp site meets; Arith.exp (float64 exp, Format.round) is the oracle
+    assert fused._exp_agrees(fused.SITES[precision], base2)
+
+
+def test_lowp_is_claimed_and_the_library_sgemm_path_gives_the_same_bits(monkeypatch):
+    # the loop without its own GEMMs (CPUs without AVX-512) rounds at the same sites
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 3, 130, 32, generator=g) * 4 for _ in range(3))
+    kw = dict(precision="bf16", policy="lowp", block_m=32, block_n=32, trace=True)
+    want = flashnum.attention(q, k, v, **kw)
+    monkeypatch.setattr(fused, "_own_gemm", lambda bn, dv: False)
+    fused.set_enabled(False)
+    try:
+        off = flashnum.attention(q, k, v, **kw)
+    finally:
+        fused.set_enabled(True)
+    lib = flashnum.attention(q, k, v, **kw)
+    for f in ("out", "m", "l", "n_rescales"):
+        assert same_bits(getattr(want, f), getattr(off, f)), f
+        assert same_bits(getattr(lib, f), getattr(off, f)), f

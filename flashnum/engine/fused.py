@@ -25,8 +25,12 @@ order, so it changes no bit of any result:
   - every fp32 operation is the one IEEE operation the steps perform (-ffp-contract=off).
 
 `claim` is the one place that decides what the fused path runs: fa2, exp2 and lazy on the
-fp32 carrier with every large-tensor site fp32 (fast.in_place_ok), fp32 GEMM accumulators,
-P cast to fp32, bf16 or fp16, any key order, causal or not, with or without a trace.
+fp32 carrier with fp32 GEMM accumulators, any key order, causal or not, with or without a
+trace, and either every large-tensor site fp32 (fast.in_place_ok) with P cast to fp32,
+bf16 or fp16, or (lowp) s, m, P, its cast, l and o all bf16 or all fp16 with l_acc fp32.
+There every value is rounded where recurrence.fa2_step rounds it (native.c's `site`),
+and the exp site is the float64 exp rounded once into the format, checked once per
+format against Arith.exp on all 2^16 inputs it can meet (`_exp_agrees`).
 Anything else, or no compiler/library, or FLASHNUM_FUSED=0, goes to the torch path.
 tests/test_fused.py checks the two bit for bit over the shipped experiments' grids.
 """
@@ -49,6 +53,7 @@ from flashnum.numerics.tiling import visible_count
 # the running-max rules the C loop performs (flashnum.engine.variants: fa2, exp2, lazy)
 MAX_RULES = ("max", "lazy")
 CASTS = {"fp32": 0, "bf16": 1, "fp16": 2}  # P casts it rounds itself (native.c)
+SITES = {"bf16": 1, "fp16": 2}  # one narrow format at every softmax site (lowp; native.c)
 # torch's CPU capabilities whose float sum native.c repeats: 8-lane Vectorized<float> (the
 # AVX-512 build has no AVX-512 copy of the sum kernel and runs the AVX2 one; measured, and
 # checked per shape by _agrees)
@@ -67,7 +72,8 @@ class _Job(ctypes.Structure):
                                          "perm_b")]
         + [("scale", ctypes.c_float), ("tau", ctypes.c_float)]
         + [(n, ctypes.c_int) for n in ("lazy", "base2", "cast", "l_from_cast")]
-        + [(n, ctypes.c_void_p) for n in ("m", "l", "o", "m_tr", "l_tr", "n_resc", "kt")])
+        + [(n, ctypes.c_void_p) for n in ("m", "l", "o", "m_tr", "l_tr", "n_resc", "kt")]
+        + [("sites", ctypes.c_int)])
 
 
 def set_enabled(flag: bool) -> None:
@@ -144,6 +150,42 @@ def _agrees(rows: int, bm: int, bn: int, d: int, dv: int) -> bool:
             and torch.equal(sums, s.sum(-1)))
 
 
+def _sites(ar) -> int | None:
+    """native.c's F: 0 when s, m, p, l_acc, l and o are fp32 (fa2's softmax state); 1 or 2
+    when s, m, p, P's cast, l and o are all bf16 or all fp16 and l_acc fp32 (lowp, every
+    site rounded on the fp32 carrier); None otherwise."""
+    if ar.dtype is not torch.float32 or ar.stochastic:
+        return None
+    if in_place_ok(ar):
+        return 0
+    f = ar.fmt("s")
+    if (getattr(f, "name", None) in SITES and not f.saturate and is_fp32(ar.fmt("l_acc"))
+            and all(ar.fmt(x) == f for x in ("m", "p", "p_cast", "l", "o"))):
+        return SITES[f.name]
+    return None
+
+
+@functools.cache
+def _exp_agrees(sites: int, base2: bool) -> bool:
+    """Whether native.c's exp site into bf16 (fp16) gives Arith.exp's value (the float64 exp
+    rounded once by Format.round) on every one of the format's 2^16 values: the exp's
+    argument is rounded into that format first (the s - m and m_old - m sites), so this
+    is every input it can meet."""
+    from flashnum.engine.arith import Arith
+    from flashnum.numerics.policy import make_policy
+
+    name = {v: k for k, v in SITES.items()}[sites]
+    codes = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16)
+    x = (codes.view(torch.bfloat16) if name == "bf16" else codes.view(torch.float16)).float()
+    pol = make_policy("lowp", name)
+    want = Arith(pol, "nearest", 0, torch.float32).exp(x, pol.fmt("p"), base2)
+    got = torch.empty_like(x)
+    native.library().fn_exp_site(x.data_ptr(), got.data_ptr(), x.numel(), int(base2), sites)
+    nan = torch.isnan(want)
+    return torch.equal(nan, torch.isnan(got)) and torch.equal(
+        want[~nan].view(torch.int32), got[~nan].view(torch.int32))
+
+
 def claim(run: Run, tiles: Tiles, variant: Variant | str) -> str | None:
     """None if the fused path runs this call bit-identically, else why it does not."""
     ar, variant = run.ar, variant_of(variant)
@@ -152,8 +194,10 @@ def claim(run: Run, tiles: Tiles, variant: Variant | str) -> str | None:
     if (variant.max_rule not in MAX_RULES or variant.normalised or variant.reads_logits
             or variant.floor(ar) is not None):
         return f"variant {variant.name}"
-    if not in_place_ok(ar) or not all(is_fp32(ar.fmt(x)) for x in ("qk_acc", "pv_acc")):
-        return "a large-tensor site or a GEMM accumulator is not fp32"
+    sites = _sites(ar)
+    if sites is None or not all(is_fp32(ar.fmt(x)) for x in ("qk_acc", "pv_acc")):
+        return ("a large-tensor site or a GEMM accumulator is not fp32 (nor, with fp32 "
+                "accumulators, are the softmax sites all one of bf16, fp16)")
     f_pc = ar.fmt("p_cast")
     if getattr(f_pc, "name", None) not in CASTS or getattr(f_pc, "saturate", False):
         return f"P cast to {f_pc}"
@@ -163,6 +207,8 @@ def claim(run: Run, tiles: Tiles, variant: Variant | str) -> str | None:
         return f"torch's CPU capability {torch.backends.cpu.get_cpu_capability()}"
     if not native.available() or _sgemm() is None:
         return "no native kernel or no library sgemm"
+    if sites and not _exp_agrees(sites, run.base2):
+        return f"the exp site in {ar.fmt('p')} is not reproduced here"
     bm, bn, d, dv = tiles.bm, tiles.bn, tiles.q.shape[-1], tiles.v.shape[-1]
     if not _agrees(_group(run, tiles) * bm, bm, bn, d, dv):
         return "the library's GEMM or torch's sum is not reproduced for these shapes"
@@ -187,6 +233,7 @@ def fused_forward(run: Run, tiles: Tiles, perm: torch.Tensor, scale_s: float, ca
     declines the call (the caller takes the torch path)."""
     if claim(run, tiles, variant) is not None:
         return None
+    sites = _sites(run.ar)
     B, n_qb, bm, d = tiles.q.shape
     n_kb, bn, dv = tiles.n_kb, tiles.bn, tiles.v.shape[-1]
     q, k, v = (x.contiguous() for x in (tiles.q, tiles.k, tiles.v))
@@ -205,10 +252,10 @@ def fused_forward(run: Run, tiles: Tiles, perm: torch.Tensor, scale_s: float, ca
         _sgemm(), q.data_ptr(), k.data_ptr(), v.data_ptr(), perm.data_ptr(), vis.data_ptr(),
         B, n_qb, bm, _group(run, tiles), n_kb, bn, d, dv, int(perm.shape[0] > 1),
         scale_s, tau, int(variant.max_rule == "lazy"), int(run.base2),
-        CASTS[run.ar.fmt("p_cast").name], int(run.ar.policy.l_from == "p_cast"),
+        0 if sites else CASTS[run.ar.fmt("p_cast").name], int(run.ar.policy.l_from == "p_cast"),
         m.data_ptr(), l.data_ptr(), o.data_ptr(),
         m_tr.data_ptr() if trace else None, l_tr.data_ptr() if trace else None,
-        n_resc.data_ptr(), None)
+        n_resc.data_ptr(), None, sites)
     lib, threads = native.library(), torch.get_num_threads()
     if _own_gemm(bn, dv):
         kt = tiles.k.transpose(-1, -2).contiguous()  # K_j^T of every key block: (d, bn)

@@ -43,9 +43,9 @@ static inline double from64(int64_t i) { b64 u = {.i = i}; return u.d; }
 static inline uint32_t bits32(float f) { b32 u = {.f = f}; return u.i; }
 static inline float from32(uint32_t i) { b32 u = {.i = i}; return u.f; }
 
-/* float64 exp (base2 = 0) or exp2 (base2 = 1) of a float32 value, rounded to fp32.
-   Branch-free, so that the loops below vectorise. */
-static inline float exp_round(float xf, int base2) {
+/* float64 exp (base2 = 0) or exp2 (base2 = 1) of a float32 value, before any rounding
+   into a narrower format. Branch-free, so that the loops below vectorise. */
+static inline double exp_eval(float xf, int base2) {
   const double x = xf;
   /* clamped to [lo, hi], where the fp32 result is already 0 or inf whatever the error
      below 1e-3: exp(-104) < 2^-150 (half the least subnormal) and exp(89) > 2^128
@@ -63,7 +63,12 @@ static inline float exp_round(float xf, int base2) {
   const double q = h * (C1 + h * (C2 + h * (C3 + h * C4)));
   /* 2^(k >> 8) is a normal double: multiplying by it is exact */
   const double sc = from64(((kb >> 8) + (1023 - BIAS / 256)) << 52);
-  float r = (float) ((t + t * q) * sc);
+  return (t + t * q) * sc;
+}
+
+/* exp_eval rounded to fp32, correctly (see the header) */
+static inline float exp_round(float xf, int base2) {
+  float r = (float) exp_eval(xf, base2);
   /* the hard inputs this evaluation rounds wrongly, if any (native.py finds them) */
   if (base2) {
     @FIX_EXP2@
@@ -77,6 +82,47 @@ static inline float round_bf16(float p) {
   const uint32_t b = bits32(p);
   const uint32_t r = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u; /* nearest, ties even */
   return (b & 0x7fffffffu) > 0x7f800000u ? p : from32(r);          /* NaN stays NaN */
+}
+
+static inline float round_f16(float p) { return (float) (_Float16) p; }
+
+/* a site's rounding of an fp32 value: F = 0 fp32 (none), 1 bf16, 2 fp16 (nearest even;
+   torch's x.to(dtype).to(float32)) */
+static inline __attribute__((always_inline)) float site(float x, const int F) {
+  return F == 0 ? x : F == 1 ? round_bf16(x) : round_f16(x);
+}
+
+/* a float64 value rounded once into bf16 (F = 1) or fp16 (F = 2), as fp32: what
+   Format.round does to the exp site's float64 value (flashnum.numerics.floats: nearest
+   even on the bits where normal, on the subnormal spacing below the least normal, and
+   inf past the largest finite) */
+static inline __attribute__((always_inline)) float round64(double y, const int F) {
+  const int drop = F == 1 ? 45 : 42;                /* 53 - p */
+  const double tiny = F == 1 ? 0x1p-126 : 0x1p-14;  /* the least normal */
+  const double inv_q = F == 1 ? 0x1p133 : 0x1p24;   /* 1 / the least subnormal */
+  const double big = F == 1 ? 0x1.fep127 : 65504.0; /* the largest finite */
+  int64_t b = bits64(y);
+  b = (b + ((b >> drop) & 1) + (((int64_t) 1 << (drop - 1)) - 1)) & ~(((int64_t) 1 << drop) - 1);
+  double r = from64(b);
+  const double a = y < 0 ? -y : y;
+  r = a < tiny ? rint(y * inv_q) / inv_q : r;  /* exact scalings by powers of two */
+  const double ra = r < 0 ? -r : r;
+  r = ra > big ? (y < 0 ? -INFINITY : INFINITY) : r;
+  return y != y ? (float) y : (float) r;
+}
+
+/* the exp site in format F: fp32 correctly rounded (exp_round), else exp_eval rounded once
+   into F (Arith.exp: the float64 exp rounded by Format.round); fused.py checks on every
+   input of F that this is the torch path's value */
+static inline __attribute__((always_inline)) float exp_site(float x, int base2, const int F) {
+  return F == 0 ? exp_round(x, base2) : round64(exp_eval(x, base2), F);
+}
+
+/* y[i] = the exp site of x[i] in format F (for fused.py's check) */
+void fn_exp_site(const float *x, float *y, int64_t n, int base2, int F) {
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = F == 1 ? exp_site(x[i], base2, 1) : F == 2 ? exp_site(x[i], base2, 2)
+                  : exp_site(x[i], base2, 0);
 }
 
 /* one row; base2 and cast are constants at every call, so each loop is branch-free */
@@ -259,8 +305,6 @@ void fn_torch_rowsum(const float *x, float *out, int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; ++r) out[r] = torch_rowsum(x + r * n, n);
 }
 
-static inline float round_f16(float p) { return (float) (_Float16) p; }
-
 typedef struct {
   sgemm_fn gemm;
   const float *q, *k, *v;       /* (B, n_qb bm, d), (B, n_kb, bn, d), (B, n_kb, bn, dv) */
@@ -272,6 +316,7 @@ typedef struct {
   float *m, *l, *o, *m_tr, *l_tr; /* state (B, n_qb bm[, dv]); trace (n_kb, B, n_qb bm) */
   int64_t *n_resc;
   const float *kt;              /* (B, n_kb, d, bn): K_j^T, for the own tile GEMM below */
+  int sites;                    /* F of s, m, p, l, o: 0 fp32 (fa2), 1 bf16, 2 fp16 (lowp) */
 } fused_job;
 
 /* One row's softmax step on its logit row sr (bn values, S on entry; P on return, Pc in pr):
@@ -279,12 +324,12 @@ typedef struct {
    rg its row among the query rows (for the visible prefix), j the key block. */
 static inline __attribute__((always_inline)) void row_step(
     const fused_job *J, int64_t rg, int64_t j, float *sr, float *pr, float *m, float *l,
-    int64_t *nr, float *alpha, const int base2, const int cast) {
+    int64_t *nr, float *alpha, const int base2, const int cast, const int F) {
   const int64_t bn = J->bn;
   int64_t nv = J->vis[rg] - j * bn;  /* visible columns of this row */
   nv = nv < 0 ? 0 : nv > bn ? bn : nv;
-  /* s = fl(S scale), -inf past the visible prefix */
-  for (int64_t c = 0; c < nv; ++c) sr[c] = sr[c] * J->scale;
+  /* s = fl_s(fl_s(S) scale), -inf past the visible prefix */
+  for (int64_t c = 0; c < nv; ++c) sr[c] = site(site(sr[c], F) * J->scale, F);
   for (int64_t c = nv; c < bn; ++c) sr[c] = -INFINITY;
   /* its row max, NaN if any logit is NaN (torch.amax): a max is exact in any order, so
      it is taken on the floats' bits mapped to integers of the same order (a reduction
@@ -307,8 +352,8 @@ static inline __attribute__((always_inline)) void row_step(
   *nr += (mn > a) & (a - a == 0.0f);
   const float ms = mn - mn == 0.0f ? mn : 0.0f;
   *m = mn;
-  *alpha = exp_round(a - ms, base2);
-  if (cast) {
+  *alpha = exp_site(site(a - ms, F), base2, F);
+  if (cast) {  /* F = 0 */
 #pragma omp simd
     for (int64_t c2 = 0; c2 < bn; ++c2) {
       const float p = exp_round(sr[c2] - ms, base2);
@@ -317,11 +362,11 @@ static inline __attribute__((always_inline)) void row_step(
     }
   } else {
 #pragma omp simd
-    for (int64_t c2 = 0; c2 < bn; ++c2) sr[c2] = exp_round(sr[c2] - ms, base2);
+    for (int64_t c2 = 0; c2 < bn; ++c2) sr[c2] = exp_site(site(sr[c2] - ms, F), base2, F);
   }
-  const float lb = torch_rowsum(J->l_from_cast && cast ? pr : sr, bn);
-  const float la = *l * *alpha;
-  *l = la + lb;
+  const float lb = site(torch_rowsum(J->l_from_cast && cast ? pr : sr, bn), F);
+  const float la = site(*l * *alpha, F);
+  *l = site(la + lb, F);
 }
 
 /* The start of a job: its rows' state, and where its rows, key order and outputs lie. */
@@ -357,7 +402,7 @@ static inline void trace_step(const fused_job *J, const fused_rows *w, int64_t t
 
 static inline __attribute__((always_inline)) void fused_block(
     const fused_job *J, int64_t b, int64_t qb0, float *s, float *pc, float *pv,
-    float *alpha, const int base2, const int cast) {
+    float *alpha, const int base2, const int cast, const int F) {
   const int64_t bn = J->bn, d = J->d, dv = J->dv;
   const fused_rows w = job_rows(J, b, qb0);
   const int R = (int) w.R, ibn = (int) bn, id = (int) d, idv = (int) dv;
@@ -369,7 +414,7 @@ static inline __attribute__((always_inline)) void fused_block(
     J->gemm("T", "N", &ibn, &R, &id, &one, kj, &id, w.q, &id, &zero, s, &ibn);
     for (int64_t r = 0; r < R; ++r)
       row_step(J, w.r0 + r, j, s + r * bn, pc + r * bn, w.m + r, w.l + r, w.nr + r, alpha + r,
-               base2, cast);
+               base2, cast, F);
     J->gemm("N", "N", &idv, &R, &ibn, &one, vj, &idv, J->cast ? pc : s, &ibn, &zero, pv, &idv);
     for (int64_t r = 0; r < R; ++r) {
       const float ar = alpha[r];
@@ -377,8 +422,8 @@ static inline __attribute__((always_inline)) void fused_block(
       const float *prow = pv + r * dv;
 #pragma omp simd
       for (int64_t c = 0; c < dv; ++c) {
-        const float x = orow[c] * ar;
-        orow[c] = x + prow[c];
+        const float x = site(orow[c] * ar, F);
+        orow[c] = site(x + site(prow[c], F), F);
       }
     }
     trace_step(J, &w, t);
@@ -399,13 +444,17 @@ void fn_fused_forward(const fused_job *J, int nthreads) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t job = 0; job < jobs; ++job) {
       const int64_t b = job / n_groups, qb0 = (job % n_groups) * J->g;
-      switch (J->base2 * 3 + J->cast) {  /* each loop compiled for its constants */
-        case 0: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 0); break;
-        case 1: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 1); break;
-        case 2: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 2); break;
-        case 3: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 0); break;
-        case 4: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 1); break;
-        default: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 2); break;
+      switch (J->sites * 6 + J->base2 * 3 + J->cast) {  /* each compiled for its constants */
+        case 0: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 0, 0); break;
+        case 1: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 1, 0); break;
+        case 2: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 2, 0); break;
+        case 3: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 0, 0); break;
+        case 4: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 1, 0); break;
+        case 5: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 2, 0); break;
+        case 6: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 0, 1); break;
+        case 9: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 0, 1); break;
+        case 12: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 0, 2); break;
+        default: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 0, 2); break;  /* 15 */
       }
     }
     free(buf);
@@ -430,8 +479,24 @@ void fn_fused_forward(const fused_job *J, int nthreads) {
 /* the rows held at once for NV vectors of columns: MR NV accumulators, NV of B, 1 of A */
 #define MR_OF(NV) ((NV) <= 2 ? 8 : (NV) <= 4 ? 6 : (NV) <= 6 ? 4 : 3)
 
+static inline V4 __m512 site_v(__m512 x, const int F) {  /* site() on 16 lanes */
+  if (F == 1) {
+    const __m512i b = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_and_si512(
+        _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)), odd),
+        _mm512_set1_epi32((int) 0xffff0000u));
+    return _mm512_mask_mov_ps(_mm512_castsi512_ps(r), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
+                              x);
+  }
+  if (F == 2)
+    return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  return x;
+}
+
 /* C[r][:N] = sum_k A[r][k] B[k][:N] for r < mr (<= MR), as a chain of FMAs from +0; with
-   rescale, C[r] = fl(C[r] alpha[r]) + that sum (o.mul_(alpha).add_(pv): two roundings). */
+   rescale = 1 + F, C[r] = fl(fl(C[r] alpha[r]) + fl(that sum)), each fl the site's
+   rounding into F (fp32: o.mul_(alpha).add_(pv), two roundings). */
 static inline __attribute__((always_inline)) V4 void chain_panel(
     const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K, int64_t N, float *c,
     int64_t ldc, const float *alpha, int mr, const int NV, const int MR, const int rescale) {
@@ -459,8 +524,10 @@ static inline __attribute__((always_inline)) V4 void chain_panel(
       float *cr = c + r * ldc + 16 * v;
       __m512 x = acc[r][v];
       if (rescale) {
-        const __m512 o = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, cr), _mm512_set1_ps(alpha[r]));
-        x = _mm512_add_ps(o, x);
+        const int F = rescale - 1;
+        const __m512 o = site_v(
+            _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, cr), _mm512_set1_ps(alpha[r])), F);
+        x = site_v(_mm512_add_ps(o, site_v(x, F)), F);
       }
       _mm512_mask_storeu_ps(cr, mk, x);
     }
@@ -480,7 +547,13 @@ static inline __attribute__((always_inline)) V4 void chain_panel(
 static V4 void chain_rows(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K,
                           int64_t N, float *c, int64_t ldc, const float *alpha, int64_t rows,
                           const int rescale) {
-  if (rescale) {
+  if (rescale == 1) {
+    switch ((N + 15) / 16) { CHAIN_CASE(1) CHAIN_CASE(2) CHAIN_CASE(3) CHAIN_CASE(4)
+                             CHAIN_CASE(5) CHAIN_CASE(6) CHAIN_CASE(7) CHAIN_CASE(8) }
+  } else if (rescale == 2) {
+    switch ((N + 15) / 16) { CHAIN_CASE(1) CHAIN_CASE(2) CHAIN_CASE(3) CHAIN_CASE(4)
+                             CHAIN_CASE(5) CHAIN_CASE(6) CHAIN_CASE(7) CHAIN_CASE(8) }
+  } else if (rescale == 3) {
     switch ((N + 15) / 16) { CHAIN_CASE(1) CHAIN_CASE(2) CHAIN_CASE(3) CHAIN_CASE(4)
                              CHAIN_CASE(5) CHAIN_CASE(6) CHAIN_CASE(7) CHAIN_CASE(8) }
   } else {
@@ -499,7 +572,7 @@ int fn_chain_gemm(const float *a, const float *b, float *c, int64_t M, int64_t N
 
 static inline __attribute__((always_inline)) V4 void fused_panels(
     const fused_job *J, int64_t b, int64_t qb0, float *s, float *pc, float *alpha,
-    const int base2, const int cast) {
+    const int base2, const int cast, const int F) {
   const int64_t bn = J->bn, d = J->d, dv = J->dv;
   const fused_rows w = job_rows(J, b, qb0);
   float *p = cast ? pc : s;
@@ -512,8 +585,8 @@ static inline __attribute__((always_inline)) V4 void fused_panels(
       chain_rows(w.q + r0 * d, d, ktj, bn, d, bn, s, bn, 0, h, 0);
       for (int64_t r = 0; r < h; ++r)
         row_step(J, w.r0 + r0 + r, j, s + r * bn, pc + r * bn, w.m + r0 + r, w.l + r0 + r,
-                 w.nr + r0 + r, alpha + r, base2, cast);
-      chain_rows(p, bn, vj, dv, bn, dv, w.o + r0 * dv, dv, alpha, h, 1);
+                 w.nr + r0 + r, alpha + r, base2, cast, F);
+      chain_rows(p, bn, vj, dv, bn, dv, w.o + r0 * dv, dv, alpha, h, 1 + F);
     }
     trace_step(J, &w, t);
   }
@@ -531,13 +604,17 @@ static V4 void fused_v4(const fused_job *J, int nthreads) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t job = 0; job < jobs; ++job) {
       const int64_t b = job / n_groups, qb0 = (job % n_groups) * J->g;
-      switch (J->base2 * 3 + J->cast) {  /* each loop compiled for its constants */
-        case 0: fused_panels(J, b, qb0, s, pc, alpha, 0, 0); break;
-        case 1: fused_panels(J, b, qb0, s, pc, alpha, 0, 1); break;
-        case 2: fused_panels(J, b, qb0, s, pc, alpha, 0, 2); break;
-        case 3: fused_panels(J, b, qb0, s, pc, alpha, 1, 0); break;
-        case 4: fused_panels(J, b, qb0, s, pc, alpha, 1, 1); break;
-        default: fused_panels(J, b, qb0, s, pc, alpha, 1, 2); break;
+      switch (J->sites * 6 + J->base2 * 3 + J->cast) {  /* each compiled for its constants */
+        case 0: fused_panels(J, b, qb0, s, pc, alpha, 0, 0, 0); break;
+        case 1: fused_panels(J, b, qb0, s, pc, alpha, 0, 1, 0); break;
+        case 2: fused_panels(J, b, qb0, s, pc, alpha, 0, 2, 0); break;
+        case 3: fused_panels(J, b, qb0, s, pc, alpha, 1, 0, 0); break;
+        case 4: fused_panels(J, b, qb0, s, pc, alpha, 1, 1, 0); break;
+        case 5: fused_panels(J, b, qb0, s, pc, alpha, 1, 2, 0); break;
+        case 6: fused_panels(J, b, qb0, s, pc, alpha, 0, 0, 1); break;
+        case 9: fused_panels(J, b, qb0, s, pc, alpha, 1, 0, 1); break;
+        case 12: fused_panels(J, b, qb0, s, pc, alpha, 0, 0, 2); break;
+        default: fused_panels(J, b, qb0, s, pc, alpha, 1, 0, 2); break;  /* 15 */
       }
     }
     free(buf);

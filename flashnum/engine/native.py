@@ -162,6 +162,8 @@ def _open(path: Path) -> ctypes.CDLL:
     lib.fn_fused_forward_v4.restype = lib.fn_chain_gemm.restype = ctypes.c_int
     lib.fn_fused_forward_v4.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.fn_chain_gemm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
+    lib.fn_exp_site.restype = None
+    lib.fn_exp_site.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] + [ctypes.c_int] * 2
     return lib
 
 
