@@ -15,6 +15,7 @@ import pytest
 import torch
 from flint import arb, ctx
 
+import flashnum.reference.certified as certified_mod
 from flashnum.reference import (
     cache_info,
     clear_cache,
@@ -185,13 +186,18 @@ def test_precision_is_raised_until_the_rounding_is_certain():
     assert_same(low, reference(q, k, v, bits=256, cache=False))
 
 
-def test_worker_processes_give_the_same_result():
+def test_worker_processes_give_the_same_result(monkeypatch):
     q, k, v = qkv((3, 10, 8), nk=12, dv=4, seed=9)
+    fast = reference(q, k, v, cache=False)
+    monkeypatch.setattr(certified_mod, "FAST_MIN_BITS", 10**9)  # every row through arb
     one = reference(q, k, v, cache=False, workers=1)
     two = reference(q, k, v, cache=False, workers=2)
-    assert two.info["workers"] == 2
+    assert two.info["workers"] == 2 and two.info["fast_rows"] == 0
     assert_same(one, two)
     assert torch.equal(one.err_bound, two.err_bound)
+    assert fast.info["fast_rows"] == 30
+    assert_same(fast, one)
+    assert torch.equal(fast.err_bound, one.err_bound)
 
 
 def test_precision_state_is_restored():

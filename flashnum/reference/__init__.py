@@ -14,11 +14,13 @@ Options (defaults first):
   scale=None       None is exactly 1/sqrt(d) (an exact ball in arb, not a rounded
                    float); a float is taken as the exact value it holds.
   method="certified"
-     certified     arb ball arithmetic (python-flint). Every output is the float64
-                   nearest to the exact attention of the given inputs: a value is
-                   accepted only when its ball's relative radius is below 2^-60 and
-                   both ends of the ball round to the same float64; otherwise the row
-                   is recomputed at twice the precision (up to 16 * bits).
+     certified     every output is the float64 nearest to the exact attention of the
+                   given inputs. First a double-double fast path with a rigorous error
+                   bound per value (fast.py); a row with a value whose bound does not
+                   settle its rounding goes to arb ball arithmetic (python-flint): a
+                   value is accepted only when its ball's relative radius is below
+                   2^-60 and both ends of the ball round to the same float64; otherwise
+                   the row is recomputed at twice the precision (up to 16 * bits).
      fp64          float64 attention arranged for a small, stated error bound
                    (max-shifted softmax, blocked + pairwise sums); err_bound is the
                    a-priori bound of docs/reference.md evaluated per row. The row
@@ -39,12 +41,21 @@ err_bound (..., Nq) bounds max_j |out_ij - exact_ij| for each row, where exact i
 the real-number attention of the inputs with the exact scale.
 
 Where it lives: forward.py (reference), backward.py (reference_backward), one method per
-module (certified.py, fp64.py with plain64, mp.py), balls.py (rounding a ball or an mpf
+module (certified.py, fp64.py with plain64, mp.py), the certified fast path (fast.py;
+dd.py double-double arithmetic and exp, slices.py exact GEMM products by splitting,
+rounding.py certified rounding of a double-double), balls.py (rounding a ball or an mpf
 to float64), inputs.py (checks and the hash), cache.py (the one cache of both),
 result.py (Reference, ReferenceGradients). This package is callable: flashnum.reference(
 q, k, v, ...) is reference(q, k, v, ...).
 
-Certified, how it runs (per block of query rows, see certified._arb_rows): the row max
+Certified, the fast path (fast.py's docstring derives every bound): S = Q K^T and
+P [V | 1] from float64 GEMMs on Ozaki slices (exact) plus float64 GEMMs of the small
+remainders (gamma_n bounds), exp in double-double (a 2^16-entry table and a degree-5
+polynomial), o / l and log l in double-double; a value is final when its interval lies
+strictly inside one float64 rounding cell; err_bound is then round_ball's half-ulp
+term. Used from bits >= 128 (at 64 bits an arb ball's radius shows in err_bound).
+
+Certified, the arb path (per block of query rows, see certified._arb_rows): the row max
 D* = max_j q.k_j is located with float64 and a proven margin, then evaluated
 exactly; X = scale * (Q K^T - D*) comes out of one arb_mat product (the shift is an
 extra column, so the largest logit gives exp(0) = 1 exactly); P = exp(X) entry by

@@ -12,9 +12,13 @@ import numpy as np
 import torch
 
 from flashnum.reference.balls import TINY, U, flint_prec, round_ball
+from flashnum.reference.fast import fast_head
 from flashnum.reference.result import empty
 
 ROWS_PER_TASK = 256
+# the fast path's err_bound equals the arb path's when arb's ball radius is absorbed by
+# half an ulp, as it is at >= 128 bits (at 64 bits the radius shows in err_bound)
+FAST_MIN_BITS = 128
 
 
 _W: dict = {}  # per-process worker state: the inputs and the arb matrices built from them
@@ -174,7 +178,10 @@ def _arb_rows(task):
     return b, rows, out, lse, mx, err, certain
 
 
-def certified(q, k, v, vis, scale, bits, workers):
+def certified(q, k, v, vis, scale, bits, workers, fast=True):
+    """Every row through the fast path (fast.py) first, when bits >= FAST_MIN_BITS; the
+    rows it cannot settle (and every row with fast=False) through _arb_rows, whose
+    precision doubles until each value is certain (up to 16 * bits)."""
     import flint  # noqa: F401  (fail here, clearly, if python-flint is missing)
 
     B, nq, dv = q.shape[0], q.shape[1], v.shape[2]
@@ -183,15 +190,22 @@ def certified(q, k, v, vis, scale, bits, workers):
     out, lse, mx, err = out.numpy(), lse.numpy(), mx.numpy(), err.numpy()
     args = (q.numpy(), k.numpy(), v.numpy(), vis, scale)
     step = max(1, min(ROWS_PER_TASK, (1 << 20) // max(nk, 1)))
-    tasks = [
-        (b, np.arange(i, min(i + step, nq)), bits) for b in range(B) for i in range(0, nq, step)
-    ]
-    work = B * nq * max(nk, 1)
+    todo = []  # (head, rows) left to the arb path
+    for b in range(B):
+        rows = np.arange(nq)
+        if fast and bits >= FAST_MIN_BITS:
+            o, ls, m, e, ok = fast_head(args[0][b], args[1][b], args[2][b], vis, scale)
+            out[b, ok], lse[b, ok], mx[b, ok], err[b, ok] = o[ok], ls[ok], m[ok], e[ok]
+            rows = rows[~ok]
+        todo.append((b, rows))
+    n_fast = B * nq - sum(len(rs) for _, rs in todo)
+    tasks = [(b, rs[i : i + step], bits) for b, rs in todo for i in range(0, len(rs), step)]
+    work = sum(len(rs) for _, rs in todo) * max(nk, 1)
     if workers is None:
         workers = (os.cpu_count() or 1) if work >= (1 << 21) else 1
     if multiprocessing.current_process().daemon:
         workers = 1  # inside a Pool worker (a sweep's): daemons may not have children
-    workers = max(1, min(int(workers), len(tasks)))
+    workers = max(1, min(int(workers), max(len(tasks), 1)))
     max_prec = 16 * bits
     prec_used = bits
     pool = None
@@ -230,7 +244,8 @@ def certified(q, k, v, vis, scale, bits, workers):
             "or an exact zero under cancellation?); their err_bound still holds",
             stacklevel=3,
         )
-    info = {"max_prec": prec_used, "uncertain_rows": n_unc, "workers": workers}
+    info = {"max_prec": prec_used, "uncertain_rows": n_unc, "workers": workers,
+            "fast_rows": n_fast}
     return (
         torch.from_numpy(out),
         torch.from_numpy(lse),
