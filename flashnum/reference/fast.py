@@ -60,6 +60,7 @@ from flashnum.reference.slices import (
     in_range,
     k_side,
     logits,
+    p_slices,
     pv_error,
     pv_products,
     v_side,
@@ -67,7 +68,8 @@ from flashnum.reference.slices import (
 
 ETA = EXP_REL + EXP_PER_XL * U * 86
 DROP = 2.0**-122  # e^x for a dropped x^ < X_MIN
-BLOCK = 1 << 16  # logits per block of rows (temporaries of 512 KB: in cache)
+GROUP = 1 << 20  # logits per group of rows: their GEMMs at once (arrays of 8 MB)
+BLOCK = 1 << 16  # logits per block of rows in the elementwise passes (in cache)
 
 
 def scale_dd(d: int, scale):
@@ -135,13 +137,20 @@ class Head:
                    and self.beta_p >= 12)
 
 
-def _shifted(h: Head, qb, vis):
-    """x^ = c (S^ - M) as a double-double, M, the inside mask and eps_x per row (step 2)."""
-    sh, sl, e2 = logits(qb, h.kt, h.beta_s, h.d)
+def _shifted(h: Head, parts, vis):
+    """x^ = c (S^ - M) as a double-double, M, the inside mask and eps_x per row (step 2),
+    from logits' parts (L2, L3, L4R, 2^E) of some rows."""
+    l2, l3, l4r, e2 = parts
+    sh, lo = two_sum(l2, l3)
+    sl = lo + l4r
     gam = h.d * e2 * h.f_max * (1 + SAFE)  # Gamma_i >= sum_t |q_it k_jt|
-    inside = np.arange(h.n)[None, :] < vis[:, None]
-    m = np.where(inside, sh * h.sign, -np.inf).max(axis=1) * h.sign
-    m = np.where(np.isfinite(m), m, 0.0)  # a row that sees no key (left out at the end)
+    if (vis == h.n).all():  # no mask: spare the passes of np.where
+        inside = None
+        m = sh.max(axis=1) if h.sign > 0 else sh.min(axis=1)
+    else:
+        inside = np.arange(h.n)[None, :] < vis[:, None]
+        m = np.where(inside, sh * h.sign, -np.inf).max(axis=1) * h.sign
+        m = np.where(np.isfinite(m), m, 0.0)  # a row that sees no key (left out at the end)
     dh, dl = two_sum(sh, -m[:, None])
     dh, dl = two_sum(dh, dl + sl)  # the + rounds: <= u (u 2.02 + 2.05 2^-2beta) Gamma
     if h.pow2:
@@ -155,19 +164,41 @@ def _shifted(h: Head, qb, vis):
     return xh, xl, m, inside, eps * (1 + SAFE)
 
 
+def _weights(h: Head, qb, vis):
+    """Steps 1-3 for rows qb, the GEMMs of S and P V over all of them, the elementwise
+    passes BLOCK logits at a time: P^'s slices (p_slices), the row's M, eps_x, number of
+    dropped logits, and its largest x^ (a double-double)."""
+    r, n = qb.shape[0], h.n
+    parts = logits(qb, h.kt, h.beta_s)
+    a_s, a123, rp = np.empty((3, r, n)), np.empty((r, n)), np.empty((r, n))
+    m, eps_x, xm_h, xm_l = (np.empty(r) for _ in range(4))
+    n_drop = np.empty(r, dtype=np.int64)
+    step = max(1, BLOCK // n)
+    for i in range(0, r, step):
+        b = slice(i, min(i + step, r))
+        xh, xl, m[b], inside, eps_x[b] = _shifted(h, [x[b] for x in parts], vis[b])
+        keep = xh >= X_MIN if inside is None else inside & (xh >= X_MIN)
+        n_drop[b] = (vis[b] if inside is None else inside.sum(axis=1)) - keep.sum(axis=1)
+        if keep.all():
+            ph, pl = exp_dd(xh, xl)
+        else:
+            ph, pl = exp_dd(np.where(keep, xh, 0.0), np.where(keep, xl, 0.0))
+            ph, pl = np.where(keep, ph, 0.0), np.where(keep, pl, 0.0)
+        p_slices(ph, pl, h.beta_p, a_s[:, b], a123[b], rp[b])
+        j = np.argmax(xh if inside is None else np.where(inside, xh, -np.inf), axis=1)
+        xm_h[b], xm_l[b] = xh[np.arange(len(j)), j], xl[np.arange(len(j)), j]
+    oh, ol = pv_products(a_s, a123, rp, h.vt)
+    return oh, ol, m, eps_x, n_drop, xm_h, xm_l
+
+
 def approx_block(h: Head, qb, vis):
     """Steps 1-5 for rows qb (r, d) seeing vis keys each: double-doubles and their bounds,
     {"out": (yh, yl, b) (r, dv), "lse": (zh, zl, b) (r,), "row_max": (wh, wl, b) (r,)}
     with |exact - (hi + lo)| <= b (b = inf where nothing is known)."""
     r = qb.shape[0]
-    xh, xl, m, inside, eps_x = _shifted(h, qb, vis)
-    keep = inside & (xh >= X_MIN)
-    n_drop = (inside & ~keep).sum(axis=1)
-    ph, pl = exp_dd(np.where(keep, xh, 0.0), np.where(keep, xl, 0.0))
-    ph, pl = np.where(keep, ph, 0.0), np.where(keep, pl, 0.0)
+    oh, ol, m, eps_x, n_drop, xm_h, xm_l = _weights(h, qb, vis)
     rho = ((1 + ETA) * np.expm1(eps_x) + ETA) * (1 + SAFE)
     rho = rho / (1 - rho)
-    oh, ol = pv_products(ph, pl, h.vt, h.beta_p)
     lh, ll = oh[:, -1], ol[:, -1]
     l_up = ((lh + np.abs(ll)) * (1 + 2.0**-80) + h.n * 2.0**-100)[:, None]
     e_o = pv_error(l_up, h.n, h.beta_p, h.beta_v, h.f2)
@@ -191,8 +222,6 @@ def approx_block(h: Head, qb, vis):
     b_lse = (e_l[:, 0] / denom[:, 0] + b_log + b_cm + low) * (1 + SAFE)
     b_lse = np.where(denom[:, 0] > 0, b_lse, np.inf)
 
-    j = np.argmax(np.where(inside, xh, -np.inf), axis=1)
-    xm_h, xm_l = xh[np.arange(r), j], xl[np.arange(r), j]
     wh, wl = two_sum(cmh, xm_h)
     low = 4.01 * U * U * (np.abs(wh) + np.abs(cmh) + np.abs(xm_h))
     b_mx = (eps_x + 2.0**-52 * np.abs(xm_h) + b_cm + low) * (1 + SAFE)
@@ -231,7 +260,7 @@ def fast_head(q, k, v, vis, scale):
     q2 = exponents(np.abs(q).max(axis=1))
     if not (h.ok and in_range(q2, h.beta_s, 3)):
         return out, lse, mx, err, ok
-    step = max(1, BLOCK // nk)
+    step = max(1, GROUP // nk)
     for i in range(0, nq, step):
         sl = slice(i, min(i + step, nq))
         out[sl], lse[sl], mx[sl], err[sl], ok[sl] = fast_block(h, q[sl], vis[sl])

@@ -53,7 +53,7 @@ def split(a: np.ndarray, p2: np.ndarray, beta: int, count: int, low=None):
     p2 = 2^E (broadcast); returns (slices, remainder high, remainder low)."""
     out = []
     r = a
-    p2 = np.where(p2 > 0, p2, 1.0)
+    p2 = np.where(np.asarray(p2) > 0, p2, 1.0)
     for s in range(1, count + 1):
         unit = p2 * 2.0**(-s * beta)
         inv = (1.0 / p2) * 2.0**(s * beta)
@@ -65,24 +65,23 @@ def split(a: np.ndarray, p2: np.ndarray, beta: int, count: int, low=None):
     return out, r, low
 
 
-def logits(qb, kt, beta, d):
-    """S = qb K^T as h + low (unnormalised: fast.py's two_sum does that) and 2^E_i (r,),
-    with |S - (h + low)| <= ERR_S(beta, d) Gamma_i for every j, Gamma_i = d 2^(E_i + max_j
-    F_j) >= sum_t |q_it k_jt|. kt: K's stacks for the GEMMs (KSide).
+def logits(qb, kt, beta):
+    """S = qb K^T as three float64 matrices (L2, L3, L4R) and 2^E_i (r,): (h, lo) =
+    two_sum(L2, L3) and low = lo + L4R give |S - (h + low)| <= ERR_S(beta, d) Gamma_i for
+    every j, Gamma_i = d 2^(E_i + max_j F_j) >= sum_t |q_it k_jt| (kt: k_side's stacks).
 
     L2 = A1 B1^T, L3 = [A1 | A2] [B2 | B1]^T, L4 = A2 B2^T are exact (all of units
     2^(E_i + F_j - m beta)); REM = [R | A1 + A2] [K | RB]^T in float64 (A1 + A2 holds 2 beta
     bits: exact), |its terms| <= d 2^(E+F-2beta) (1 + 2^-20), so its error <= gamma_2d of
-    that. (h, lo) = two_sum(L2, L3), low = (lo + L4) + REM in float64: <= 2.01u (u 1.01 +
-    2.02 2^-2beta) Gamma.
+    that. L4R = fl(L4 + REM), then lo + L4R: <= 2.01u (u 1.01 + 2.02 2^-2beta) Gamma.
     """
     qmax = np.abs(qb).max(axis=1)
     p2 = exponents(qmax)[:, None]
     (a1, a2), ra, _ = split(qb, p2, beta, 2)
     b1t, b21t, b2t, krt = kt
-    h, lo = two_sum(a1 @ b1t, np.hstack([a1, a2]) @ b21t)
-    low = (lo + a2 @ b2t) + np.hstack([ra, a1 + a2]) @ krt
-    return h, low, p2[:, 0]
+    l4r = a2 @ b2t
+    l4r += np.hstack([ra, a1 + a2]) @ krt
+    return a1 @ b1t, np.hstack([a1, a2]) @ b21t, l4r, p2[:, 0]
 
 
 def k_side(k, p2, beta):
@@ -98,20 +97,26 @@ def err_s(beta: int, d: int) -> float:
     return (gamma(2 * d) * g + 2.01 * U * (U * 1.01 + 2.02 * g)) * (1 + SAFE)
 
 
-def pv_products(ph, pl, vt, beta_p):
-    """[o | l] = P [V | 1] for P = ph + pl (0 <= P < 2: E = 1 for every row) as a
-    double-double (oh, ol); its bound is pv_error's. ph is cut into three slices of beta_p
-    bits, ph = A1 + A2 + A3 + R with |R| <= 2^(-3 beta_p); A123 = ph - R is ph truncated,
-    a float64. [V | 1] into two (B1, B2) and RV (vt: V's stacks, v_side). A_s B_t exactly
-    in one GEMM; A123 RV and fl(R + pl) [V | 1] in float64."""
-    r = ph.shape[0]
-    (a1, a2, a3), rem, _ = split(ph, np.full((r, 1), 2.0), beta_p, 3)
+def p_slices(ph, pl, beta_p, a_s, a123, rp) -> None:
+    """P = ph + pl (0 <= P < 2: E = 1 for every row) cut for pv_products, into the given
+    arrays: ph = A1 + A2 + A3 + R, slices of beta_p bits (a_s (3, r, n)), |R| <= 2^(-3
+    beta_p); A123 = ph - R (ph truncated: a float64); rp = fl(R + pl)."""
+    (a_s[0], a_s[1], a_s[2]), rem, _ = split(ph, 2.0, beta_p, 3)
+    a123[...] = ph - rem
+    rp[...] = rem + pl
+
+
+def pv_products(a_s, a123, rp, vt):
+    """[o | l] = P [V | 1] as a double-double (oh, ol) from p_slices' parts (its bound is
+    pv_error's): [V | 1] = B1 + B2 + RV (vt: v_side's stacks); A_s B_t exactly in one
+    GEMM; A123 RV and fl(R + pl) [V | 1] in float64; the eight sums by a two_sum cascade."""
+    _, r, n = a_s.shape
     b12, v_rem, v1 = vt
     c = v1.shape[1]
-    g = np.vstack([a1, a2, a3]) @ b12  # (3r, 2c): A_s B_t, exact
+    g = a_s.reshape(3 * r, n) @ b12  # (3r, 2c): A_s B_t, exact
     terms = [g[s * r:(s + 1) * r, t * c:(t + 1) * c] for s in range(3) for t in range(2)]
-    terms.append((ph - rem) @ v_rem)
-    terms.append((rem + pl) @ v1)
+    terms.append(a123 @ v_rem)
+    terms.append(rp @ v1)
     h, lo = terms[0], np.zeros_like(terms[0])
     for t in terms[1:]:
         h, e = two_sum(h, t)
