@@ -1,9 +1,10 @@
-"""Benchmark of the exact reference: certified (arb) on one head against mpmath.
+"""Benchmark of the exact reference: certified on one head against the mpmath row loop.
 
     python bench/bench_reference.py                       # N=4096, d=64, bits 256 and 128
     python bench/bench_reference.py --n 1024 --bits 256 --mp-rows 2
 
-For each working precision: times `reference(method="certified")` on one head
+For each working precision: times `reference(method="certified")` (the double-double
+fast path, arb for the rows it leaves) on one head
 (N x N, d = dv), and the mpmath row loop (`method="mpmath"`, the same bits) on a few
 rows, extrapolating its time for the whole head (setup once + N x the per-row time,
 from runs of 1 and 1 + mp_rows rows: every row of a non-causal head does the same
@@ -11,7 +12,10 @@ work). Also times `method="fp64"` on the head and, for context, a textbook mpmat
 row (Python sum of mpf products, as a commonly quoted 3.4 s per N = 128 head was
 timed) on one row. Reports wall and CPU seconds (this process and its finished
 children, i.e. the certified workers): the machine is shared, and CPU time is far
-less disturbed by other jobs. Prints a table; writes bench/results/reference.json.
+less disturbed by other jobs. Also checks the certified head bitwise against the arb
+path alone (out, lse, row_max, err_bound) on --arb-rows rows spread over the head, and
+records the CPU model, its SIMD flags, the load average, torch and the command.
+Prints a table; writes bench/results/reference.json.
 """
 
 from __future__ import annotations
@@ -21,12 +25,17 @@ import json
 import os
 import platform
 import resource
+import sys
 import time
+from pathlib import Path
 
 import mpmath
+import numpy as np
 import torch
 
 from flashnum.reference import reference
+from flashnum.reference.certified import certified
+from flashnum.reference.inputs import visible_len
 
 
 def cpu() -> float:
@@ -62,6 +71,29 @@ def textbook_row(q, k, v, bits) -> None:
     return o
 
 
+def machine() -> dict:
+    """The CPU model and its SIMD flags, the core count, torch."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
+                  if ln.startswith("model name")), platform.processor() or platform.machine())
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines()
+                  if ln.startswith("flags")), [])
+    return {"cpu_model": model, "cpu_simd_flags": [f for f in flags
+                                                   if f.startswith(("avx", "fma", "amx"))],
+            "cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "numpy": np.__version__}
+
+
+def arb_check(q, k, v, cert, bits, n_rows) -> dict:
+    """The certified head against the arb path alone on n_rows rows spread over it."""
+    rows = np.unique(np.linspace(0, q.shape[1] - 1, n_rows).round().astype(int))
+    vis = visible_len(len(rows), k.shape[1], False)
+    arb = certified(q[:, rows], k, v, vis, None, bits, 1, fast=False)
+    same = all(torch.equal(a, b[:, rows]) for a, b in
+               zip(arb[:4], (cert.out, cert.lse, cert.row_max, cert.err_bound), strict=True))
+    return {"arb_rows_checked": len(rows), "arb_rows_bitwise_equal_certified": same}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=4096, help="sequence length (Nq = Nk)")
@@ -69,6 +101,7 @@ def main() -> None:
     ap.add_argument("--bits", type=int, nargs="+", default=[256, 128], help="precisions")
     ap.add_argument("--mp-rows", type=int, default=3, help="extra rows timed in mpmath")
     ap.add_argument("--workers", type=int, default=None, help="processes for certified")
+    ap.add_argument("--arb-rows", type=int, default=64, help="rows checked against arb alone")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--out", default=os.path.join(os.path.dirname(__file__), "results", "reference.json")
@@ -107,6 +140,7 @@ def main() -> None:
                 "certified_workers": cert.info["workers"],
                 "certified_max_prec": cert.info["max_prec"],
                 "certified_uncertain_rows": cert.info["uncertain_rows"],
+                "certified_fast_rows": cert.info["fast_rows"],
                 "mpmath_per_row_wall_s": row_t,
                 "mpmath_per_row_cpu_s": row_c,
                 "mpmath_head_wall_s_extrapolated": mp_t,
@@ -119,11 +153,14 @@ def main() -> None:
                 "speedup_cpu": mp_c / c_c,
                 "textbook_row_wall_s": tb_t,
                 "textbook_row_cpu_s": tb_c,
+                **arb_check(q, k, v, cert, bits, a.arb_rows),
             }
         )
 
     err64 = (f64.out - cert.out).abs().amax(-1)
     res = {
+        "command": " ".join(["python", "bench/bench_reference.py", *sys.argv[1:]]),
+        **machine(),
         "n": a.n,
         "d": a.d,
         "seed": a.seed,
@@ -132,23 +169,22 @@ def main() -> None:
         "fp64_max_err": err64.max().item(),
         "fp64_max_bound": f64.err_bound.max().item(),
         "fp64_bound_holds": bool((err64 <= f64.err_bound).all()),
-        "cpu_count": os.cpu_count(),
         "loadavg_1min_start_end": [load0, os.getloadavg()[0]],
-        "python": platform.python_version(),
-        "torch": torch.__version__,
     }
 
     print(
-        f"one head, N={a.n}, d={a.d}; shared machine with {os.cpu_count()} cores, load "
+        f"one head, N={a.n}, d={a.d}; {res['cpu_model']}, {os.cpu_count()} cores, load "
         f"average {load0:.1f} at start and {os.getloadavg()[0]:.1f} at the end"
     )
     print(f"{'method':<28} {'bits':>5} {'wall s':>9} {'cpu s':>9}  note")
     for r in runs:
         b = r["bits"]
         print(
-            f"{'certified (arb)':<28} {b:>5} {r['certified_wall_s']:9.2f} "
-            f"{r['certified_cpu_s']:9.2f}  {r['certified_workers']} process(es), "
-            f"max precision {r['certified_max_prec']}"
+            f"{'certified':<28} {b:>5} {r['certified_wall_s']:9.2f} "
+            f"{r['certified_cpu_s']:9.2f}  {r['certified_fast_rows']} rows fast, the rest "
+            f"arb in {r['certified_workers']} process(es), max precision "
+            f"{r['certified_max_prec']}; {r['arb_rows_checked']} rows bitwise equal to arb "
+            f"alone: {r['arb_rows_bitwise_equal_certified']}"
         )
         print(
             f"{'mpmath row loop, whole head':<28} {b:>5} "

@@ -47,6 +47,20 @@ def _bench(F, name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _ref(key: Callable[[dict], object], bits: int | None = 256) -> Callable[[object], object]:
+    """A figure of the reference benchmark (python bench/bench_reference.py): of its run at
+    `bits`, or of the whole result (bits None)."""
+    def value(F):
+        r = _bench(F, "reference")
+        if r is None:
+            return None
+        if bits is None:
+            return key(r)
+        run = next((x for x in r["runs"] if x["bits"] == bits), None)
+        return None if run is None else key(run)
+    return value
+
+
 def _fa3(key: Callable[[dict], object]) -> Callable[[object], object]:
     """A number of the FA3 fp16 pair at the protocol fixed in advance (experiments/
     fa3_protocol, python -m flashnum.run experiment=fa3_protocol), from its summary."""
@@ -342,6 +356,44 @@ QUANTITIES = {
     "ExpFloatMisses": Quantity(
         "arguments a float64 evaluation alone rounds wrongly (same)",
         _exp(lambda x: len(x["torch_float64_misses"]))),
+    **{f"RefCert{k}{b}": Quantity(f"bench_reference: certified, one head N = 4096, d = 64, "
+                                  f"{bits} bits, {w}", _ref(lambda r, f=f: r[f], bits),
+                                  md=fixed(1), paper=False)
+       for b, bits in (("", 256), ("LowBits", 128))
+       for k, w, f in (("Wall", "wall s", "certified_wall_s"),
+                       ("Cpu", "CPU s", "certified_cpu_s"))},
+    **{f"RefSpeedup{k}{b}": Quantity(f"bench_reference: certified's speedup over the mpmath "
+                                     f"row loop, {bits} bits, {w}",
+                                     _ref(lambda r, f=f: r[f], bits), md=fixed(0), paper=False)
+       for b, bits in (("", 256), ("LowBits", 128))
+       for k, w, f in (("Wall", "wall time", "speedup_wall"),
+                       ("Cpu", "CPU time", "speedup_cpu"))},
+    **{f"RefMpHead{k}{b}": Quantity(f"bench_reference: the mpmath row loop on the head, "
+                                    f"extrapolated, {bits} bits, {w}",
+                                    _ref(lambda r, f=f: r[f], bits), md=fixed(0), paper=False)
+       for b, bits in (("", 256), ("LowBits", 128))
+       for k, w, f in (("Wall", "wall s", "mpmath_head_wall_s_extrapolated"),
+                       ("Cpu", "CPU s", "mpmath_head_cpu_s_extrapolated"))},
+    **{f"RefMpRowCpu{b}": Quantity(f"bench_reference: mpmath row loop, CPU s per row, {bits} "
+                                   "bits", _ref(lambda r: r["mpmath_per_row_cpu_s"], bits),
+                                   md=fixed(3), paper=False)
+       for b, bits in (("", 256), ("LowBits", 128))},
+    "RefFastRows": Quantity("bench_reference: rows of the head settled by the fast path, 256 "
+                            "bits", _ref(lambda r: r["certified_fast_rows"]), md=count,
+                            paper=False),
+    "RefTextbookRow": Quantity("bench_reference: a textbook mpmath row (Python sum of mpf "
+                               "products), wall s", _ref(lambda r: r["textbook_row_wall_s"]),
+                               md=fixed(1), paper=False),
+    "RefFpWall": Quantity("bench_reference: method fp64 on the head, wall s",
+                          _ref(lambda r: r["fp64_wall_s"], None), md=fixed(1), paper=False),
+    **{f"RefFp{k}": Quantity(f"bench_reference: fp64's {w} on the head",
+                             _ref(lambda r, f=f: r[f], None), md=sci(2), paper=False)
+       for k, w, f in (("Err", "largest error", "fp64_max_err"),
+                       ("Bound", "largest bound", "fp64_max_bound"))},
+    **{f"RefLoad{k}": Quantity(f"bench_reference: 1-minute load average at the {w}",
+                               _ref(lambda r, i=i: r["loadavg_1min_start_end"][i], None),
+                               md=fixed(1), paper=False)
+       for k, w, i in (("Start", "start", 0), ("End", "end", 1))},
     "QiuYaoLogitStdMax": Quantity("repro_qiu_yao: the largest logit std", _qiu_yao_logit_std,
                                   md=lambda x: f"{x:g}"),
     "QiuYaoZ": Quantity("repro_qiu_yao: z over heads of the bias, ties, lowp, no fix",

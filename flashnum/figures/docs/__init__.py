@@ -25,14 +25,13 @@ from flashnum.figures.docs import (
     experiments,
     formats,
     kernel,
-    reference,
     reproductions,
     trained,
 )
 from flashnum.figures.quantities import QUANTITIES
 
 PASSAGES = {**audit.PASSAGES, **backward.PASSAGES, **bounds.PASSAGES, **engine.PASSAGES,
-            **experiments.PASSAGES, **formats.PASSAGES, **kernel.PASSAGES, **reference.PASSAGES,
+            **experiments.PASSAGES, **formats.PASSAGES, **kernel.PASSAGES,
             **reproductions.PASSAGES, **trained.PASSAGES}
 QUOTED = {**QUANTITIES, **PASSAGES}
 
