@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 
+from flashnum.figures import quoting
+
 
 def sci(x, digits=2):
     """2.5e-4 style: `digits` significant digits, no exponent padding."""
-    mant, exp = f"{x:.{digits - 1}e}".split("e")
-    return f"{mant}e{int(exp)}"
+    return quoting.sci(digits)(x)
 
 
 def tex_sci(x, digits=2):
@@ -26,10 +27,7 @@ def thousands(n):
     return f"{n:,}"
 
 
-def g2(x):
-    """0.30, 4.0, 16, 1400 style: two significant digits, written out."""
-    d = 1 - math.floor(math.log10(abs(x)))
-    return f"{round(x, d):.{max(d, 0)}f}"
+g2 = quoting.two  # 0.30, 4.0, 16, 1400 style: two significant digits, written out
 
 
 def pct_floor(frac, digits=2):
