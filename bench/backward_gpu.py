@@ -20,6 +20,7 @@
    both by triton.testing.do_bench (median ms). Blocks 64 x 64 (32 x 32 where the
    kernel does not fit in shared memory, reported).
 
+The result records the command and the machine, the GPU included (flashnum.harness.timing).
 Without a CUDA GPU it says so and exits 0, writing nothing: nothing here has been
 measured on a GPU yet (README: not yet measured).
 """
@@ -29,10 +30,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 from pathlib import Path
 
 import torch
+
+from flashnum.harness import timing
 
 OUT = Path(__file__).parent / "results" / "backward_gpu.json"
 
@@ -135,12 +137,10 @@ def main(argv=None) -> int:
         return 0
     import triton
 
-    res = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-               triton=triton.__version__, machine=platform.machine(),
-               fidelity=fidelity(), accuracy=accuracy(),
+    res = dict(**timing.facts(), triton=triton.__version__)
+    res.update(fidelity=fidelity(), accuracy=accuracy(),
                speed=speed([1024, 4096] if args.quick else [1024, 4096, 8192]))
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps(res, indent=2) + "\n")
+    timing.write(OUT, res)
     print(json.dumps(res, indent=2))
     return 0
 

@@ -10,29 +10,19 @@
    splitkv_decode` (Nk = 131072, 8 query heads on 2 K/V heads, S = 64, fp32 partials),
    on one torch thread and on torch's default thread count: the reproduction runs on one
    (its GEMMs are 16 x 256 tiles; intra-op threads spin on them).
-CPU time is time.process_time, best of `repeat`: comparable within one run on a busy
-machine, where wall-clock times are not.
+CPU time is time.process_time, best of `repeat` (the two rounding paths interleaved):
+comparable within one run on a busy machine, where wall-clock times are not. The result
+records the command and the machine (flashnum.harness.timing).
 """
 
 import argparse
-import json
-import platform
-import time
 
 import torch
 
 import flashnum
+from flashnum.harness import timing
 from flashnum.numerics.formats import FORMATS
 from flashnum.numerics.policy import make_policy
-
-
-def best_cpu(f, repeat):
-    t = []
-    for _ in range(repeat):
-        t0 = time.process_time()
-        f()
-        t.append(time.process_time() - t0)
-    return min(t)
 
 
 def decode():
@@ -54,16 +44,16 @@ def main(argv=None):
     a = ap.parse_args(argv)
     x = torch.randn(2, 131072, 64, generator=torch.Generator().manual_seed(1),
                     dtype=torch.float64)
-    rows = {"machine": platform.processor() or platform.machine(),
-            "default_threads": torch.get_num_threads()}
+    rows = {**timing.facts(), "default_threads": torch.get_num_threads()}
     default = rows["default_threads"]
     for threads in sorted({1, default}):
         torch.set_num_threads(threads)
         for name in ("bf16", "fp16"):
             f = FORMATS[name]
             assert torch.equal(f.round(x), f._round_general(x, "nearest", None))  # |x| < 7
-            gen = best_cpu(lambda f=f: f._round_general(x, "nearest", None), a.repeat)
-            bit = best_cpu(lambda f=f: f.round(x), a.repeat)
+            t = timing.interleaved({"general": lambda f=f: f._round_general(x, "nearest", None),
+                                    "bit": lambda f=f: f.round(x)}, a.repeat)
+            gen, bit = t["general"]["cpu_s"], t["bit"]["cpu_s"]
             key = f"round_{name}_threads{threads}"
             rows[f"{key}_general_cpu_s"], rows[f"{key}_bit_cpu_s"] = gen, bit
             print(f"{name}, {threads} thread(s): general {gen:.3f} s, bit path {bit:.3f} s "
@@ -74,15 +64,13 @@ def main(argv=None):
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            t = best_cpu(run, a.repeat)
+            t = timing.best(run, a.repeat, clock="cpu")
         finally:
             torch.set_num_threads(before)
         rows[f"splitkv_131072_s64_threads{threads}_cpu_s"] = t
         print(f"split-KV decode Nk 131072, S 64, {threads} thread(s): {t:.2f} s of CPU")
     if a.out:
-        with open(a.out, "w") as fh:
-            json.dump(rows, fh, indent=1)
-            fh.write("\n")
+        timing.write(a.out, rows)
 
 
 if __name__ == "__main__":

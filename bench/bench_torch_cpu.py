@@ -8,7 +8,8 @@ decode shapes with a few query rows against thousands of keys, head dims 64, 80,
 compares flashnum.attention(..., policy="torch_cpu") with
 torch.nn.functional.scaled_dot_product_attention element by element: the fraction of
 bitwise-equal outputs and LSEs, and the largest difference in units of the output's
-ulp. It times both (best of 3, interleaved) on the bf16 shapes.
+ulp. It times both (best of 3, interleaved) on the bf16 shapes. The result records the
+command and the machine (flashnum.harness.timing).
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import flashnum
+from flashnum.harness import timing
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SHAPES = [  # (B, H, Nq, Nk, d)
@@ -59,7 +59,7 @@ def compare(precision, shape, causal, seed):
     )
 
 
-def timing(shape, causal, reps=3):
+def speed(shape, causal, reps=3):
     """Best of `reps`, interleaved, in wall time and in process CPU time (the CPU time is
     the robust one on a shared, loaded machine)."""
     b, h, nq, nk, d = shape
@@ -68,15 +68,12 @@ def timing(shape, causal, reps=3):
     calls = {
         "torch": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
         "model": lambda: flashnum.attention(q, k, v, precision="bf16", policy="torch_cpu",
-                                            causal=causal),
+                                            causal="top_left" if causal else False),
     }
-    best = {f"{n}_{c}": float("inf") for n in calls for c in ("s", "cpu_s")}
-    for _ in range(reps):
-        for name, f in calls.items():
-            t, c = time.perf_counter(), time.process_time()
-            f()
-            best[f"{name}_s"] = min(best[f"{name}_s"], time.perf_counter() - t)
-            best[f"{name}_cpu_s"] = min(best[f"{name}_cpu_s"], time.process_time() - c)
+    t = timing.interleaved(calls, reps)
+    best = {}
+    for n in calls:
+        best[f"{n}_s"], best[f"{n}_cpu_s"] = t[n]["wall_s"], t[n]["cpu_s"]
     return dict(shape=list(shape), causal=causal, **best,
                 ratio=best["model_s"] / best["torch_s"],
                 cpu_ratio=best["model_cpu_s"] / best["torch_cpu_s"])
@@ -88,6 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "torch_cpu.json"))
     args = ap.parse_args(argv)
     shapes, seeds = (QUICK, (0,)) if args.quick else (SHAPES, (0,))
+    facts = timing.facts()
     rows = []
     for precision in DTYPES:
         for shape in shapes:
@@ -98,7 +96,7 @@ def main(argv=None) -> int:
                     print(f"{precision} {shape} causal={causal} seed={seed}: bitwise "
                           f"{100 * r['bitwise']:.4f}% lse {100 * r['lse_bitwise']:.4f}% "
                           f"max {r['max_ulps']:.2f} ulp", flush=True)
-    times = [timing(s, c) for s in shapes for c in (False, True)]
+    times = [speed(s, c) for s in shapes for c in (False, True)]
     for t in times:
         print(f"time {t['shape']} causal={t['causal']}: torch {t['torch_s']:.4f} s "
               f"(cpu {t['torch_cpu_s']:.4f}), model {t['model_s']:.4f} s (cpu "
@@ -113,11 +111,9 @@ def main(argv=None) -> int:
         median_cpu_time_ratio=sorted(t["cpu_ratio"] for t in times)[len(times) // 2],
     )
     print(json.dumps(summary))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(dict(
-        torch=torch.__version__, threads=torch.get_num_threads(), machine=platform.processor(),
-        load_average=os.getloadavg(),
-        summary=summary, cases=rows, timings=times), indent=1) + "\n")
+    # load_average: at the end of the run, as load_average_after (docs/audit.md quotes it)
+    timing.write(args.out, dict(**facts, load_average=os.getloadavg(), summary=summary,
+                                cases=rows, timings=times))
     return 0
 
 

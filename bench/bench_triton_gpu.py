@@ -26,9 +26,7 @@ writes bench/results/triton_interpreter.json, and exits 0.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
 import sys
 import time
 from functools import partial
@@ -37,7 +35,8 @@ from pathlib import Path
 import torch
 
 # first: on a CPU this sets TRITON_INTERPRET=1 before triton is imported
-from flashnum.backends import triton_flash as tf  # isort: skip
+from flashnum.backends import triton as tf  # isort: skip
+from flashnum.harness import timing  # isort: skip
 
 OUT = Path(__file__).parent / "results"
 CONFIGS = [  # (block_m, block_n, num_warps, num_stages): reported each, never tuned away
@@ -165,11 +164,12 @@ def speed_rows(ns, ds, dtypes):
 
 
 def meta():
+    """The command and the machine (flashnum.harness.timing), triton and the device."""
     import triton
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return dict(torch=torch.__version__, triton=triton.__version__,
-                python=platform.python_version(), interpreter=tf.INTERPRET, device=device)
+    return dict(**timing.facts(), triton=triton.__version__, interpreter=tf.INTERPRET,
+                device=device)
 
 
 def main(argv=None):
@@ -187,8 +187,8 @@ def main(argv=None):
         # tests/test_triton.py::test_ulp_distribution_vs_engine's case (seed 0), seeds 1, 2
         rows = fidelity_rows((2, 2), 96, 110, (64,), ("fp16", "bf16", "fp32"),
                              ("fa2", "exp2"), block=32, seeds=(0, 1, 2))
-        path = OUT / "triton_interpreter.json"
-        path.write_text(json.dumps(dict(meta=meta(), facts=facts, fidelity=rows), indent=1))
+        path = timing.write(OUT / "triton_interpreter.json",
+                            dict(meta=meta(), facts=facts, fidelity=rows))
         print(f"wrote {path}")
         return 0
 
@@ -207,8 +207,7 @@ def main(argv=None):
                               best_ratio=goal[0]["best_ratio"],
                               met=(goal[0]["best_ratio"] or 0) >= 0.8)
         print(f"goal (bf16, N=8192, d=128, >= 0.8 x SDPA): {result['goal']}")
-    path = OUT / "triton_gpu.json"
-    path.write_text(json.dumps(result, indent=1))
+    path = timing.write(OUT / "triton_gpu.json", result)
     print(f"wrote {path}")
     return 0
 

@@ -9,7 +9,9 @@
 
 One head, d = 64, 64 x 64 blocks, fa2 in bf16, gaussian inputs on the bf16 grid. A warm-up
 call at N = 128 comes first, so that one-off costs (imports, first allocations) are not
-counted. Prints one JSON line per (N, version): CPU seconds (time.process_time) and wall.
+counted. Prints the command and the machine as a first JSON line (flashnum.harness.timing),
+then one JSON line per (N, version): CPU seconds (time.process_time) and wall; the
+versions run one after the other at each N (interleaved).
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import time
 
 import torch
 
 from flashnum.analysis import bounds_backward
+from flashnum.harness import timing
 
 
 def _inputs(n: int):
@@ -29,11 +31,16 @@ def _inputs(n: int):
     return [torch.randn(1, n, 64, generator=gen).to(torch.bfloat16).float() for _ in range(4)]
 
 
-def _time(mod, n: int, causal: bool, terms: bool):
-    args = _inputs(n)
-    cpu, wall = time.process_time(), time.perf_counter()
-    b = mod.bound_backward(*args, policy="fa2", precision="bf16", causal=causal, terms=terms)
-    return b, time.process_time() - cpu, time.perf_counter() - wall
+def _time(versions: dict, n: int, causal: bool, terms: bool):
+    """({version: its bound}, {version: its timing}): one call of each version, in turn."""
+    args, got = _inputs(n), {}
+
+    def call(name):
+        got[name] = versions[name].bound_backward(*args, policy="fa2", precision="bf16",
+                                                  causal=causal, terms=terms)
+
+    t = timing.interleaved({name: lambda name=name: call(name) for name in versions}, 1)
+    return got, t
 
 
 def main():
@@ -48,14 +55,14 @@ def main():
         spec = importlib.util.spec_from_file_location("bounds_backward_before", a.before)
         versions["before"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(versions["before"])
-    for mod in versions.values():
-        _time(mod, 128, a.causal, a.terms)
+    print(json.dumps(timing.facts()), flush=True)
+    _time(versions, 128, a.causal, a.terms)
     for n in a.n:
-        got = {}
-        for name, mod in versions.items():
-            got[name], cpu, wall = _time(mod, n, a.causal, a.terms)
+        got, t = _time(versions, n, a.causal, a.terms)
+        for name in versions:
             print(json.dumps(dict(n=n, version=name, causal=a.causal, terms=a.terms,
-                                  cpu_s=round(cpu, 2), wall_s=round(wall, 2),
+                                  cpu_s=round(t[name]["cpu_s"], 2),
+                                  wall_s=round(t[name]["wall_s"], 2),
                                   threads=torch.get_num_threads())), flush=True)
         if "before" in got:
             same = all(torch.equal(got["now"][g], got["before"][g]) for g in ("dq", "dk", "dv"))
