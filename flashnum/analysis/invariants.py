@@ -1,11 +1,13 @@
 """The softmax-state invariants every results row checks, and the bound they rest on.
 
-    m_ok, l_ok = invariants(case, pol, eng_prec, q, k, res, ref, causal, scale)
+    m_ok, l_ok = invariants(case, pol, eng_prec, q, k, res, ref, causal, scale, rows=None)
 
 `case` is anything with the case fields (a flashnum.harness.grid.Case: head_dim,
 backend, block_m, block_n, order, variant, mp_bits, tau, beta); `pol` its Policy
 (None for the mp recurrence), `eng_prec` the precision the engine ran at, `q`, `k`
-the inputs as the kernel stored them, `res` the AttentionResult, `ref` the reference.
+the inputs as the kernel stored them, `res` the AttentionResult, `ref` the reference;
+`rows` a dict kept across the calls on the same q, k (flashnum.analysis.memo): |Q| |K|^T's
+row maxima and whether q, k lie on the inputs' grid are computed once there.
 
     m_ok  the final running max is the row max of the logits: within the proven error
           of the computed logits (logit_slack: inputs, dot, scale and m roundings, plus
@@ -26,6 +28,7 @@ import math
 
 import torch
 
+from flashnum.analysis.memo import kept
 from flashnum.engine.variants import variant_of
 from flashnum.numerics.constants import LOG2E, gamma
 from flashnum.numerics.formats import Format
@@ -72,17 +75,22 @@ def logit_slack(case, pol, absdot, row_max, scale, on_grid=False):
     return t
 
 
-def _row_max_window(case, pol, q, k, ref, causal, scale):
-    """(row max, slack): where the final m of each row must lie, before the variants' slack."""
+def _abs_dot_max(q, k, causal):
+    """max over the visible keys of |q_i| . |k_j|, per row."""
     nq, nk = q.shape[-2], k.shape[-2]
-    scale_f = scale if scale is not None else 1.0 / math.sqrt(case.head_dim)
     absdot = q.abs() @ k.abs().transpose(-1, -2)
     if causal:
         absdot = absdot.masked_fill(~causal_visible(nq, nk, causal=causal), 0.0)
-    absdot = absdot.amax(dim=-1)
+    return absdot.amax(dim=-1)
+
+
+def _row_max_window(case, pol, q, k, ref, causal, scale, rows=None):
+    """(row max, slack): where the final m of each row must lie, before the variants' slack."""
+    scale_f = scale if scale is not None else 1.0 / math.sqrt(case.head_dim)
+    absdot = kept(rows, (q, k), ("abs_dot_max", causal), lambda: _abs_dot_max(q, k, causal))
     fin = pol.fmt("inputs") if pol is not None else None
-    on_grid = isinstance(fin, Format) and fin.p < 53 and all(
-        bool(fin.representable(x)) for x in (q, k))
+    on_grid = kept(rows, (q, k), ("on_grid_qk", fin), lambda: isinstance(fin, Format)
+                   and fin.p < 53 and all(bool(fin.representable(x)) for x in (q, k)))
     slack = logit_slack(case, pol, absdot, ref.row_max.nan_to_num(0.0, 0.0, 0.0), scale_f,
                         on_grid)
     base2 = _variant(case).base2
@@ -91,7 +99,8 @@ def _row_max_window(case, pol, q, k, ref, causal, scale):
     return smax, slack
 
 
-def invariants(case, pol, eng_prec, q, k, res, ref, causal, scale) -> tuple[bool, bool]:
+def invariants(case, pol, eng_prec, q, k, res, ref, causal, scale,
+               rows: dict | None = None) -> tuple[bool, bool]:
     """(m_ok, l_ok); see the module docstring."""
     nq, nk = q.shape[-2], k.shape[-2]
     vis = (visible_count(nq, nk, causal) > 0).expand(res.m.shape)  # rows that see a key
@@ -101,7 +110,7 @@ def invariants(case, pol, eng_prec, q, k, res, ref, causal, scale) -> tuple[bool
     )
     m = res.m
     u_m = pol.fmt("m").u if pol is not None else 2.0 ** -case.mp_bits
-    smax, slack = _row_max_window(case, pol, q, k, ref, causal, scale)
+    smax, slack = _row_max_window(case, pol, q, k, ref, causal, scale, rows)
     lo, hi = _variant(case).m_window(smax, smax, slack, u_m)
     mv, lov, hiv, sl = m[vis], lo[vis], hi[vis], slack[vis]
     m_ok = bool(((mv >= lov - sl) & (mv <= hiv + sl)).all()) and bool(

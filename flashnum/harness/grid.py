@@ -84,8 +84,9 @@ class Case:
     # the causal mask's alignment (flashnum.numerics.tiling): config `causal: top_left`
     causal_align: str = "bottom_right"
 
-    @property
+    @functools.cached_property
     def case_id(self) -> str:
+        # hashed once per case: expand, select and the store ask for it many times
         return case_id(self)
 
     @property
