@@ -3,7 +3,8 @@
 #                  the scratch store $(SCRATCH)/ and compare every row with the shipped table
 #                  in experiments/ (exit status 1 if any differs); a deterministic sample:
 #                  make run RUN_ARGS="num_shards=10 shard=0" (every 10th case)
-#   make test      set up .venv and run the test suite
+#   make test      set up .venv and run the fast test suite (every test not marked slow)
+#   make test-slow the tests marked slow (CI runs both: .ci/run); make test-all runs all
 #   make figures   regenerate the paper's figures from experiments/*/results.parquet
 #   make paper     build paper/paper.pdf (latexmk)
 # TORCH names the torch requirement installed before the package; TORCH= keeps the
@@ -17,7 +18,7 @@ EXPERIMENT ?= bf16_sweep
 SCRATCH ?= scratch
 RUN_ARGS ?=
 
-.PHONY: setup run test figures paper
+.PHONY: setup run test test-slow test-all figures paper
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV_FLAGS) $(VENV)
@@ -32,6 +33,12 @@ run: setup
 	    compare_with=experiments $(RUN_ARGS)
 
 test: setup
+	$(BIN)/python -m pytest -q -n 2 -m "not slow"
+
+test-slow: setup
+	$(BIN)/python -m pytest -q -n 2 -m slow
+
+test-all: setup
 	$(BIN)/python -m pytest -q -n 2
 
 figures: setup

@@ -150,6 +150,7 @@ def read_only(path: Path):
         subprocess.run(["umount", str(path)], check=True)
 
 
+@pytest.mark.slow
 def test_a_read_only_finished_store_prints_its_summary(stored, tmp_path):
     ro = tmp_path / "ro"
     shutil.copytree(stored, ro / "smoke")

@@ -457,6 +457,7 @@ def test_backward_growth_exponents_come_from_the_data(full):
     assert m["BwdGrowthNMax"] == "512" and m["BwdGrowthCertMaxN"] == "256"
 
 
+@pytest.mark.slow
 def test_same_tables_give_identical_files(full, tmp_path):
     root, out, _ = full
     again = tmp_path / "again"

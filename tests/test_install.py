@@ -74,16 +74,22 @@ def test_the_unpacked_wheel_runs_an_experiment_from_another_directory(wheel, tmp
     assert Path(q.stdout.strip()) == site / "flashnum" / "conf"
 
 
-def test_ci_runs_the_readme_test_command_and_it_installs_the_triton_kernel():
+def test_ci_runs_the_readme_test_commands_and_they_install_the_triton_kernel():
+    """README's fast suite (make test) and slow suite (make test-slow) both run in CI, and
+    together they are every test: one deselects the marker slow, the other selects it."""
     readme = (REPO / "README.md").read_text()
     quick = readme[readme.index("## Quick start"):readme.index("## From Python")]
-    (test_cmd,) = [ln.split("#")[0].strip() for ln in quick.splitlines()
-                   if ln.startswith("make test")]
-    ci = (REPO / ".ci" / "run").read_text().splitlines()
-    assert test_cmd in [ln.strip() for ln in ci]
+    test_cmds = [ln.split("#")[0].strip() for ln in quick.splitlines()
+                 if ln.startswith("make test")]
+    assert test_cmds == ["make test", "make test-slow"]
+    ci = [ln.strip() for ln in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert all(cmd in ci for cmd in test_cmds)
     make = (REPO / "Makefile").read_text()
-    target = make[make.index("\ntest:"):].split("\n\n")[0]
-    assert "setup" in target.splitlines()[1] and "pytest" in target
+    target = {name: make[make.index(f"\n{name}:"):].split("\n\n")[0]
+              for name in ("test", "test-slow")}
+    for t in target.values():
+        assert "setup" in t.splitlines()[1] and "pytest" in t
+    assert '-m "not slow"' in target["test"] and "-m slow" in target["test-slow"]
     install = [ln for ln in make.splitlines() if "pip install" in ln and "-e" in ln]
     assert len(install) == 1 and "triton" in install[0].split("[")[1].split("]")[0].split(",")
 
@@ -93,6 +99,7 @@ def _files_under(d: Path) -> set[str]:
             if p.is_file() and "__pycache__" not in p.parts}
 
 
+@pytest.mark.slow
 def test_installed_run_and_figures_write_only_under_the_working_folder(wheel, tmp_path):
     """A non-editable install (the unpacked wheel alone on the path) run from an empty
     folder: the store, Hydra's multirun files and the figures go under that folder, and

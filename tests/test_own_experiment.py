@@ -58,6 +58,7 @@ def your_first_experiment() -> list[tuple[str, str]]:
     return blocks
 
 
+@pytest.mark.slow
 def test_your_first_experiment_runs_as_written_from_a_folder_outside_the_repository(
         tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO),
@@ -76,6 +77,7 @@ def test_your_first_experiment_runs_as_written_from_a_folder_outside_the_reposit
                                                           "myconf"]
 
 
+@pytest.mark.slow
 def test_hydra_searchpath_finds_the_users_experiment_as_config_dir_does(tmp_path):
     (tmp_path / "conf" / "experiment").mkdir(parents=True)
     body = (REPO / "conf" / "experiment" / "smoke.yaml").read_text()
@@ -103,7 +105,9 @@ COMMANDS = [("flashnum.run", "experiment=smoke"), ("flashnum.run", "experiment=b
                                                          "experiment=true")]
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+# one command in the fast suite, every command in the slow one (each starts a process)
+@pytest.mark.parametrize("command", COMMANDS[:1] + [pytest.param(c, marks=pytest.mark.slow)
+                                                    for c in COMMANDS[1:]], ids=" ".join)
 def test_a_store_that_is_not_a_store_is_one_line_and_status_2_from_every_command(
         tmp_path, command):
     (tmp_path / "notes.txt").write_text("not a store")

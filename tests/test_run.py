@@ -363,6 +363,7 @@ def test_a_killed_run_resumes_to_the_same_table_with_nothing_lost_or_doubled(
     pd.testing.assert_frame_equal(after.drop(columns=TIMINGS), before.drop(columns=TIMINGS))
 
 
+@pytest.mark.slow
 def test_a_multirun_over_shards_merges_into_the_unsharded_table(full_run, tmp_path):
     root, _ = full_run
     r = cli("-m", *TINY, "n_jobs=1", "num_shards=2", "shard=0,1", root=tmp_path)
