@@ -170,3 +170,19 @@ def test_the_stored_benchmark_meets_the_goal_bitwise():
         assert x["speedup_cpu"] >= 100, x["bits"]
         assert x["mpmath_rows_bitwise_equal_certified"] and x["arb_rows_bitwise_equal_certified"]
         assert x["certified_uncertain_rows"] == 0
+
+
+@pytest.mark.parametrize("big", [1e12, 1e13, 1e14, 1e15])
+def test_logits_too_large_for_the_bound_go_to_arb(big):
+    # |q k| ~ 1e24 or 1e30: the double-double logits err by about 1 or far more, so the
+    # fast path knows nothing and says so (an infinite bound); arb settles every row
+    q, k, v, _, _ = adversarial("gaussian")
+    q, k = q * big, k * big
+    vis = visible_len(q.shape[0], k.shape[0], False)
+    with np.errstate(all="ignore"):
+        a = approx_block(Head(k.numpy(), v.numpy(), None), q.numpy(), vis)
+    assert np.isinf(a["out"][2]).all() and np.isinf(a["lse"][2]).all()
+    ref = reference(q[None], k[None], v[None], cache=False)
+    assert ref.info["fast_rows"] == 0 and ref.info["uncertain_rows"] == 0
+    mp = reference(q[None], k[None], v[None], method="mpmath", bits=400, cache=False)
+    assert torch.equal(ref.out, mp.out) and torch.equal(ref.lse, mp.lse)

@@ -8,7 +8,7 @@ Error-free transformations (exact for finite inputs away from overflow):
       Veltkamp's split by 2^27 + 1 (numpy has no fma), exact while |a|, |b| < 2^995 and
       the product's error term does not underflow (Dekker 1971; Higham, 2nd ed., 4.4).
 
-exp_dd(xh, xl): e^(xh + xl) for -85 <= x <= 1/2, as (ph, pl) with relative error below
+exp_dd(xh, xl): e^(xh + xl) for -86 <= x <= 1/2, as (ph, pl) with relative error below
 EXP_REL + EXP_PER_XL * |xl| (both derived below):
   k = rint(x 2^16 / ln 2), j = k mod 2^16, e = (k - j) / 2^16; r = x - k ln2 / 2^16
       (|k| < 2^24 since |x| <= 86, so k C1 and k C2 are exact, C1 and C2 holding 29 bits;

@@ -10,8 +10,11 @@ float given, |c - ch - cl| <= 2^-104 |c|):
     (slices.logits: Ozaki splitting, exact GEMMs plus one float64 GEMM with gamma).
  2. x^ = c (S^ - M_i), M_i the float64 row max of S^ (of c S^; any shift gives the same
     softmax), as a double-double: two_sum(sh, -M) is exact, adding sl errs by <= u(|dl| +
-    |sl|) <= 3.1 u^2 Gamma; the product by (ch, cl) by 3u^2 + 2^-104 of |x| <= 2|c| Gamma.
-    eps_x,i = |c| (eps_S + 3.2 u^2 Gamma) (+ 2^-101 |c| Gamma when c is not a power of 2).
+    |sl|) <= u (3.1 u + 2.1 2^-2beta) Gamma; the product by (ch, cl) by 3u^2 + 2^-104 of
+    |x| <= 2|c| Gamma. eps_x,i = |c| (eps_S + u (3.1 u + 2.1 2^-2beta) Gamma) (+ 2^-101 |c|
+    Gamma when c is not a power of 2) + 2^-1000 (float64 products that may underflow).
+    The largest x^ is c sl ~ |c| u Gamma, not 0: a row where it exceeds 1/2 (logits beyond
+    ~2^55) gets eps_x = inf (P must stay below 2 for its slicing), i.e. goes to arb.
  3. p^ = exp_dd(x^) (dd.py: relative error <= EXP_REL + EXP_PER_XL |xl| <= 2^-99.5 +
     4.1 u^2 86 =: ETA) for x^ >= X_MIN = -85; smaller x^ are dropped: e^x <= e^(-85 +
     2^-30) < 2^-122 each. Then p^ = e^x (1 + delta), |delta| <= (1 + ETA) e^eps_x - 1 =
@@ -161,6 +164,8 @@ def _shifted(h: Head, parts, vis):
     eps = c * (err_s(h.beta_s, h.d) + U * (3.1 * U + 2.1 * 2.0**(-2 * h.beta_s))) * gam
     if not h.pow2:
         eps = eps + c * 2.0**-101 * gam
+    # products of tiny remainders in the float64 GEMM may underflow (2^-1074 each)
+    eps = eps + np.where(e2 > 0, 2.0**-1000, 0.0)
     return xh, xl, m, inside, eps * (1 + SAFE)
 
 
@@ -177,6 +182,11 @@ def _weights(h: Head, qb, vis):
     for i in range(0, r, step):
         b = slice(i, min(i + step, r))
         xh, xl, m[b], inside, eps_x[b] = _shifted(h, [x[b] for x in parts], vis[b])
+        j = np.argmax(xh if inside is None else np.where(inside, xh, -np.inf), axis=1)
+        xm_h[b], xm_l[b] = xh[np.arange(len(j)), j], xl[np.arange(len(j)), j]
+        if (xm_h[b] > 0.5).any():  # logits so large that S's low part moves the max:
+            eps_x[b] = np.where(xm_h[b] > 0.5, np.inf, eps_x[b])  # nothing known, and P
+            xh = np.minimum(xh, 0.5)  # stays below 2 for p_slices all the same
         keep = xh >= X_MIN if inside is None else inside & (xh >= X_MIN)
         n_drop[b] = (vis[b] if inside is None else inside.sum(axis=1)) - keep.sum(axis=1)
         if keep.all():
@@ -185,8 +195,6 @@ def _weights(h: Head, qb, vis):
             ph, pl = exp_dd(np.where(keep, xh, 0.0), np.where(keep, xl, 0.0))
             ph, pl = np.where(keep, ph, 0.0), np.where(keep, pl, 0.0)
         p_slices(ph, pl, h.beta_p, a_s[:, b], a123[b], rp[b])
-        j = np.argmax(xh if inside is None else np.where(inside, xh, -np.inf), axis=1)
-        xm_h[b], xm_l[b] = xh[np.arange(len(j)), j], xl[np.arange(len(j)), j]
     oh, ol = pv_products(a_s, a123, rp, h.vt)
     return oh, ol, m, eps_x, n_drop, xm_h, xm_l
 
@@ -198,7 +206,7 @@ def approx_block(h: Head, qb, vis):
     r = qb.shape[0]
     oh, ol, m, eps_x, n_drop, xm_h, xm_l = _weights(h, qb, vis)
     rho = ((1 + ETA) * np.expm1(eps_x) + ETA) * (1 + SAFE)
-    rho = rho / (1 - rho)
+    rho = np.where(rho < 2.0**-30, rho / (1 - rho), np.inf)  # huge logits: nothing known
     lh, ll = oh[:, -1], ol[:, -1]
     l_up = ((lh + np.abs(ll)) * (1 + 2.0**-80) + h.n * 2.0**-100)[:, None]
     e_o = pv_error(l_up, h.n, h.beta_p, h.beta_v, h.f2)
@@ -208,7 +216,7 @@ def approx_block(h: Head, qb, vis):
     denom = lh[:, None] * (1 - 2.0**-50) - e_l
     b_out = (e_o[:, :-1] + np.abs(yh) * (1 + 2.0**-50) * e_l) / denom
     b_out = (b_out + np.abs(yh) * 2.0**-98) * (1 + SAFE)
-    b_out = np.where((denom > 0) & (rho[:, None] < 2.0**-30), b_out, np.inf)
+    b_out = np.where(denom > 0, b_out, np.inf)
     zero_col = h.f2[:, :-1] == 0  # a zero column of V: o = 0 exactly
     yh, yl = np.where(zero_col, 0.0, yh), np.where(zero_col, 0.0, yl)
     b_out = np.where(zero_col, 0.0, b_out)
