@@ -1,7 +1,7 @@
 """`python -m flashnum.attribute`: per-site error attribution from the command line.
 
     python -m flashnum.attribute distribution=ties precision=bf16 policy=lowp
-    python -m flashnum.attribute experiment=true     # the stored grid: experiments/attribution
+    python -m flashnum.run experiment=attribution    # the stored grid: experiments/attribution
 
 One case prints flashnum.analysis.attribution.attribute's table per metric;
 experiment=true runs the grid flashnum.harness.attribution_grid.EXPERIMENT and replaces the
@@ -51,7 +51,7 @@ def _experiment(a) -> int:
     df = t.copy()
     df.insert(0, "case_id", case_ids("attribution", t))  # from the protocol columns
     cfg = {key: list(val) if isinstance(val, tuple) else val for key, val in EXPERIMENT.items()}
-    rec = manifest.record("flashnum.attribute", ["experiment=true"], config=cfg, shard=0,
+    rec = manifest.record("flashnum.run", ["experiment=attribution"], config=cfg, shard=0,
                           num_shards=1, n_workers=1, start_time=started,
                           end_time=manifest.now(), wall_s=time.perf_counter() - t0,
                           counts=dict(grid=len(df), run=len(df), failed=0))

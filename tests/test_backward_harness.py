@@ -76,7 +76,7 @@ def test_a_run_records_its_command_and_code_in_the_manifest(tmp_path, monkeypatc
     path = tmp_path / "bwd_tiny" / store.MANIFEST
     runs = json.loads(path.read_text())["runs"]
     assert len(runs) == 1 and runs[0]["end_time"] is not None
-    assert runs[0]["command"] == {"module": "flashnum.harness.backward",
+    assert runs[0]["command"] == {"module": "flashnum.run",
                                   "overrides": ["experiment=bwd_tiny"]}
     assert runs[0]["counts"]["run"] == 1 and "commit" in runs[0]["git"]
     before = path.read_bytes()

@@ -37,11 +37,12 @@ def test_every_input_of_the_grid_is_described_once_per_head(tmp_path):
     late = df[df.distribution == "late_max"]
     assert (late.sink_argmax == 0).all()  # late_max puts every row's max in the last block
     (run,) = manifest.runs(tmp_path / "smoke_stats" / "manifest.json")
-    assert run["command"] == {"module": "flashnum.harness.head_stats", "overrides": ["smoke"]}
+    assert run["command"] == {"module": "flashnum.run", "overrides": ["experiment=smoke_stats"]}
 
 
 def test_an_unknown_or_backward_experiment_is_one_line_with_status_2(tmp_path):
     for name in ("smok", "bwd_order"):
         p = cli(name, f"store.root={tmp_path}")
         assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
-        assert f"unknown experiment '{name}'" in p.stderr and "smoke" in p.stderr
+        # the command is an alias of python -m flashnum.run experiment=NAME_stats
+        assert f"unknown experiment '{name}_stats'" in p.stderr and "smoke" in p.stderr

@@ -259,8 +259,8 @@ def test_cli_quick_run_stores_under_root(tmp_path, capsys):
     assert "ratio_vs_forward" in capsys.readouterr().out
     assert len(store.load(tmp_path / "repro_fp8_pcast")) == 4
     runs = manifest.runs(tmp_path / "repro_fp8_pcast" / store.MANIFEST)
-    assert runs[-1]["command"] == {"module": "flashnum.reproduce",
-                                   "overrides": ["fp8_pcast", "quick=true"]}
+    assert runs[-1]["command"] == {"module": "flashnum.run",
+                                   "overrides": ["experiment=repro_fp8_pcast", "quick=true"]}
     with pytest.raises(SystemExit) as e:
         R.main(["table9"])
     assert e.value.code == 2

@@ -6,8 +6,8 @@
     python -m flashnum.audit target=my_pkg.attn:forward alignment=bottom_right model=fa2
     python -m flashnum.audit target=torch_sdpa budget=full store.root=/tmp/audits
     python -m flashnum.audit target=my_pkg.attn:forward isolate=true  # one child per case
-    python -m flashnum.audit experiment=kernel_audit    # the runs of conf/audit/kernel_audit.yaml
-    python -m flashnum.audit experiment=kernel_table    # every kernel (audit.kernel_table)
+    python -m flashnum.run experiment=kernel_audit      # the runs of conf/audit/kernel_audit.yaml
+    python -m flashnum.run experiment=kernel_table      # every kernel (audit.kernel_table)
 
 Exit status: 0 every case kept every rule, 1 some case broke one (the summary says
 which; a failing audit also names the flashnum model closest to the kernel, the
@@ -112,7 +112,7 @@ def _experiment(cfg) -> int:
     df = pd.concat(tables, ignore_index=True)
     # one row per (target, precision, case): the store's table, replaced whole
     df.insert(0, "case_id", df["target"] + "/" + df["precision"] + "/" + df["id"])
-    rec = manifest.record("flashnum.audit", [f"experiment={cfg.experiment}"],
+    rec = manifest.record("flashnum.run", [f"experiment={cfg.experiment}"],
                           config=dict(runs=_runs(cfg.experiment)), shard=0, num_shards=1,
                           n_workers=1, start_time=started, end_time=manifest.now(),
                           wall_s=time.perf_counter() - t0,

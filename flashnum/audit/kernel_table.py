@@ -1,6 +1,6 @@
 """The accuracy table of every attention kernel this machine runs (experiment kernel_table).
 
-    python -m flashnum.audit experiment=kernel_table        # -> experiments/kernel_table/
+    python -m flashnum.run experiment=kernel_table          # -> experiments/kernel_table/
     python -m flashnum.run experiment=kernel_table          # the same (dispatched here)
 
 conf/audit/kernel_table.yaml names the targets (flashnum.audit.targets), the precisions
@@ -417,7 +417,7 @@ def run(cfg) -> int:
             print("  " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                    for k, v in row.items() if k != "case_id"), flush=True)
     df = pd.DataFrame(rows)
-    rec = manifest.record("flashnum.audit", [f"experiment={cfg.experiment}"], config=spec,
+    rec = manifest.record("flashnum.run", [f"experiment={cfg.experiment}"], config=spec,
                           shard=0, num_shards=1, n_workers=1, start_time=started,
                           end_time=manifest.now(), wall_s=time.perf_counter() - t0,
                           counts=dict(grid=len(df), run=int((df.status == "ran").sum()),

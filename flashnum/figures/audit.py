@@ -9,7 +9,7 @@
     qiu_yao_clamp(F)      repro_qiu_yao's clamp_sweep: out / ref of their released fix vs
                           the max logit, the derived collapse 2 exp(-M) / 1e-10 beside
 
-Reads the table `python -m flashnum.audit experiment=kernel_audit` stores (one row per
+Reads the table `python -m flashnum.run experiment=kernel_audit` stores (one row per
 target, precision and case; flashnum.audit.rules names the columns) and sets the numbers
 the paper's section on it quotes (Audit* in flashnum.figures.numbers).
 """

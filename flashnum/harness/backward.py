@@ -506,7 +506,7 @@ def _run(cfg) -> int:
     mpath = exp_dir / store.MANIFEST
     overrides = [f"experiment={cfg.experiment}"] + ([f"limit={cfg.limit}"] if cfg.limit else []) \
         + ([f"where={cfg.where}"] if cfg.where else [])
-    rec = manifest.record("flashnum.harness.backward", overrides, config=dict(conf),
+    rec = manifest.record("flashnum.run", overrides, config=dict(conf),
                           counts=dict(grid=len(cases), done_before=len(done), run=0))
     t0 = time.perf_counter()
     with store.running(exp_dir, rec["run_id"]):
@@ -568,5 +568,7 @@ def main(argv=None) -> int:
                    check=_check_args, doc=__doc__)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # an alias: python -m flashnum.run experiment=NAME
+    from flashnum.harness.cli import alias, named
+
+    alias(named())

@@ -17,7 +17,8 @@ A command other than run declares its options as a dataclass and calls main_of:
         return main_of("flashnum.reproduce", Args, _run, argv, positional="what",
                        check=_check, doc=__doc__)
 
-`python -m flashnum.reproduce fa3_table3 quick=true` then calls _run(cfg) with the
+`main(["fa3_table3", "quick=true"])` (what `python -m flashnum.run experiment=repro_fa3_table3
+quick=true` calls) then calls _run(cfg) with the
 composed config (a bare first word is the `positional` key); `--help` lists the keys
 with their defaults. `run` itself composes conf/ (flashnum.harness.run.main).
 
@@ -220,6 +221,29 @@ def parse(prog: str, schema, argv: list[str] | None = None, *,
             return compose(name, overrides=argv)
     except Exception as e:
         fail(prog, explain(e, schema))
+
+
+def alias(to_run: Callable[[list[str]], list[str]], argv: list[str] | None = None):
+    """Run `python -m flashnum.run` with the arguments to_run(argv): an older command kept as
+    an alias of the one runner (its arguments translated, its exit status the runner's).
+    flashnum.run sits above every layer, so it is run by name, as `python -m` runs it."""
+    import runpy
+
+    sys.argv = ["flashnum.run", *to_run(list(sys.argv[1:] if argv is None else argv))]
+    runpy.run_module("flashnum.run", run_name="__main__", alter_sys=True)
+
+
+def named(prefix: str = "", suffix: str = "") -> Callable[[list[str]], list[str]]:
+    """An alias's translation: a first bare word NAME (or experiment=NAME) becomes
+    experiment=PREFIX+NAME+SUFFIX; the other arguments go as they are."""
+    def to_run(argv: list[str]) -> list[str]:
+        out = list(argv)
+        for i, a in enumerate(out):
+            if a.startswith("experiment=") or ("=" not in a and not a.startswith("-")):
+                out[i] = f"experiment={prefix}{a.removeprefix('experiment=')}{suffix}"
+                break
+        return out
+    return to_run
 
 
 def main_of(prog: str, schema, run: Callable, argv: list[str] | None = None, *,

@@ -100,7 +100,7 @@ def _run(cfg) -> int:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     name = f"{cfg.experiment}_stats"
-    rec = manifest.record("flashnum.harness.head_stats", [cfg.experiment])
+    rec = manifest.record("flashnum.run", [f"experiment={name}"])
     rows = [r for inp in inputs_of(cfg.experiment) for r in stats_rows(inp)]
     df = pd.DataFrame(rows, columns=[*INPUT_FIELDS, "input_id", "b", "head", "case_id",
                                      *STATS])
@@ -117,5 +117,7 @@ def main(argv=None) -> int:
                    check=_check, doc=__doc__)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # an alias: python -m flashnum.run experiment=NAME_stats
+    from flashnum.harness.cli import alias, named
+
+    alias(named(suffix="_stats"))

@@ -125,5 +125,7 @@ def main(argv=None) -> int:
                    check=_check, doc=__doc__)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # an alias: python -m flashnum.run experiment=NAME
+    from flashnum.harness.cli import alias, named
+
+    alias(named())

@@ -1,5 +1,6 @@
-"""Entry point: `python -m flashnum.reproduce`."""
+"""`python -m flashnum.reproduce NAME [key=value ...]`: an alias of the one runner,
+`python -m flashnum.run experiment=repro_NAME [key=value ...]`."""
 
-from flashnum.reproduce import main
+from flashnum.harness.cli import alias, named
 
-raise SystemExit(main())
+alias(named(prefix="repro_"))

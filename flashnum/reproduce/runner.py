@@ -13,7 +13,6 @@ columns (every column not in MEASURES).
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -74,10 +73,10 @@ def save(name: str, df: pd.DataFrame, config: dict, root=None):
     started = config.get("start_time") or manifest.now()
     df = df.copy()
     df.insert(0, "case_id", case_ids(name, df))
-    args = [config.get("reproduction") or name.removeprefix("repro_")]
+    args = [f"experiment=repro_{config.get('reproduction') or name.removeprefix('repro_')}"]
     args += (["quick=true"] if config.get("quick") else []) + (
         [f"seed={config['seed']}"] if config.get("seed") else [])
-    rec = manifest.record("flashnum.reproduce", args, config=config,
+    rec = manifest.record("flashnum.run", args, config=config,
                           shard=0, num_shards=1, n_workers=1, start_time=started,
                           end_time=manifest.now(), wall_s=config.get("wall_s"),
                           counts=dict(grid=len(df), run=len(df), failed=0))
@@ -135,6 +134,3 @@ def main(argv=None) -> int:
     return main_of("flashnum.reproduce", Args, _run, argv, positional="what", check=_check,
                    doc=Args.__doc__)
 
-
-if __name__ == "__main__":
-    sys.exit(main())
