@@ -14,6 +14,7 @@ from flashnum.figures.docs.digits import ceil_to, pct, pct_floor, sci, thousands
 from flashnum.figures.docs.sources import bench, last_run, table
 from flashnum.figures.quoting import Passage, require
 from flashnum.harness.qiu_yao_agreement import CASES, PAIRS
+from flashnum.harness.torch_cpu_backward_agreement import summary as torch_cpu_summary
 
 # the gradient audit: experiments/kernel_audit_backward (rows, each report's audit.json)
 BACKWARD = "kernel_audit_backward"
@@ -345,8 +346,23 @@ def torch_diagnosis(F) -> list[str]:
     return ["closest model " + "; ".join(parts)]
 
 
+def torch_cpu_backward(F) -> dict:
+    """experiments/torch_cpu_backward: its summary, its rows in the layout of the text (shape
+    as a list, fa2's shares), and the run: its command, torch's version, the machine."""
+    df = table(F, "torch_cpu_backward")
+    run = last_run(F, "torch_cpu_backward")
+    shape = ("batch", "heads", "seq_len_q", "seq_len_k", "head_dim")
+    cases = [dict(precision=r["precision"], shape=[r[k] for k in shape], causal=r["causal"],
+                  forward_bitwise=r["forward_bitwise"],
+                  fa2={n: r[f"fa2_{n}"] for n in GRADS}) for r in df.to_dict("records")]
+    first = df.iloc[0]
+    return dict(summary=torch_cpu_summary(df), cases=cases, torch=run["versions"]["torch"],
+                command="python -m flashnum.run " + " ".join(run["command"]["overrides"]),
+                threads=int(first.threads), cpu_count=int(first.cpu_count), machine=first.cpu)
+
+
 def torch_cpu_backward_docs(F):
-    t = bench(F, "torch_cpu_backward")
+    t = torch_cpu_backward(F)
     s, cases = t["summary"], t["cases"]
     out = [f"`{t['command'].strip()}`, torch {t['torch']}, {t['threads']} threads, "
            f"{t['cpu_count']}-core {t['machine']}"]
@@ -378,7 +394,7 @@ def torch_cpu_backward_docs(F):
 
 
 def torch_cpu_backward_readme(F):
-    t = bench(F, "torch_cpu_backward")
+    t = torch_cpu_backward(F)
     s = t["summary"]
     shares = [s[p][w][n]["share"] for p in ("fp32", "bf16", "fp16") for n in GRADS
               for w in ("backward", "end_to_end")]
@@ -417,7 +433,7 @@ PASSAGES = {
     "AuditTorchDiagnosis": Passage("docs/audit.md: torch_sdpa's closest models",
                                    torch_diagnosis),
     "AuditTorchCpuBackward": Passage("docs/audit.md: the torch_cpu backward against torch's "
-                                     "(bench/results/torch_cpu_backward.json)",
+                                     "(experiments/torch_cpu_backward)",
                                      torch_cpu_backward_docs),
     "ReadmeTorchCpuBackward": Passage("README.md: the same, in short",
                                       torch_cpu_backward_readme),
