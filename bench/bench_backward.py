@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ import torch
 
 import flashnum
 from flashnum.engine import fused_backward
+from flashnum.harness import timing
 
 OUT = Path(__file__).parent / "results"
 
@@ -102,20 +102,6 @@ def speed(runs=7):
     return res
 
 
-def machine() -> dict:
-    """The CPU model and its SIMD flags, the load average now, torch and its capability."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
-                  if ln.startswith("model name")), platform.processor() or platform.machine())
-    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines()
-                  if ln.startswith("flags")), [])
-    return {"machine": platform.machine(), "cpu_model": model,
-            "cpu_simd_flags": [f for f in flags if f.startswith(("avx", "fma", "amx"))],
-            "cpus": os.cpu_count(), "load_average_before": os.getloadavg(),
-            "torch": torch.__version__,
-            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
-
-
 _CHILD = """
 import sys, torch, flashnum
 torch.set_num_threads(1)
@@ -172,9 +158,7 @@ def main(argv=None):
     res = json.loads(path.read_text()) if (args.only and path.exists()) else {}
     res.update(load_average=os.getloadavg()[0])
     if args.only in (None, "speed"):
-        res.update(command=" ".join(["python", "bench/bench_backward.py", *(argv or
-                                                                         sys.argv[1:])]),
-                   **machine())
+        res.update(timing.facts(None if argv is None else ["bench/bench_backward.py", *argv]))
         res["speed"] = speed()
         res["load_average_after"] = os.getloadavg()
     if args.only in (None, "memory"):
@@ -184,8 +168,7 @@ def main(argv=None):
         res["memory"] = sorted(kept + new, key=lambda m: m["n"])
     if args.only in (None, "certified") and not args.quick:
         res["certified"] = certified()
-    OUT.mkdir(exist_ok=True)
-    path.write_text(json.dumps(res, indent=2) + "\n")
+    timing.write(path, res)
     print(json.dumps(res, indent=2))
 
 

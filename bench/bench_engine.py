@@ -10,8 +10,9 @@
    path (the fused loop off), the torch path (no native kernel; the same output), on one
    thread, the fixed cost of one step (one key block, one chunk of heads), and the
    time of the two fp32 GEMMs per key block alone. The machine (CPU model, flags, load
-   average before and after, torch) and the command are stored with the figures: on a
-   shared machine only ratios measured in one run mean something.
+   average before and after, torch) and the command are stored with the figures
+   (flashnum.harness.timing): on a shared machine only ratios measured in one run mean
+   something.
 2. Memory: N = 65536, d = 64, one head, bf16 fa2, in a fresh subprocess; peak RSS
    (ru_maxrss) minus the interpreter's own. Goal: <= 1.5 GiB (an N x N fp32 matrix
    alone would be 16 GiB).
@@ -22,29 +23,28 @@ Writes bench/results/engine.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 import flashnum
 from flashnum.engine import fused, native
+from flashnum.harness import timing
 
 OUT = Path(__file__).parent / "results"
 
 
 def best_of(fn, n=3):
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return min(ts)
+    return timing.best(fn, n)
+
+
+def pairs_with(sdpa, emu, n):
+    """(SDPA, emulator) wall seconds of n interleaved rounds (flashnum.harness.timing)."""
+    t = timing.interleaved({"sdpa": sdpa, "emu": emu}, n)
+    return list(zip(t["sdpa"]["wall_runs_s"], t["emu"]["wall_runs_s"], strict=True))
 
 
 def speed():
@@ -60,7 +60,7 @@ def speed():
     # interleaved, the best of 10 each: noise on a shared machine only ever adds time,
     # and alternating keeps a slow spell from falling on one side only
     emu(), sdpa()
-    pairs = [(best_of(sdpa, 1), best_of(emu, 1)) for _ in range(10)]
+    pairs = pairs_with(sdpa, emu, 10)
     res["sdpa_fp32_s"] = min(a for a, _ in pairs)
     res["emulate_bf16_fa2_s"] = min(b for _, b in pairs)
     res["ratio"] = res["emulate_bf16_fa2_s"] / res["sdpa_fp32_s"]
@@ -70,7 +70,7 @@ def speed():
     for key, off in (("in_place", fused), ("torch_path", native)):
         off.set_enabled(False)
         try:
-            alt = [(best_of(sdpa, 1), best_of(emu, 1)) for _ in range(3)]
+            alt = pairs_with(sdpa, emu, 3)
         finally:
             off.set_enabled(True)
         res[f"emulate_{key}_s"] = min(b for _, b in alt)
@@ -95,15 +95,15 @@ def speed():
         res["ratio_one_thread"] = best_of(emu, 2) / best_of(sdpa, 2)
         # one thread, process CPU time (what load on other cores disturbs least):
         # SDPA, the fused loop and the in-place path interleaved, best of 3 each
-        cpu = {"sdpa": [], "fused": [], "in_place": []}
-        for _ in range(3):
-            for key, fn in (("sdpa", sdpa), ("fused", emu), ("in_place", emu)):
-                fused.set_enabled(key != "in_place")
-                t = time.process_time()
-                fn()
-                cpu[key].append(time.process_time() - t)
-        fused.set_enabled(True)
-        best = {k: min(v) for k, v in cpu.items()}
+        def in_place():
+            fused.set_enabled(False)
+            try:
+                emu()
+            finally:
+                fused.set_enabled(True)
+
+        t = timing.interleaved({"sdpa": sdpa, "fused": emu, "in_place": in_place}, 3)
+        best = {k: v["cpu_s"] for k, v in t.items()}
         res["cpu_one_thread_s"] = best
         res["cpu_ratio_one_thread"] = best["fused"] / best["sdpa"]
         res["cpu_ratio_one_thread_in_place"] = best["in_place"] / best["sdpa"]
@@ -143,26 +143,11 @@ def mp_cost():
     return {"shape": "1 x 64 x 16, 256 bits", "wall_s": t}
 
 
-def machine() -> dict:
-    """The CPU model and its SIMD flags, the load average now, torch and its CPU capability."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
-                  if ln.startswith("model name")), platform.processor() or platform.machine())
-    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines()
-                  if ln.startswith("flags")), [])
-    simd = [f for f in flags if f.startswith(("avx", "fma", "amx"))]
-    return {"machine": platform.machine(), "cpu_model": model, "cpu_simd_flags": simd,
-            "cpus": os.cpu_count(), "load_average_before": os.getloadavg(),
-            "torch": torch.__version__,
-            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="N = 16384 for the memory case")
     args = ap.parse_args()
-    res = {"command": " ".join(["python", "bench/bench_engine.py", *sys.argv[1:]]),
-           **machine(), "fused": fused.status()}
+    res = {**timing.facts(), "fused": fused.status()}
     res["speed"] = speed()
     res["load_average_after"] = os.getloadavg()
     sp = res["speed"]
@@ -181,8 +166,7 @@ def main():
           f"{mem['wall_s']:.1f} s")
     res["mp"] = mp_cost()
     print(f"mp: {res['mp']['shape']}: {res['mp']['wall_s']:.2f} s")
-    OUT.mkdir(exist_ok=True)
-    (OUT / "engine.json").write_text(json.dumps(res, indent=2))
+    timing.write(OUT / "engine.json", res)
 
 
 if __name__ == "__main__":

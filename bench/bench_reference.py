@@ -21,33 +21,24 @@ Prints a table; writes bench/results/reference.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import resource
-import sys
 import time
-from pathlib import Path
 
 import mpmath
 import numpy as np
 import torch
 
+from flashnum.harness import timing
 from flashnum.reference import reference
 from flashnum.reference.certified import certified
 from flashnum.reference.inputs import visible_len
 
 
-def cpu() -> float:
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
 def timed(fn):
-    t, c = time.perf_counter(), cpu()
+    """(fn(), wall s, CPU s of this process and its finished children: timing.cpu_time)."""
+    t, c = time.perf_counter(), timing.cpu_time()
     res = fn()
-    return res, time.perf_counter() - t, cpu() - c
+    return res, time.perf_counter() - t, timing.cpu_time() - c
 
 
 def textbook_row(q, k, v, bits) -> None:
@@ -69,19 +60,6 @@ def textbook_row(q, k, v, bits) -> None:
     l = sum(p)
     o = [sum(pj * vj[c] for pj, vj in zip(p, V, strict=True)) / l for c in range(len(V[0]))]
     return o
-
-
-def machine() -> dict:
-    """The CPU model and its SIMD flags, the core count, torch."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
-                  if ln.startswith("model name")), platform.processor() or platform.machine())
-    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines()
-                  if ln.startswith("flags")), [])
-    return {"cpu_model": model, "cpu_simd_flags": [f for f in flags
-                                                   if f.startswith(("avx", "fma", "amx"))],
-            "cpu_count": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "numpy": np.__version__}
 
 
 def arb_check(q, k, v, cert, bits, n_rows) -> dict:
@@ -108,6 +86,7 @@ def main() -> None:
     )
     a = ap.parse_args()
 
+    facts = timing.facts()  # the command, the CPU and its SIMD flags, the load now, torch
     load0 = os.getloadavg()[0]
     g = torch.Generator().manual_seed(a.seed)
     q, k, v = (torch.randn(1, a.n, a.d, generator=g, dtype=torch.float64) for _ in range(3))
@@ -159,8 +138,9 @@ def main() -> None:
 
     err64 = (f64.out - cert.out).abs().amax(-1)
     res = {
-        "command": " ".join(["python", "bench/bench_reference.py", *sys.argv[1:]]),
-        **machine(),
+        **facts,
+        "cpu_count": os.cpu_count(),
+        "numpy": np.__version__,
         "n": a.n,
         "d": a.d,
         "seed": a.seed,
@@ -205,9 +185,7 @@ def main() -> None:
         f"{'fp64':<28} {53:>5} {t_f64:9.2f} {'':>9}  max err {res['fp64_max_err']:.2e} "
         f"<= bound {res['fp64_max_bound']:.2e}: {res['fp64_bound_holds']}"
     )
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as fh:
-        json.dump(res, fh, indent=2)
+    timing.write(a.out, res)
     print(f"wrote {a.out}")
 
 

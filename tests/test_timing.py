@@ -81,3 +81,9 @@ def test_cpu_time_counts_the_children_that_have_ended():
     subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\n"
                     "while time.process_time() - t < 0.2: pass"], check=True)
     assert timing.cpu_time() - before >= 0.2
+
+
+def test_a_result_keeps_the_load_it_recorded_after_its_timed_part(tmp_path):
+    res = {**timing.facts(["bench/bench_x.py"]), "load_average_after": [9.0, 9.0, 9.0]}
+    got = json.loads(timing.write(tmp_path / "x.json", res).read_text())
+    assert got["load_average_after"] == [9.0, 9.0, 9.0]

@@ -128,9 +128,10 @@ def best(fn: Callable[[], object], repeat: int, clock: str = "wall") -> float:
 
 
 def write(path: str | os.PathLike, result: dict) -> Path:
-    """Write `result` (which facts() began) as JSON at `path`, with the load average now
-    ("load_average_after") and the command when it has none; returns the path."""
-    out = {"command": command(), **result, "load_average_after": os.getloadavg()}
+    """Write `result` (which facts() began) as JSON at `path`, with the command and the load
+    average now ("load_average_after") where it has none; returns the path."""
+    out = {"command": command(), **result}
+    out.setdefault("load_average_after", os.getloadavg())
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
