@@ -52,8 +52,8 @@ Certified, the fast path (fast.py's docstring derives every bound): S = Q K^T an
 P [V | 1] from float64 GEMMs on Ozaki slices (exact) plus float64 GEMMs of the small
 remainders (gamma_n bounds), exp in double-double (a 2^16-entry table and a degree-5
 polynomial), o / l and log l in double-double; a value is final when its interval lies
-strictly inside one float64 rounding cell; err_bound is then round_ball's half-ulp
-term. Used from bits >= 128 (at 64 bits an arb ball's radius shows in err_bound).
+strictly inside one float64 rounding cell; err_bound is then round_ball's for a
+certain value (its half-ulp term, a function of the output alone). Used from bits >= 128.
 
 Certified, the arb path (per block of query rows, see certified._arb_rows): the row max
 D* = max_j q.k_j is located with float64 and a proven margin, then evaluated

@@ -25,15 +25,19 @@ def up(x: float) -> float:
 
 
 def round_ball(x) -> tuple[float, bool, float]:
-    """(RN(mid), certain, bound on |RN(exact) - exact| + radius) for an arb ball x.
+    """(RN(mid), certain, a bound on |RN(mid) - exact|) for an arb ball x.
 
     certain: both ends of the ball round to the same float64 (so that float64 is the
-    correctly rounded exact value) and the relative radius is below 2^-60."""
+    correctly rounded exact value) and the relative radius is below 2^-60. The bound is
+    up(up(half_ulp(y) + up(radius))), with radius 0 when certain: a correctly rounded y
+    is within half an ulp, whatever the ball's width (so the bound is a function of y
+    alone, as the fast path (fast.py) computes it; the radius, <= 2^-60 |y|, could move
+    it by an ulp of the bound only at low precision)."""
     lo, hi = float(x.lower()), float(x.upper())  # float(arb) rounds the midpoint to nearest
     y = float(x)
-    rad = float(x.rad())
-    err = up(up(half_ulp(y) + up(rad)))
     certain = lo == hi and (lo == 0.0 or x.rel_accuracy_bits() >= REL_BITS)
+    rad = 0.0 if certain else float(x.rad())
+    err = up(up(half_ulp(y) + up(rad)))
     if certain and lo == 0.0:
         y = 0.0
     return y, certain, err

@@ -16,8 +16,8 @@ from flashnum.reference.fast import fast_head
 from flashnum.reference.result import empty
 
 ROWS_PER_TASK = 256
-# the fast path's err_bound equals the arb path's when arb's ball radius is absorbed by
-# half an ulp, as it is at >= 128 bits (at 64 bits the radius shows in err_bound)
+# the fast path (~100 bits) stands in for arb from 128 bits; at 64 bits arb runs (and
+# raises its precision where 64 bits do not settle a rounding)
 FAST_MIN_BITS = 128
 
 

@@ -27,10 +27,9 @@ float given, |c - ch - cl| <= 2^-104 |c|):
     float64's log (log_dd); |log l* - log l^| <= E_l / (l^ - E_l). row_max = c M + max_j
     x_j, within eps_x + 2^-52 |x^_max| of c M + x^_max (the largest double-double has the
     largest high part).
- 6. Each value is rounded by rounding.certify; err_bound per row is round_ball's
-    max_c up(up(half_ulp(y_c) + up(radius))) with the radius absorbed (rounding.err_term
-    with 0), and the row is kept only when the fast bound is absorbed as well (so the
-    arb path, at >= 128 bits with a far smaller radius, gives the same number).
+ 6. Each value is rounded by rounding.certify; err_bound per row is round_ball's for a
+    certain value, max_c up(up(half_ulp(y_c) + up(0))) (rounding.err_term): a function
+    of the correctly rounded outputs alone, so the arb path gives the same number.
 
 Every bound is evaluated in float64 and inflated by 1 + 2^-40 (slices.SAFE), far above
 the relative rounding of a few dozen float64 operations. Heads whose exponents leave the

@@ -4,7 +4,8 @@ last step of the certified reference's fast path (fast.py).
 A value known to lie in [a - B, a + B] (a = ah + al a double-double, B >= 0) has the
 float64 Y = RN(a) as its correctly rounded value when the whole interval lies strictly
 inside Y's rounding cell (Y - ulp_down/2, Y + ulp_up/2): the cell's ends are ties, which
-are left to the arb path (balls.round_ball, which never accepts a ball holding a tie).
+are left to the arb path (balls.round_ball accepts a ball holding a tie only when it is
+exact, and then rounds it to even).
 Y = fl(ah + al) is RN(a) (IEEE addition rounds correctly). The gaps to the cell's ends,
 (Y - ah) + ulp_up/2 - al and its mirror, are evaluated in float64: Y - ah is exact
 (Sterbenz), the two further roundings err by at most 2u * 2 ulp(Y), which the test
@@ -13,7 +14,7 @@ handles subnormal results), except an exact zero (a = 0 with B = 0), which is +0
 round_ball returns it.
 
 err_term(Y, B) is round_ball's bound up(up(half_ulp(Y) + up(B))); with B = 0 it is what
-round_ball gives for any ball radius absorbed by half_ulp(Y) (fast.py uses that).
+round_ball gives for a certain value (fast.py uses that).
 """
 
 from __future__ import annotations
