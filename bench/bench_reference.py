@@ -14,7 +14,7 @@ timed) on one row. Reports wall and CPU seconds (this process and its finished
 children, i.e. the certified workers): the machine is shared, and CPU time is far
 less disturbed by other jobs. Also checks the certified head bitwise against the arb
 path alone (out, lse, row_max, err_bound) on --arb-rows rows spread over the head, and
-records the CPU model, its SIMD flags, the load average, torch and the command.
+records the machine, the load average and the command (flashnum.harness.timing).
 Prints a table; writes bench/results/reference.json.
 """
 
@@ -35,7 +35,7 @@ from flashnum.reference.inputs import visible_len
 
 
 def timed(fn):
-    """(fn(), wall s, CPU s of this process and its finished children: timing.cpu_time)."""
+    """(fn(), wall s, CPU s of this process and its ended children: timing.cpu_time)."""
     t, c = time.perf_counter(), timing.cpu_time()
     res = fn()
     return res, time.perf_counter() - t, timing.cpu_time() - c
@@ -86,7 +86,7 @@ def main() -> None:
     )
     a = ap.parse_args()
 
-    facts = timing.facts()  # the command, the CPU and its SIMD flags, the load now, torch
+    facts = timing.facts()  # command, CPU model and flags, cores, load, torch
     load0 = os.getloadavg()[0]
     g = torch.Generator().manual_seed(a.seed)
     q, k, v = (torch.randn(1, a.n, a.d, generator=g, dtype=torch.float64) for _ in range(3))
@@ -139,7 +139,6 @@ def main() -> None:
     err64 = (f64.out - cert.out).abs().amax(-1)
     res = {
         **facts,
-        "cpu_count": os.cpu_count(),
         "numpy": np.__version__,
         "n": a.n,
         "d": a.d,
@@ -153,7 +152,7 @@ def main() -> None:
     }
 
     print(
-        f"one head, N={a.n}, d={a.d}; {res['cpu_model']}, {os.cpu_count()} cores, load "
+        f"one head, N={a.n}, d={a.d}; {res['cpu_model']}, {res['cores']} cores, load "
         f"average {load0:.1f} at start and {os.getloadavg()[0]:.1f} at the end"
     )
     print(f"{'method':<28} {'bits':>5} {'wall s':>9} {'cpu s':>9}  note")
@@ -185,8 +184,7 @@ def main() -> None:
         f"{'fp64':<28} {53:>5} {t_f64:9.2f} {'':>9}  max err {res['fp64_max_err']:.2e} "
         f"<= bound {res['fp64_max_bound']:.2e}: {res['fp64_bound_holds']}"
     )
-    timing.write(a.out, res)
-    print(f"wrote {a.out}")
+    print(f"wrote {timing.write(a.out, res)}")
 
 
 if __name__ == "__main__":
