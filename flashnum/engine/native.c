@@ -319,54 +319,73 @@ typedef struct {
   int sites;                    /* F of s, m, p, l, o: 0 fp32 (fa2), 1 bf16, 2 fp16 (lowp) */
 } fused_job;
 
-/* One row's softmax step on its logit row sr (bn values, S on entry; P on return, Pc in pr):
-   the scale, the mask, the row max, the state (m, n_resc, alpha) and l. r is the job's row,
-   rg its row among the query rows (for the visible prefix), j the key block. */
-static inline __attribute__((always_inline)) void row_step(
-    const fused_job *J, int64_t rg, int64_t j, float *sr, float *pr, float *m, float *l,
-    int64_t *nr, float *alpha, const int base2, const int cast, const int F) {
+/* The softmax step of h rows of logits s (h x bn: S on entry, P on return, Pc in pc), in
+   three passes so that the state's exp runs vectorised across rows: per row the scale,
+   the mask and the row max; per h rows the state (m, n_resc, the shift, alpha); per row
+   P, its cast and l. rg0 is the first row's index among the query rows (for the visible
+   prefix), j the key block; m, l, nr, alpha and mb (scratch, 2 h) hold one value per row. */
+static inline __attribute__((always_inline)) void rows_step(
+    const fused_job *J, int64_t h, int64_t rg0, int64_t j, float *s, float *pc, float *m,
+    float *l, int64_t *nr, float *alpha, float *mb, const int base2, const int cast,
+    const int F) {
   const int64_t bn = J->bn;
-  int64_t nv = J->vis[rg] - j * bn;  /* visible columns of this row */
-  nv = nv < 0 ? 0 : nv > bn ? bn : nv;
-  /* s = fl_s(fl_s(S) scale), -inf past the visible prefix */
-  for (int64_t c = 0; c < nv; ++c) sr[c] = site(site(sr[c], F) * J->scale, F);
-  for (int64_t c = nv; c < bn; ++c) sr[c] = -INFINITY;
-  /* its row max, NaN if any logit is NaN (torch.amax): a max is exact in any order, so
-     it is taken on the floats' bits mapped to integers of the same order (a reduction
-     that vectorises; the mapping puts -0 below +0, and S is never -0: the GEMM sums
-     from +0) */
-  int32_t km = INT32_MIN;
-  uint32_t nan = 0;
-  for (int64_t c = 0; c < bn; ++c) {
-    const uint32_t b = bits32(sr[c]);
-    const int32_t key = (int32_t) (b ^ ((uint32_t) ((int32_t) b >> 31) >> 1));
-    km = key > km ? key : km;
-    nan |= (b & 0x7fffffffu) > 0x7f800000u;
-  }
-  float mb = from32((uint32_t) km ^ ((uint32_t) (km >> 31) >> 1));
-  if (nan) mb = NAN;
-  /* the state: torch.maximum (NaN if either is), lazy_max, grew, finite_or_zero */
-  const float a = *m;
-  float mn = (a != a || mb != mb) ? a + mb : (mb > a ? mb : a);
-  if (J->lazy && a - a == 0.0f && mn - a <= J->tau) mn = a;
-  *nr += (mn > a) & (a - a == 0.0f);
-  const float ms = mn - mn == 0.0f ? mn : 0.0f;
-  *m = mn;
-  *alpha = exp_site(site(a - ms, F), base2, F);
-  if (cast) {  /* F = 0 */
-#pragma omp simd
-    for (int64_t c2 = 0; c2 < bn; ++c2) {
-      const float p = exp_round(sr[c2] - ms, base2);
-      sr[c2] = p;
-      pr[c2] = cast == 1 ? round_bf16(p) : round_f16(p);
+  float *ms = mb + h;
+  for (int64_t r = 0; r < h; ++r) {
+    float *sr = s + r * bn;
+    int64_t nv = J->vis[rg0 + r] - j * bn;  /* visible columns of this row */
+    nv = nv < 0 ? 0 : nv > bn ? bn : nv;
+    /* s = fl_s(fl_s(S) scale), -inf past the visible prefix */
+    for (int64_t c = 0; c < nv; ++c) sr[c] = site(site(sr[c], F) * J->scale, F);
+    for (int64_t c = nv; c < bn; ++c) sr[c] = -INFINITY;
+    /* its row max, NaN if any logit is NaN (torch.amax): a max is exact in any order, so
+       it is taken on the floats' bits mapped to integers of the same order (a reduction
+       that vectorises; the mapping puts -0 below +0, and S is never -0: the GEMM sums
+       from +0) */
+    int32_t km = INT32_MIN;
+    uint32_t nan = 0;
+    for (int64_t c = 0; c < bn; ++c) {
+      const uint32_t b = bits32(sr[c]);
+      const int32_t key = (int32_t) (b ^ ((uint32_t) ((int32_t) b >> 31) >> 1));
+      km = key > km ? key : km;
+      nan |= (b & 0x7fffffffu) > 0x7f800000u;
     }
-  } else {
-#pragma omp simd
-    for (int64_t c2 = 0; c2 < bn; ++c2) sr[c2] = exp_site(site(sr[c2] - ms, F), base2, F);
+    const float x = from32((uint32_t) km ^ ((uint32_t) (km >> 31) >> 1));
+    mb[r] = nan ? NAN : x;
   }
-  const float lb = site(torch_rowsum(J->l_from_cast && cast ? pr : sr, bn), F);
-  const float la = site(*l * *alpha, F);
-  *l = site(la + lb, F);
+  /* the state: torch.maximum (NaN if either is), lazy_max, grew, finite_or_zero */
+  const int lazy = J->lazy;
+  const float tau = J->tau;
+#pragma omp simd
+  for (int64_t r = 0; r < h; ++r) {
+    const float a = m[r], b = mb[r];
+    float mn = (a != a || b != b) ? a + b : (b > a ? b : a);
+    const int fin_a = a - a == 0.0f;
+    mn = lazy && fin_a && mn - a <= tau ? a : mn;
+    nr[r] += (mn > a) & fin_a;
+    const float shift = mn - mn == 0.0f ? mn : 0.0f;
+    m[r] = mn;
+    ms[r] = shift;
+    alpha[r] = exp_site(site(a - shift, F), base2, F);
+  }
+  for (int64_t r = 0; r < h; ++r) {
+    float *sr = s + r * bn, *pr = pc + r * bn;
+    const float shift = ms[r];
+    if (cast) {  /* F = 0 */
+#pragma omp simd
+      for (int64_t c2 = 0; c2 < bn; ++c2) {
+        const float p = exp_round(sr[c2] - shift, base2);
+        sr[c2] = p;
+        pr[c2] = cast == 1 ? round_bf16(p) : round_f16(p);
+      }
+    } else {
+#pragma omp simd
+      for (int64_t c2 = 0; c2 < bn; ++c2)
+        sr[c2] = exp_site(site(sr[c2] - shift, F), base2, F);
+    }
+    const float lb = site(torch_rowsum(J->l_from_cast && cast ? pr : sr, bn), F);
+    const float la = site(l[r] * alpha[r], F);
+    l[r] = site(la + lb, F);
+  }
 }
 
 /* The start of a job: its rows' state, and where its rows, key order and outputs lie. */
@@ -412,9 +431,7 @@ static inline __attribute__((always_inline)) void fused_block(
     const float *kj = J->k + (b * J->n_kb + j) * bn * d;
     const float *vj = J->v + (b * J->n_kb + j) * bn * dv;
     J->gemm("T", "N", &ibn, &R, &id, &one, kj, &id, w.q, &id, &zero, s, &ibn);
-    for (int64_t r = 0; r < R; ++r)
-      row_step(J, w.r0 + r, j, s + r * bn, pc + r * bn, w.m + r, w.l + r, w.nr + r, alpha + r,
-               base2, cast, F);
+    rows_step(J, R, w.r0, j, s, pc, w.m, w.l, w.nr, alpha, alpha + R, base2, cast, F);
     J->gemm("N", "N", &idv, &R, &ibn, &one, vj, &idv, J->cast ? pc : s, &ibn, &zero, pv, &idv);
     for (int64_t r = 0; r < R; ++r) {
       const float ar = alpha[r];
@@ -437,7 +454,7 @@ void fn_fused_forward(const fused_job *J, int nthreads) {
   const int64_t rows = J->g * J->bm;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {
-    float *buf = aligned_alloc(64, ((2 * rows * J->bn + rows * J->dv + 2 * rows) * 4 + 63)
+    float *buf = aligned_alloc(64, ((2 * rows * J->bn + rows * J->dv + 3 * rows) * 4 + 63)
                                        / 64 * 64);
     float *s = buf, *pc = s + rows * J->bn, *pv = pc + rows * J->bn;
     float *alpha = pv + rows * J->dv;
@@ -583,9 +600,8 @@ static inline __attribute__((always_inline)) V4 void fused_panels(
     for (int64_t r0 = 0; r0 < w.R; r0 += PANEL) {
       const int64_t h = w.R - r0 < PANEL ? w.R - r0 : PANEL;
       chain_rows(w.q + r0 * d, d, ktj, bn, d, bn, s, bn, 0, h, 0);
-      for (int64_t r = 0; r < h; ++r)
-        row_step(J, w.r0 + r0 + r, j, s + r * bn, pc + r * bn, w.m + r0 + r, w.l + r0 + r,
-                 w.nr + r0 + r, alpha + r, base2, cast, F);
+      rows_step(J, h, w.r0 + r0, j, s, pc, w.m + r0, w.l + r0, w.nr + r0, alpha, alpha + PANEL,
+                base2, cast, F);
       chain_rows(p, bn, vj, dv, bn, dv, w.o + r0 * dv, dv, alpha, h, 1 + F);
     }
     trace_step(J, &w, t);
@@ -599,7 +615,7 @@ static V4 void fused_v4(const fused_job *J, int nthreads) {
   const int64_t n_groups = (J->n_qb + J->g - 1) / J->g, jobs = J->B * n_groups;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {
-    float *buf = aligned_alloc(64, (2 * PANEL * J->bn + PANEL) * 4 / 64 * 64 + 64);
+    float *buf = aligned_alloc(64, (2 * PANEL * J->bn + 3 * PANEL) * 4 / 64 * 64 + 64);
     float *s = buf, *pc = s + PANEL * J->bn, *alpha = pc + PANEL * J->bn;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t job = 0; job < jobs; ++job) {
