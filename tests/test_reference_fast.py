@@ -187,3 +187,20 @@ def test_logits_too_large_for_the_bound_go_to_arb(big):
     assert ref.info["fast_rows"] == 0 and ref.info["uncertain_rows"] == 0
     mp = reference(q[None], k[None], v[None], method="mpmath", bits=400, cache=False)
     assert torch.equal(ref.out, mp.out) and torch.equal(ref.lse, mp.lse)
+
+
+def test_groups_and_blocks_of_rows_do_not_change_the_result(monkeypatch):
+    # the GEMMs run per group of rows and the elementwise passes per block: ragged groups
+    # of 3 rows in blocks of 2 (then 1) give what one group of every row gives
+    import flashnum.reference.fast as fast
+
+    for name in ("gaussian", "causal_bf16", "scale_d48"):
+        q, k, v, causal, scale = adversarial(name)
+        args = (q.numpy(), k.numpy(), v.numpy(), visible_len(6, 40, causal), scale)
+        whole = fast_head(*args)
+        monkeypatch.setattr(fast, "GROUP", 3 * 40)
+        monkeypatch.setattr(fast, "BLOCK", 2 * 40)
+        parts = fast_head(*args)
+        monkeypatch.undo()
+        for a, b in zip(whole, parts, strict=True):
+            assert np.array_equal(a, b), name
