@@ -33,7 +33,8 @@ Options (defaults first):
   cache=True       an in-memory LRU keyed by input_hash(...); with
                    reference_cache_dir(path) or the environment variable
                    FLASHNUM_CACHE set, results also persist as <path>/<hash>.pt.
-  workers=None     processes for certified (default: every core when the job is big).
+  workers=None     processes for the rows certified leaves to arb (default: every core
+                   when they hold more than 2^21 logits).
 
 Inputs are taken as the exact values they hold (converted to float64, which is
 exact for every float format); any leading batch/head dims, Nq != Nk allowed.
