@@ -293,12 +293,11 @@ def synthetic_tree(root: Path, skip=()) -> Path:
     for name, rows in t.items():
         if name not in skip:
             _save(root, name, rows)
-    # the exhaustive exp-site check, stored beside the code (bench/results; values made up)
-    bench = root.parent / "bench" / "results"
-    bench.mkdir(parents=True, exist_ok=True)
-    site = {fn: {"inputs": 2_000_000_000 + i, "hard_inputs": [0.5] * (3 + i),
-                 "torch_float64_misses": [0.5] * i} for i, fn in enumerate(("exp", "exp2"))}
-    (bench / "exp_exhaustive.json").write_text(json.dumps(site))
+    # the exhaustive exp-site check (values made up): 3 and 4 hard inputs, 0 and 1 misses
+    _save(root, "exp_exhaustive", [
+        dict(case_id=f"e{i:015x}", check=fn, inputs=2_000_000_000 + i,
+             hard_inputs=json.dumps([0.5] * (3 + i)), torch_float64_misses=json.dumps([0.5] * i))
+        for i, fn in enumerate(("exp", "exp2"))])
     models = root.parent / "models"  # the trained model's description (values made up)
     models.mkdir(exist_ok=True)
     (models / "stdlib_lm.json").write_text(json.dumps(dict(

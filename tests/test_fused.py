@@ -4,7 +4,7 @@ claims, and hands every other call to the torch path.
 The oracle is the torch path itself (flashnum.engine.fast and recurrence, torch ops and
 torch.matmul), run on the same case with the fused path switched off: the fused path
 shares none of its loop, only native.c's exp (checked on every float32 input by
-bench/exp_exhaustive.py). Cases are drawn from every shipped forward experiment's grid.
+the experiment exp_exhaustive). Cases are drawn from every shipped forward experiment's grid.
 """
 
 import random

@@ -4,7 +4,7 @@ call it claims, and hands every other call to the torch loop.
 The oracle is the torch loop itself (flashnum.engine.backward._flash: torch ops and
 torch.matmul, per key block over every query row), run on the same case with the fused
 path switched off: the fused loop shares none of its code, only native.c's exp (checked
-on every float32 input by bench/exp_exhaustive.py). Cases are drawn from every shipped
+on every float32 input by the experiment exp_exhaustive). Cases are drawn from every shipped
 backward experiment's grid, run as the experiment runner runs them, and from random shapes
 (ragged N, Nq != Nk, causal alignments, blocks, dQ orders, exp2, precisions).
 """

@@ -1,7 +1,7 @@
 """The native exp kernel: an accelerator that must change no bit of any result.
 
 Its claims (flashnum/engine/native.py): P = fp32(exp(s - m)) and its bf16 cast equal the torch
-path's on every float32 input, and are correctly rounded. bench/exp_exhaustive.py checks
+path's on every float32 input, and are correctly rounded. experiment exp_exhaustive checks
 every input; these tests check a spread sample, the hard inputs that exhaustive run
 found, the special values, whole engine runs with the kernel on and off, and the
 fallback when it cannot be built.
@@ -133,7 +133,7 @@ def test_p_may_overwrite_s_and_odd_row_lengths_work():
 
 @needs_kernel
 def test_bf16_rounding_equals_torchs_cast_on_every_4099th_bit_pattern():
-    # the exhaustive version (all 2^32) is in bench/exp_exhaustive.py
+    # the exhaustive version (all 2^32) is the experiment exp_exhaustive
     x = torch.arange(0, 1 << 32, 4099, dtype=torch.int64).to(torch.int32).view(torch.float32)
     y, ref = native.round_bf16(x), x.bfloat16().float()
     assert torch.equal(torch.isnan(y), torch.isnan(ref))

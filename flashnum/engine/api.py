@@ -39,8 +39,8 @@ carrier is float32 when every site is fp32 or narrower (exact for +, -, *, /
 since 24 >= 2p + 2 for p <= 11 makes the double rounding innocuous), else
 float64. exp is always evaluated in float64 and then rounded once. For a float32
 argument rounded into fp32 (the P site of every policy with fp32 softmax state)
-that is the correctly rounded exp on every input (checked exhaustively, `python
-bench/exp_exhaustive.py`); otherwise it is correctly rounded except within ~2^-52
+that is the correctly rounded exp on every input (checked exhaustively, `python -m
+flashnum.run experiment=exp_exhaustive`); otherwise it is correctly rounded except within ~2^-52
 of a rounding boundary. The fp32 exp site runs in flashnum.engine.native's fused C kernel
 when that is built, else in torch: the same values either way (docs/engine.md). FMA
 contraction is not modelled (a GPU kernel may contract s * scale - m).

@@ -10,8 +10,8 @@ exp (MKL VML) is slow. These kernels do the same arithmetic in fewer passes:
     round_bf16(x)                                # torch's x.to(bfloat16).to(float32)
 
 They are accelerators, never a different model: on every float32 argument the exp
-value equals the torch path's and both are correctly rounded (`python
-bench/exp_exhaustive.py` checks all 4.5e9 arguments of exp and exp2, and the bf16
+value equals the torch path's and both are correctly rounded (`python -m
+flashnum.run experiment=exp_exhaustive` checks all 4.5e9 arguments of exp and exp2, and the bf16
 rounding on all 2^32 bit patterns; tests check samples and the hard cases). So a
 result never depends on whether the kernels were used (docs/engine.md).
 
@@ -50,7 +50,7 @@ _GCC_TUNE = ["-mtune-ctrl=use_gather_2parts,use_gather_4parts,use_gather"]
 CASTS = {None: 0, "bf16": 1}  # the P casts the kernel rounds itself
 
 # The float32 inputs whose exp (exp2) lies within 4 float64 ulps of an fp32 rounding
-# boundary, found by `python bench/exp_exhaustive.py` over every float32 input. On any
+# boundary, found by the experiment exp_exhaustive over every float32 input. On any
 # other input a float64 evaluation with error below 2 ulps (MKL's and SLEEF's are below
 # 1, the kernel's below 1.3) rounds to the correctly rounded fp32 value; on these both
 # paths are checked against mpmath when first used and corrected where they miss.

@@ -37,6 +37,7 @@ from flashnum.figures.quoting import (  # noqa: F401  (the renderers, also for t
     two,
 )
 from flashnum.figures.tex import tex_name
+from flashnum.harness.exp_exhaustive import summary as exp_summary
 from flashnum.harness.fa3_protocol import summary as fa3_summary
 from flashnum.harness.summary import growth
 
@@ -71,10 +72,14 @@ def _fa3(key: Callable[[dict], object]) -> Callable[[object], object]:
 
 
 def _exp(key: Callable[[dict], int]) -> Callable[[object], object]:
-    """A count of the exhaustive check of the exp site (bench/exp_exhaustive.py)."""
+    """A count of the exhaustive check of the exp site (experiments/exp_exhaustive,
+    python -m flashnum.run experiment=exp_exhaustive), summed over exp and exp2."""
     def value(F):
-        r = _bench(F, "exp_exhaustive")
-        return None if r is None else sum(key(r[f]) for f in ("exp", "exp2") if f in r)
+        df = F.table("exp_exhaustive")
+        if df is None:
+            return None
+        r = exp_summary(df)
+        return sum(key(r[f]) for f in ("exp", "exp2") if f in r)
     return value
 
 
@@ -347,7 +352,7 @@ QUANTITIES = {
                                 "In every row of every sweep m_ok and l_ok hold",
                                 "m_ok or l_ok fails in a stored sweep"),
     "ExpInputs": Quantity(
-        "float32 arguments of exp and exp2 checked (bench/exp_exhaustive.py)",
+        "float32 arguments of exp and exp2 checked (experiments/exp_exhaustive)",
         _exp(lambda x: x["inputs"]), tex=lambda n: f"{n / 1e9:.1f}" + r"\times 10^9",
         md=lambda n: f"{n / 1e9:.1f}e9"),
     "ExpHard": Quantity(

@@ -1,13 +1,14 @@
 """What README.md and docs/engine.md quote from the engine's benchmarks: the emulator's speed
 and memory against torch (bench/results/engine.json, python bench/bench_engine.py) and the
-exhaustive check of the exp site (bench/results/exp_exhaustive.json), as passages.
+exhaustive check of the exp site (experiments/exp_exhaustive), as passages.
 """
 
 from __future__ import annotations
 
 from flashnum.figures.docs.digits import thousands
-from flashnum.figures.docs.sources import bench
+from flashnum.figures.docs.sources import bench, table
 from flashnum.figures.quoting import Passage
+from flashnum.harness.exp_exhaustive import summary as exp_summary
 
 
 def engine_bench(F):
@@ -29,7 +30,7 @@ def engine_bench(F):
 def exp_claims(F):
     """Hard inputs: torch's float64 value within 4 float64 ulps of an fp32 boundary; the
     exact (mpmath) distance of some is above 4."""
-    e = bench(F, "exp_exhaustive")
+    e = exp_summary(table(F, "exp_exhaustive"))
     fs = ("exp", "exp2")
     hard = sum(len(e[f]["hard_inputs"]) for f in fs)
     exact = sum(d < 4 for f in fs for d in e[f]["hard_boundary_distance_ulps"])
@@ -52,7 +53,7 @@ def exp_claims(F):
 
 
 def engine_docs(F):
-    e = bench(F, "exp_exhaustive")
+    e = exp_summary(table(F, "exp_exhaustive"))
     rows = [f"| {f} | {thousands(e[f]['inputs'])} | {e[f]['p_differences']} differences | "
             f"{len(e[f]['hard_inputs'])} | {len(e[f]['torch_float64_misses'])}"
             for f in ("exp", "exp2")]
@@ -80,7 +81,7 @@ PASSAGES = {
     "ReadmeEngineSpeed": Passage("README.md: the emulator against torch's SDPA "
                                  "(bench/results/engine.json)", engine_bench),
     "ReadmeExpSite": Passage("README.md: the exhaustive check of the fp32 exp site "
-                             "(bench/results/exp_exhaustive.json)", exp_claims),
+                             "(experiments/exp_exhaustive)", exp_claims),
     "EngineSpeed": Passage("docs/engine.md: the exp site's check and the emulator's speed",
                            engine_docs),
 }
