@@ -1,7 +1,9 @@
 """One runner: every table's case ids come from one function (flashnum.harness.grid.
-hash_id), the store alone writes result tables, and the stored ids are what that function
-gives today (so a rerun resumes and compares against the shipped rows)."""
+hash_id), every grid is expanded by one function (flashnum.harness.grid.points), the store
+alone writes result tables, and the stored ids are what that function gives today (so a
+rerun resumes and compares against the shipped rows)."""
 
+import inspect
 import re
 from pathlib import Path
 
@@ -31,6 +33,29 @@ def test_one_function_computes_case_ids():
     assert hashing - NOT_CASE_IDS == {"flashnum/harness/grid.py"}
     grid = (PKG / "harness" / "grid.py").read_text()
     assert grid.count("hexdigest()[:16]") == 1  # in hash_id, which case_id calls
+
+
+def test_one_function_expands_the_forward_and_the_backward_grids():
+    from flashnum.harness import grid
+
+    assert backward.points is grid.points
+    for expand in (grid.expand, backward.expand):
+        body = inspect.getsource(expand)
+        assert "points(" in body and "product(" not in body
+
+
+def test_a_backward_slice_with_an_unknown_axis_says_so_as_a_forward_one_does():
+    conf = {"experiment": "bwd_x", "grid": [{"name": "s", "policy": ["fa2"], "polcy": ["x"]}]}
+    with pytest.raises(ValueError) as e:
+        backward.expand(conf)
+    assert str(e.value).startswith("unknown grid axis 'polcy' (in grid slice 's'); valid: ")
+
+
+def test_a_single_value_is_a_list_of_one_in_every_grid():
+    one = {"experiment": "bwd_x", "grid": [{"name": "s", "policy": "fa2", "seed": [0, 1]}]}
+    lists = {"experiment": "bwd_x", "grid": [{"name": "s", "policy": ["fa2"], "seed": [0, 1]}]}
+    assert [c["case_id"] for c in backward.expand(one)] == \
+        [c["case_id"] for c in backward.expand(lists)]
 
 
 def test_one_module_writes_the_tables():

@@ -46,7 +46,6 @@ fits (`growth`): err ~ N^alpha per policy, precision, distribution, gradient and
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import sys
@@ -60,7 +59,7 @@ from flashnum.analysis.bounds_backward import bound_backward
 from flashnum.engine.backward import attention_backward
 from flashnum.harness import compare, manifest, owners, store
 from flashnum.harness.config import StoreConf
-from flashnum.harness.grid import hash_id
+from flashnum.harness.grid import hash_id, points
 from flashnum.harness.paths import CONF as CONF_ROOT
 from flashnum.harness.scheduler import execute, n_workers
 from flashnum.inputs.distributions import make
@@ -98,21 +97,15 @@ def expand(conf: dict) -> list[dict]:
     """Every case of the grid, each once, in order."""
     base = {**DEFAULT, **conf.get("base", {})}
     cases, seen = [], set()
-    for sl in conf["grid"]:
-        axes = {a: v for a, v in sl.items() if a != "name"}
-        bad = sorted(set(axes) - set(AXES))
-        if bad:
-            raise ValueError(f"unknown axis {bad[0]!r} in slice {sl.get('name')!r}; "
-                             f"valid: {', '.join(AXES)}")
-        for values in itertools.product(*axes.values()):
-            case = {**base, **dict(zip(axes, values, strict=True)), "slice": sl.get("name", "")}
-            _captured(case)
-            if case["policy"] == "naive":  # autograd of standard attention: no blocks, order
-                case.update(block=base["block"], dq_order="forward")
-            cid = case_id(case)
-            if cid not in seen:
-                seen.add(cid)
-                cases.append({**case, "case_id": cid})
+    for sl, _, point in points(conf["grid"], AXES):  # the forward sweeps' grid expansion
+        case = {**base, **dict(point), "slice": sl.get("name", "")}
+        _captured(case)
+        if case["policy"] == "naive":  # autograd of standard attention: no blocks, order
+            case.update(block=base["block"], dq_order="forward")
+        cid = case_id(case)
+        if cid not in seen:
+            seen.add(cid)
+            cases.append({**case, "case_id": cid})
     return cases
 
 

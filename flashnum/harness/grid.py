@@ -232,44 +232,57 @@ def _set(d: dict, axis: str, value, where: str) -> None:
         d[axis] = value
 
 
-def expand(cfg, conf_dir: Path = CONF) -> list[Case]:
-    """Every case of the config's grid (its single case when the grid is empty), in order."""
-    base = base_case(cfg)
-    slices = plain(cfg.grid) or [{}]
-    cases, seen = [], set()
+def points(slices, axes, skip=("name",)):
+    """The one grid expansion, of forward sweeps (expand) and backward sweeps
+    (flashnum.harness.backward.expand): for each slice in turn (a mapping of axes to lists
+    of values; a single value is a list of one), every combination of its lists, as
+    (slice, where, [(axis, value), ...]). Keys in `skip` are no axes (a slice's name)."""
     for i, sl in enumerate(slices):
         if not isinstance(sl, dict):
             raise ValueError(f"grid slice {i} must be a mapping of axes to lists, got {sl!r}")
         where = f"grid slice {sl.get('name', i)!r}" if sl else "config"
-        search = None
-        if "search" in sl:  # a search slice: worst_case's arguments, over cfg.search
-            extra = sl["search"]
-            if not isinstance(extra, dict):
-                raise ValueError(f"search must be a mapping of flashnum.inputs.search.worst_case "
-                                 f"arguments, got {extra!r} (in {where})")
-            search = {**(plain(cfg.search) or {}), **extra}
-        axes, values = [], []
+        names, values = [], []
         for axis, vals in sl.items():
-            if axis in ("name", "search"):
+            if axis in skip:
                 continue
-            if axis not in AXES:
+            if axis not in axes:
                 raise ValueError(f"unknown grid axis {axis!r} (in {where}); valid: "
-                                 f"{', '.join(AXES)}")
+                                 f"{', '.join(axes)}")
             vals = vals if isinstance(vals, list) else [vals]
             if not vals:
                 raise ValueError(f"grid axis {axis!r} has no values (in {where})")
-            axes.append(axis)
+            names.append(axis)
             values.append(vals)
         for combo in itertools.product(*values):
-            d = dict(base)
-            for axis, val in zip(axes, combo, strict=True):
-                _set(d, axis, val, where)
-            check_case(d, where, search=bool(search))
-            case = canonical(d, base, conf_dir, search)
-            cid = case.case_id
-            if cid not in seen:
-                seen.add(cid)
-                cases.append(case)
+            yield sl, where, list(zip(names, combo, strict=True))
+
+
+def _search(cfg, sl: dict, where: str) -> dict | None:
+    """A search slice's worst_case arguments over cfg.search, or None."""
+    if "search" not in sl:
+        return None
+    extra = sl["search"]
+    if not isinstance(extra, dict):
+        raise ValueError(f"search must be a mapping of flashnum.inputs.search.worst_case "
+                         f"arguments, got {extra!r} (in {where})")
+    return {**(plain(cfg.search) or {}), **extra}
+
+
+def expand(cfg, conf_dir: Path = CONF) -> list[Case]:
+    """Every case of the config's grid (its single case when the grid is empty), in order,
+    each once (by case_id)."""
+    base = base_case(cfg)
+    cases, seen = [], set()
+    for sl, where, point in points(plain(cfg.grid) or [{}], AXES, skip=("name", "search")):
+        search = _search(cfg, sl, where)
+        d = dict(base)
+        for axis, val in point:
+            _set(d, axis, val, where)
+        check_case(d, where, search=bool(search))
+        case = canonical(d, base, conf_dir, search)
+        if case.case_id not in seen:
+            seen.add(case.case_id)
+            cases.append(case)
     return cases
 
 
