@@ -160,6 +160,7 @@ def test_assert_attention_accurate_fails_with_the_summary():
     assert assert_attention_accurate(fa.targets.torch_sdpa, precision="bf16").passed
 
 
+@pytest.mark.slow
 def test_the_command_line_exits_0_1_2(tmp_path, monkeypatch, capsys):
     (tmp_path / "my_kernels.py").write_text(textwrap.dedent("""
         import torch

@@ -42,6 +42,7 @@ def test_a_run_stores_one_row_per_case_and_resumes(tmp_path, monkeypatch):
     assert list(summ.policy) == ["fa2", "naive"] and summ.held_dq.all()
 
 
+@pytest.mark.slow
 def test_rows_do_not_depend_on_how_many_processes_run_them(tmp_path, monkeypatch):
     """Two worker processes (one task per input: seed 0, seed 1) store every value
     bit for bit as one in-process run does; only the timing differs."""

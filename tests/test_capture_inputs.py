@@ -96,6 +96,7 @@ def test_the_backward_of_a_captured_call_with_its_do_is_the_models_gradient(call
     assert call.do is not None and call.do.shape == (1, 2, 24, 8)
 
 
+@pytest.mark.slow
 def test_the_runner_measures_one_captured_call(calls, tmp_path):
     path = calls[0]
     cmd = [sys.executable, "-m", "flashnum.run", "distribution=captured",

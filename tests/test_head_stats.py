@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from flashnum.harness import manifest, store
@@ -40,6 +41,7 @@ def test_every_input_of_the_grid_is_described_once_per_head(tmp_path):
     assert run["command"] == {"module": "flashnum.run", "overrides": ["experiment=smoke_stats"]}
 
 
+@pytest.mark.slow
 def test_an_unknown_or_backward_experiment_is_one_line_with_status_2(tmp_path):
     for name in ("smok", "bwd_order"):
         p = cli(name, f"store.root={tmp_path}")

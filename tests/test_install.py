@@ -56,6 +56,7 @@ def test_building_prints_no_setuptools_deprecation_warning(wheel):
     assert "SetuptoolsDeprecationWarning" not in log and "is deprecated" not in log
 
 
+@pytest.mark.slow
 def test_the_unpacked_wheel_runs_an_experiment_from_another_directory(wheel, tmp_path):
     whl, _ = wheel
     site = tmp_path / "site"

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hydra import compose, initialize_config_dir
 
 from flashnum.harness import manifest, store
@@ -26,6 +27,7 @@ def git(repo, *args):
                    check=True, capture_output=True)
 
 
+@pytest.mark.slow
 def test_runs_that_write_rows_append_records_and_a_run_that_writes_none_changes_no_byte(
         tmp_path):
     # the command line, as a user runs it: the record names the module and the overrides

@@ -98,6 +98,7 @@ def test_a_run_cut_short_is_remade_bit_for_bit_by_stop_after(tmp_path):
     assert (log["steps_done"], log["steps_planned"], log["stopped_by"]) == (2, 6, "steps")
 
 
+@pytest.mark.slow
 def test_bad_arguments_are_one_line_with_status_2(tmp_path):
     p = run("train", "--out", str(tmp_path), "--d-model", "30", "--heads", "4")
     assert p.returncode == 2 and "--d-model 30 must split" in p.stderr

@@ -343,6 +343,7 @@ def test_bad_arguments(over, message):
 
 
 @interpreter_only
+@pytest.mark.slow  # two fresh interpreters that import triton
 @pytest.mark.parametrize("env,code,message", [
     ({"TRITON_INTERPRET": "0"}, "import flashnum.backends.triton", "Set TRITON_INTERPRET=1"),
     ({}, "import triton.language; import flashnum.backends.triton",
