@@ -95,3 +95,18 @@ def test_a_table_experiment_keys_its_rows_by_its_columns_that_are_not_measures(n
     df = store.load(REPO / "experiments" / name)
     assert set(conf["measures"]) < set(df.columns)
     assert tables.row_ids(name, df.drop(columns="case_id"), conf["measures"]) == list(df.case_id)
+
+
+def test_a_table_that_runs_a_third_partys_file_stops_in_one_line_without_it(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "FLASHNUM_QIU_YAO"}
+    p = subprocess.run([sys.executable, "-m", "flashnum.run", "experiment=qiu_yao_agreement",
+                        f"store.root={tmp_path}"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=120)
+    assert p.returncode == 2 and not p.stdout
+    line, = p.stderr.splitlines()
+    assert "set FLASHNUM_QIU_YAO=PATH" in line and "the stored table stays" in line
+    assert list(tmp_path.iterdir()) == []  # nothing written
