@@ -13,23 +13,17 @@ flashnum.attention(precision="fp16", policy="fa2", block_m=128, block_n=64,
 variant="exp2", scale=sm_scale) under both forms of the exp2 scale site
 (exp2_scale="twice", the tutorial's fl32(fl32(sm_scale) * fl32(1.44269504)), and "once").
 
-Three things the tutorial needs that a CPU lacks, supplied here without touching its
-code: an active Triton driver (a stand-in that names the CPU device), a single tile
-configuration (the autotuner would time configurations), and, on Triton releases whose
-interpreter converts a one-element array with int() (numpy 2 refuses), an __index__ that
-takes the element. The tutorials written with block pointers run on Triton releases
-whose interpreter still has them (3.2 here: PYTHONPATH to such a release).
+Three things the tutorial needs that a CPU lacks are supplied by the loader of
+flashnum.harness.triton_tutorial without touching its code: an active Triton driver (a
+stand-in that names the CPU device), a single tile configuration (the autotuner would
+time configurations), and, on Triton releases whose interpreter converts a one-element
+array with int() (numpy 2 refuses), an __index__ that takes the element. The tutorials
+written with block pointers run on Triton releases whose interpreter still has them (3.2
+here: PYTHONPATH to such a release).
 
---backward measures the backward instead (bench/results/triton_tutorial_backward.json):
-the tutorial's own autograd (its `_attn_bwd_preprocess` and `_attn_bwd` kernels, unchanged)
-against flashnum.attention_backward(precision="fp16", policy="triton_tutorial"), fp16,
-1 x 2 heads, d = 64, N 256 and 384 (the tutorial's backward asserts N % 128 == 0),
-causal and not, sm_scale 1/sqrt(d) = 0.125, 0.5 (its test's) and 1.3 (its benchmark's);
-q, k, v, dO standard normal, seed 0. Each case runs the kernels five times: on the
-interpreter as it is; with one of the engine's operations put into it (a correctly rounded
-exp2, a correctly rounded log2, torch's row sum in place of numpy's); and with all three
-(nothing else changed). The baseline beside it: policy="fa2" with exp2=True and 128 x 32
-blocks. Prints one line a case (about a minute on 2 cores).
+The backward is the experiment triton_tutorial_backward (flashnum.harness.triton_tutorial,
+whose loader this script uses): FLASHNUM_TRITON_TUTORIAL=PATH python -m flashnum.run
+experiment=triton_tutorial_backward.
 
 --audit also runs flashnum.audit on the tutorial (quick budget, fp16), each in a child
 process, once as is and once with isolate=True: the tutorial stores its row statistics
@@ -41,76 +35,19 @@ cases as failed (crash) and finishes.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import hashlib
-import importlib.util
-import inspect
 import json
-import math
 import os
-import platform
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 import torch  # noqa: E402
 
+from flashnum.harness.triton_tutorial import load  # noqa: E402
+
 CASES = [(n, causal, s) for n in (256, 512) for causal in (False, True) for s in (0.5, 1.3)]
-
-
-class _HostDriver:
-    """The part of a Triton driver the tutorial's module asks for, for the CPU."""
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
-
-    def get_current_target(self):
-        return types.SimpleNamespace(backend="cpu", arch=0, warp_size=32,
-                                     is_cuda_backend=lambda: False)
-
-    def get_benchmarker(self):
-        return lambda *a, **k: 0.0
-
-
-class _OneConfig:
-    """kernel[grid](...) with fixed meta-parameters, in place of the autotuned kernel."""
-
-    def __init__(self, fn, **meta):
-        self.fn, self.meta = fn, meta
-
-    def __getitem__(self, grid):
-        g = grid(self.meta) if callable(grid) else grid
-        return lambda *a, **kw: self.fn[g](*a, **self.meta, **kw)
-
-
-def load(path: str, block_m: int = 128, block_n: int = 64):
-    """The tutorial's module, ready to run on the interpreter with one tile shape."""
-    import triton
-    import triton.runtime.interpreter as interp
-
-    try:
-        triton.runtime.driver.active.get_current_target()
-    except RuntimeError:  # no GPU driver: "0 active drivers"
-        triton.runtime.driver.set_active(_HostDriver())
-    patch = getattr(interp, "_patch_lang_tensor", None)
-    # Triton 3.2's takes (tensor) and calls int() on the array; 3.9's takes (tensor, scope)
-    # and squeezes it first, which numpy 2 accepts
-    if (patch is not None and not getattr(patch, "one_element_index", False)
-            and len(inspect.signature(patch).parameters) == 1):
-        def patched(tensor):
-            patch(tensor)
-            tensor.__index__ = lambda self: int(self.handle.data.reshape(-1)[0])
-        patched.one_element_index = True
-        interp._patch_lang_tensor = patched
-    spec = importlib.util.spec_from_file_location("triton_tutorial_06", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod._attn_fwd = _OneConfig(getattr(mod._attn_fwd, "fn", mod._attn_fwd), BLOCK_M=block_m,
-                               BLOCK_N=block_n)
-    return mod
 
 
 def agreement(mod, seed: int = 0) -> list[dict]:
@@ -134,105 +71,6 @@ def agreement(mod, seed: int = 0) -> list[dict]:
               f"{100 * row['bitwise_twice']:.3f}% (exp2_scale twice), "
               f"{100 * row['bitwise_once']:.3f}% (once)", flush=True)
     return rows
-
-
-BACKWARD_CASES = [(n, causal, s) for n in (256, 384) for causal in (False, True)
-                  for s in (0.125, 0.5, 1.3)]
-
-
-# the interpreter as it is, with one of the engine's three operations put in, with all three
-ARITHMETIC = {"interpreter": (), "exp2": ("exp2",), "log2": ("log2",), "sum": ("sum",),
-              "engine": ("exp2", "log2", "sum")}
-
-
-@contextlib.contextmanager
-def engine_arithmetic(parts=("exp2", "log2", "sum")):
-    """The interpreter with the engine's exp2, log2 (correctly rounded: float64, rounded
-    once) and row sum (torch's), those of them named in `parts`: numpy's float32 exp2 and
-    log2 are not correctly rounded, and np.sum adds in another order (docs/kernel.md)."""
-    import numpy as np
-    from triton.runtime import interpreter as it
-
-    def correctly_rounded(f64):
-        return lambda self, a: self.unary_op(
-            a, lambda x: f64(x.astype(np.float64)).astype(x.dtype))
-
-    def torch_sum(self, input):
-        x = torch.from_numpy(np.ascontiguousarray(input.handle.data))
-        return self.to_tensor(x.sum(self.axis, keepdim=self.keep_dims).numpy(), input.dtype)
-
-    new = {"exp2": (it.InterpreterBuilder, "create_exp2", correctly_rounded(np.exp2)),
-           "log2": (it.InterpreterBuilder, "create_log2", correctly_rounded(np.log2)),
-           "sum": (it.ReduceOps, "sum", torch_sum)}
-    saved = [new[p][:2] for p in parts]
-    old = [getattr(owner, name) for owner, name in saved]
-    for p in parts:
-        setattr(*new[p])
-    try:
-        yield
-    finally:
-        for (owner, name), f in zip(saved, old, strict=True):
-            setattr(owner, name, f)
-
-
-def _share(mine: torch.Tensor, theirs: torch.Tensor) -> float:
-    return float((mine.to(torch.float16) == theirs).double().mean())
-
-
-def backward_agreement(mod, seed: int = 0) -> list[dict]:
-    import flashnum
-
-    rows = []
-    for n, causal, sm_scale in BACKWARD_CASES:
-        g = torch.Generator().manual_seed(seed)
-        q, k, v, do = (torch.randn(1, 2, n, 64, generator=g).half() for _ in range(4))
-        row = dict(n=n, causal=causal, sm_scale=sm_scale, elements=q.numel())
-        model = flashnum.attention_backward(q, k, v, do, precision="fp16",
-                                            policy="triton_tutorial", causal=causal,
-                                            scale=sm_scale)
-        base = flashnum.attention_backward(q, k, v, do, precision="fp16", policy="fa2",
-                                           block_m=128, block_n=32, exp2=True, causal=causal,
-                                           scale=sm_scale)
-        for arith, parts in ARITHMETIC.items():
-            with engine_arithmetic(parts):
-                qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
-                out = mod.attention(qq, kk, vv, causal, sm_scale)
-                out.backward(do)
-            grads = dict(dq=qq.grad, dk=kk.grad, dv=vv.grad)
-            row[f"{arith}_out"] = _share(model.out, out.detach())
-            for name, theirs in grads.items():
-                row[f"{arith}_{name}"] = _share(getattr(model, name), theirs)
-                if arith == "interpreter":
-                    row[f"fa2_{name}"] = _share(getattr(base, name), theirs)
-                    # how far the differing entries are: in fp16 ulps of the gradient's
-                    # largest entry (the scale its fp32 accumulator works at)
-                    diff = (getattr(model, name) - theirs.double()).abs().max()
-                    big = theirs.double().abs().max()
-                    ulp = 2.0 ** (math.floor(math.log2(float(big))) - 10)
-                    row[f"max_diff_{name}"] = float(diff)
-                    row[f"max_diff_ulps_of_max_{name}"] = float(diff) / ulp
-        rows.append(row)
-        print(f"N={n} causal={causal} sm_scale={sm_scale}: triton_tutorial dq/dk/dv "
-              + " ".join(f"{100 * row[f'interpreter_{x}']:.2f}%" for x in ("dq", "dk", "dv"))
-              + " (engine arithmetic: "
-              + " ".join(f"{100 * row[f'engine_{x}']:.2f}%" for x in ("dq", "dk", "dv"))
-              + "".join(f"; {a} only: " + " ".join(f"{100 * row[f'{a}_{x}']:.2f}%"
-                                                   for x in ("dq", "dk", "dv"))
-                        for a in ("exp2", "log2", "sum"))
-              + "), fa2 "
-              + " ".join(f"{100 * row[f'fa2_{x}']:.2f}%" for x in ("dq", "dk", "dv")),
-              flush=True)
-    return rows
-
-
-def _machine() -> str:
-    try:
-        info = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        name = next(ln.split(":", 1)[1].strip() for ln in info.splitlines()
-                    if ln.startswith("Model name"))
-    except (OSError, StopIteration):
-        name = platform.processor() or platform.machine()
-    return f"{name}, {os.cpu_count()} CPUs"
 
 
 AUDIT_CHILD = """
@@ -267,33 +105,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("path", help="the tutorial's 06-fused-attention.py")
     ap.add_argument("--out", default=None, help="default: bench/results/"
-                    "triton_tutorial_agreement.json, or triton_tutorial_backward.json")
+                    "triton_tutorial_agreement.json")
     ap.add_argument("--audit", action="store_true", help="also audit it (child process)")
-    ap.add_argument("--backward", action="store_true", help="the backward kernels instead")
     args = ap.parse_args(argv)
     if not Path(args.path).is_file():
         ap.error(f"no tutorial file at {args.path!r}; give the path of "
                  "python/tutorials/06-fused-attention.py")
-    name = "triton_tutorial_backward" if args.backward else "triton_tutorial_agreement"
-    args.out = args.out or str(Path(__file__).parent / "results" / f"{name}.json")
-    import numpy
+    args.out = args.out or str(Path(__file__).parent / "results"
+                               / "triton_tutorial_agreement.json")
     import triton
 
-    mod = load(args.path)
-    if args.backward:
-        rows = backward_agreement(mod)
-        worst = {f"{a}_{x}": min(r[f"{a}_{x}"] for r in rows)
-                 for a in (*ARITHMETIC, "fa2") for x in ("out", "dq", "dk", "dv")
-                 if f"{a}_{x}" in rows[0]}
-        out = dict(command="python bench/triton_tutorial_agreement.py PATH --backward",
-                   tutorial_sha256=hashlib.sha256(Path(args.path).read_bytes()).hexdigest(),
-                   machine=_machine(), python=platform.python_version(),
-                   triton=triton.__version__, torch=torch.__version__,
-                   numpy=numpy.__version__, worst=worst, cases=rows)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-        return 0
-    rows = agreement(mod)
+    rows = agreement(load(args.path))
     out = dict(triton=triton.__version__, torch=torch.__version__, cases=rows)
     if args.audit:  # in-process (the target's memory errors reach the audit), then isolated
         out["audit"] = {f"isolate={x}": audit_child(args.path, x) for x in (False, True)}

@@ -115,8 +115,16 @@ def tutorial_docs(F):
                   f"the {crash} others broke `crash`"]
 
 
+def triton_tutorial_backward(F) -> dict:
+    """experiments/triton_tutorial_backward: its rows in the order run (N, then causal, then
+    sm_scale), and the versions its manifest records."""
+    df = table(F, "triton_tutorial_backward").sort_values(["n", "causal", "sm_scale"])
+    versions = last_run(F, "triton_tutorial_backward")["versions"]
+    return dict(cases=df.to_dict("records"), numpy=versions["numpy"], triton=versions["triton"])
+
+
 def tutorial_backward_docs(F):
-    t = bench(F, "triton_tutorial_backward")
+    t = triton_tutorial_backward(F)
     cases, grads = t["cases"], ("dq", "dk", "dv")
 
     def cell(c, a):
@@ -417,7 +425,7 @@ PASSAGES = {
     "AuditTutorial": Passage("docs/audit.md: the Triton tutorial's forward against its model "
                              "(bench/results/triton_tutorial_agreement.json)", tutorial_docs),
     "AuditTutorialBackward": Passage("docs/audit.md: the tutorial's backward against its "
-                                     "model (bench/results/triton_tutorial_backward.json)",
+                                     "model (experiments/triton_tutorial_backward)",
                                      tutorial_backward_docs),
     "ReadmeTutorialBackward": Passage("README.md: the same, in short", tutorial_backward_readme),
     "AuditKernels": Passage("docs/audit.md: experiments/kernel_audit", kernel_audit_docs),
