@@ -99,13 +99,14 @@ static inline __attribute__((always_inline)) float site(float x, const int F) {
 static inline __attribute__((always_inline)) float round64(double y, const int F) {
   const int drop = F == 1 ? 45 : 42;                /* 53 - p */
   const double tiny = F == 1 ? 0x1p-126 : 0x1p-14;  /* the least normal */
-  const double inv_q = F == 1 ? 0x1p133 : 0x1p24;   /* 1 / the least subnormal */
+  const double inv_q = F == 1 ? 0x1p133 : 0x1p24;   /* 1 / the least subnormal, q */
+  const double q = F == 1 ? 0x1p-133 : 0x1p-24;
   const double big = F == 1 ? 0x1.fep127 : 65504.0; /* the largest finite */
   int64_t b = bits64(y);
   b = (b + ((b >> drop) & 1) + (((int64_t) 1 << (drop - 1)) - 1)) & ~(((int64_t) 1 << drop) - 1);
   double r = from64(b);
   const double a = y < 0 ? -y : y;
-  r = a < tiny ? rint(y * inv_q) / inv_q : r;  /* exact scalings by powers of two */
+  r = a < tiny ? rint(y * inv_q) * q : r;  /* exact scalings by powers of two */
   const double ra = r < 0 ? -r : r;
   r = ra > big ? (y < 0 ? -INFINITY : INFINITY) : r;
   return y != y ? (float) y : (float) r;
@@ -520,22 +521,29 @@ static inline __attribute__((always_inline)) V4 void chain_panel(
   const int64_t last = N - 16 * (NV - 1);
   const __mmask16 tail = last >= 16 ? (__mmask16) 0xffff : (__mmask16) ((1u << last) - 1);
   __m512 acc[8][8];
+  _Pragma("GCC unroll 8")
   for (int r = 0; r < MR; ++r)
+    _Pragma("GCC unroll 8")
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
     __m512 bv[8];
+    _Pragma("GCC unroll 8")
     for (int v = 0; v < NV; ++v)
       bv[v] = v < NV - 1 ? _mm512_loadu_ps(b + k * ldb + 16 * v)
                          : _mm512_maskz_loadu_ps(tail, b + k * ldb + 16 * v);
+    _Pragma("GCC unroll 8")
     for (int r = 0; r < MR; ++r) {
       if (r < mr) {
         const __m512 ar = _mm512_set1_ps(a[r * lda + k]);
+        _Pragma("GCC unroll 8")
         for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
       }
     }
   }
+  _Pragma("GCC unroll 8")
   for (int r = 0; r < MR; ++r) {
     if (r >= mr) break;
+    _Pragma("GCC unroll 8")
     for (int v = 0; v < NV; ++v) {
       const __mmask16 mk = v < NV - 1 ? (__mmask16) 0xffff : tail;
       float *cr = c + r * ldc + 16 * v;
@@ -551,32 +559,33 @@ static inline __attribute__((always_inline)) V4 void chain_panel(
   }
 }
 
-/* rows x N of C = A B (or C = C alpha + A B), MR rows at a time; N <= 128 */
-#define CHAIN_CASE(NV) \
-  case NV: \
-    for (int64_t r = 0; r < rows; r += MR_OF(NV)) { \
-      const int mr = rows - r < MR_OF(NV) ? (int) (rows - r) : MR_OF(NV); \
-      chain_panel(a + r * lda, lda, b, ldb, K, N, c + r * ldc, ldc, alpha ? alpha + r : 0, mr, \
-                  NV, MR_OF(NV), rescale); \
-    } \
-    break;
+/* one function per (NV, rescale), each holding its accumulators in registers (one
+   function for all of them spills them to the stack) */
+typedef void (*panel_fn)(const float *, int64_t, const float *, int64_t, int64_t, int64_t,
+                         float *, int64_t, const float *, int);
+#define PANEL_FN(NV, RS) \
+  static V4 void panel_##NV##_##RS(const float *a, int64_t lda, const float *b, int64_t ldb, \
+                                   int64_t K, int64_t N, float *c, int64_t ldc, \
+                                   const float *alpha, int mr) { \
+    chain_panel(a, lda, b, ldb, K, N, c, ldc, alpha, mr, NV, MR_OF(NV), RS); \
+  }
+#define PANEL_FNS(RS) PANEL_FN(1, RS) PANEL_FN(2, RS) PANEL_FN(3, RS) PANEL_FN(4, RS) \
+  PANEL_FN(5, RS) PANEL_FN(6, RS) PANEL_FN(7, RS) PANEL_FN(8, RS)
+PANEL_FNS(0) PANEL_FNS(1) PANEL_FNS(2) PANEL_FNS(3)
+#define PANEL_ROW(RS) {panel_1_##RS, panel_2_##RS, panel_3_##RS, panel_4_##RS, \
+                       panel_5_##RS, panel_6_##RS, panel_7_##RS, panel_8_##RS}
+static const panel_fn PANELS[4][8] = {PANEL_ROW(0), PANEL_ROW(1), PANEL_ROW(2), PANEL_ROW(3)};
 
+/* rows x N of C = A B (or, rescale = 1 + F, C = C alpha + A B rounded at F's sites), MR rows
+   at a time; N <= 128 */
 static V4 void chain_rows(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K,
                           int64_t N, float *c, int64_t ldc, const float *alpha, int64_t rows,
                           const int rescale) {
-  if (rescale == 1) {
-    switch ((N + 15) / 16) { CHAIN_CASE(1) CHAIN_CASE(2) CHAIN_CASE(3) CHAIN_CASE(4)
-                             CHAIN_CASE(5) CHAIN_CASE(6) CHAIN_CASE(7) CHAIN_CASE(8) }
-  } else if (rescale == 2) {
-    switch ((N + 15) / 16) { CHAIN_CASE(1) CHAIN_CASE(2) CHAIN_CASE(3) CHAIN_CASE(4)
-                             CHAIN_CASE(5) CHAIN_CASE(6) CHAIN_CASE(7) CHAIN_CASE(8) }
-  } else if (rescale == 3) {
-    switch ((N + 15) / 16) { CHAIN_CASE(1) CHAIN_CASE(2) CHAIN_CASE(3) CHAIN_CASE(4)
-                             CHAIN_CASE(5) CHAIN_CASE(6) CHAIN_CASE(7) CHAIN_CASE(8) }
-  } else {
-    switch ((N + 15) / 16) { CHAIN_CASE(1) CHAIN_CASE(2) CHAIN_CASE(3) CHAIN_CASE(4)
-                             CHAIN_CASE(5) CHAIN_CASE(6) CHAIN_CASE(7) CHAIN_CASE(8) }
-  }
+  const int nv = (int) ((N + 15) / 16), mr = MR_OF(nv);
+  const panel_fn f = PANELS[rescale][nv - 1];
+  for (int64_t r = 0; r < rows; r += mr)
+    f(a + r * lda, lda, b, ldb, K, N, c + r * ldc, ldc, alpha ? alpha + r : 0,
+      rows - r < mr ? (int) (rows - r) : mr);
 }
 
 /* C (M x N) = A (M x K) B (K x N), all row-major, through chain_rows: what fused.py compares
