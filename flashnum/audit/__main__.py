@@ -22,6 +22,7 @@ and precision) and summary.md; it exits 1 if any run fails.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from omegaconf import OmegaConf
 from flashnum.audit import BUDGETS, audit
 from flashnum.audit.rules import ALIGNMENTS, DTYPES, REFERENCES
 from flashnum.audit.targets import resolve
-from flashnum.harness.cli import main_of
+from flashnum.harness.cli import alias, main_of, named
 from flashnum.harness.config import StoreConf
 from flashnum.harness.paths import CONF
 
@@ -151,4 +152,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    if any(a.startswith("experiment=") for a in sys.argv[1:]):  # an alias of the one runner
+        alias(named())
     raise SystemExit(main())
