@@ -9,7 +9,7 @@
        pc = bf16(p)                 one round-to-nearest-even
 
    float64 evaluation, then one rounding: the same model as Arith.exp in
-   flashnum/engine.py; bench/exp_exhaustive.py checks on every float32 input that
+   flashnum/engine.py; the experiment exp_exhaustive checks on every float32 input that
    the two give the same fp32 value, and that the value is the correctly rounded one.
 
    exp(x) = 2^(a/256) with a = x * 256/ln2 (exp2: a = x * 256, exact):
