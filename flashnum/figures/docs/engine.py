@@ -18,6 +18,7 @@ def engine_bench(F):
     return [f"{s['emulate_bf16_fa2_s']:.3f} s vs {s['sdpa_fp32_s']:.3f} s: ratio "
             f"{s['ratio']:.2f} (one thread: {s['ratio_one_thread']:.2f})",
             f"{s['emulate_in_place_s']:.3f} s: ratio {s['ratio_in_place']:.2f}",
+            f"{s['emulate_bf16_lowp_s']:.3f} s: ratio {s['ratio_lowp']:.2f}",
             f"ratio {s['cpu_ratio_one_thread']:.2f}; {s['cpu_ratio_one_thread_in_place']:.2f}",
             f"{s['emulate_torch_path_s']:.3f} s: ratio {s['ratio_torch_path']:.2f}",
             f"{e['cpu_model']}",
