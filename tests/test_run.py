@@ -148,10 +148,10 @@ def test_the_command_line_stops_a_bad_config_with_exit_code_2_and_one_line(tmp_p
 ENTRY_POINTS = {  # module -> (a key it has, a bad value for it, the type it wants)
     "run": ("seed", "abc", "integer"),
     "reproduce": ("seed", "abc", "integer"),
-    "search": ("budget", "abc", "float"),
-    "attribution": ("seq_len", "abc", "integer"),
+    "worst_case": ("budget", "abc", "float"),
+    "attribute": ("seq_len", "abc", "integer"),
     "figures": ("store.root", "[1,2]", "string"),
-    "store": ("compact", "maybe", "boolean"),
+    "stored": ("compact", "maybe", "boolean"),
 }
 
 
