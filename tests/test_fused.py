@@ -120,7 +120,7 @@ def test_the_row_sum_is_torch_s_float_sum_in_its_order(n):
     (dict(variant="qiu_yao"), "variant qiu_yao"),
     (dict(policy="uniform"), "not fp32"),
     (dict(policy="lowp", precision="fp8_e4m3"), "not fp32"),
-    (dict(precision="tf32"), "not fp32"),
+    (dict(precision="fp8_e4m3"), "P cast to fp8_e4m3"),
     (dict(rounding="stochastic"), "not fp32"),
 ])
 def test_what_it_does_not_claim_goes_to_the_torch_path_and_says_why(monkeypatch, kw, why):
@@ -160,7 +160,9 @@ def test_the_engine_benchmark_case_is_claimed(policy, precision):
                                                (72, 80, 48), (128, 128, 64), (64, 256, 64)])
 @pytest.mark.parametrize("precision,policy,variant", [("bf16", "fa2", "fa2"),
                                                       ("bf16", "lowp", "exp2"),
-                                                      ("fp16", "lowp", "lazy")])
+                                                      ("fp16", "lowp", "lazy"),
+                                                      ("tf32", "fa2", "fa2"),
+                                                      ("p10", "fa2", "exp2")])
 def test_the_loop_s_own_tile_gemms_give_torch_s_bits_for_every_width(
         d, block_n, block_m, precision, policy, variant):
     # native.c's own tile GEMMs (AVX-512) hold up to 8 vectors of 16 columns, the last one
@@ -169,6 +171,7 @@ def test_the_loop_s_own_tile_gemms_give_torch_s_bits_for_every_width(
     g = torch.Generator().manual_seed(d + block_n)
     q, k, v = (torch.randn(1, 2, n, d, generator=g) * 3 for n in (200, 333, 333))
     q[0, 0, 5] = 0.0
+    k[0, 1, 7, :4] = 3e-39  # subnormal operands (tf32 and p-bit rounding keep them)
     ran, real = [], fused.fused_forward
 
     def spy(*a, **kw):
@@ -203,11 +206,12 @@ def test_the_narrow_exp_site_is_the_torch_path_s_on_every_input_of_its_format(pr
     assert fused._exp_agrees(fused.SITES[precision], base2)
 
 
-def test_lowp_is_claimed_and_the_library_sgemm_path_gives_the_same_bits(monkeypatch):
+@pytest.mark.parametrize("precision,policy", [("bf16", "lowp"), ("tf32", "fa2"), ("p6", "fa2")])
+def test_the_library_sgemm_path_gives_the_same_bits(monkeypatch, precision, policy):
     # the loop without its own GEMMs (CPUs without AVX-512) rounds at the same sites
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 3, 130, 32, generator=g) * 4 for _ in range(3))
-    kw = dict(precision="bf16", policy="lowp", block_m=32, block_n=32, trace=True)
+    kw = dict(precision=precision, policy=policy, block_m=32, block_n=32, trace=True)
     want = flashnum.attention(q, k, v, **kw)
     monkeypatch.setattr(fused, "_own_gemm", lambda bn, dv: False)
     fused.set_enabled(False)

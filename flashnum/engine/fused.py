@@ -25,9 +25,11 @@ order, so it changes no bit of any result:
   - every fp32 operation is the one IEEE operation the steps perform (-ffp-contract=off).
 
 `claim` is the one place that decides what the fused path runs: fa2, exp2 and lazy on the
-fp32 carrier with fp32 GEMM accumulators, any key order, causal or not, with or without a
-trace, and either every large-tensor site fp32 (fast.in_place_ok) with P cast to fp32,
-bf16 or fp16, or (lowp) s, m, P, its cast, l and o all bf16 or all fp16 with l_acc fp32.
+fp32 carrier with fp32 GEMM accumulators or tf32 dots (operands rounded to tf32, as
+Arith.dot does: Q, K, V once, P in the loop), any key order, causal or not, with or
+without a trace, and either every large-tensor site fp32 (fast.in_place_ok) with P cast
+to fp32, bf16, fp16 or p<bits> (a p-bit significand with fp32's range, rounded on the
+bits), or (lowp) s, m, P, its cast, l and o all bf16 or all fp16 with l_acc fp32.
 There every value is rounded where recurrence.fa2_step rounds it (native.c's `site`),
 and the exp site is the float64 exp rounded once into the format, checked once per
 format against Arith.exp on all 2^16 inputs it can meet (`_exp_agrees`).
@@ -48,6 +50,8 @@ from flashnum.engine.fast import in_place_ok
 from flashnum.engine.recurrence import Run, State
 from flashnum.engine.tiles import Tiles, is_fp32
 from flashnum.engine.variants import Variant, variant_of
+from flashnum.numerics.floats import Format
+from flashnum.numerics.formats import FORMATS
 from flashnum.numerics.tiling import visible_count
 
 # the running-max rules the C loop performs (flashnum.engine.variants: fa2, exp2, lazy)
@@ -73,7 +77,7 @@ class _Job(ctypes.Structure):
         + [("scale", ctypes.c_float), ("tau", ctypes.c_float)]
         + [(n, ctypes.c_int) for n in ("lazy", "base2", "cast", "l_from_cast")]
         + [(n, ctypes.c_void_p) for n in ("m", "l", "o", "m_tr", "l_tr", "n_resc", "kt")]
-        + [("sites", ctypes.c_int)])
+        + [(n, ctypes.c_int) for n in ("sites", "cast_drop", "dot_drop")])
 
 
 def set_enabled(flag: bool) -> None:
@@ -186,6 +190,36 @@ def _exp_agrees(sites: int, base2: bool) -> bool:
         want[~nan].view(torch.int32), got[~nan].view(torch.int32))
 
 
+def _bits_dropped(f) -> int | None:
+    """24 - p for a plain binary format with fp32's exponent range (p <= 24 bits: bf16,
+    tf32, p<bits>): on the fp32 carrier Format.round into it drops the low 24 - p bits of
+    the fp32 significand, nearest even, subnormals and overflow included (native.c's
+    round_bits); None for any other format."""
+    fp32 = FORMATS["fp32"]
+    if type(f) is not Format or f.saturate or not f.has_inf or f.max_override is not None:
+        return None
+    return 24 - f.p if (f.p <= 24 and f.emin == fp32.emin and f.emax == fp32.emax) else None
+
+
+def _cast(ar) -> tuple[int, int] | None:
+    """native.c's (cast, cast_drop) for the P cast site: none (fp32 or 24 bits), bf16 or
+    fp16 (the casts torch's dtypes make), or p-bit rounding; None if it has no cast."""
+    f = ar.fmt("p_cast")
+    if getattr(f, "name", None) in CASTS and not f.saturate:
+        return CASTS[f.name], 0
+    drop = _bits_dropped(f)
+    return None if drop is None else ((3, drop) if drop else (0, 0))
+
+
+def _dot_drop(ar) -> int | None:
+    """0 when both tile GEMMs accumulate in fp32, 13 when both are tf32 dots (operands
+    rounded to tf32, products summed in fp32: Arith.dot), None otherwise."""
+    names = {getattr(ar.fmt(x), "name", None) for x in ("qk_acc", "pv_acc")}
+    if names == {"fp32"}:
+        return 0
+    return _bits_dropped(FORMATS["tf32"]) if names == {"tf32"} else None
+
+
 def claim(run: Run, tiles: Tiles, variant: Variant | str) -> str | None:
     """None if the fused path runs this call bit-identically, else why it does not."""
     ar, variant = run.ar, variant_of(variant)
@@ -195,12 +229,11 @@ def claim(run: Run, tiles: Tiles, variant: Variant | str) -> str | None:
             or variant.floor(ar) is not None):
         return f"variant {variant.name}"
     sites = _sites(ar)
-    if sites is None or not all(is_fp32(ar.fmt(x)) for x in ("qk_acc", "pv_acc")):
-        return ("a large-tensor site or a GEMM accumulator is not fp32 (nor, with fp32 "
-                "accumulators, are the softmax sites all one of bf16, fp16)")
-    f_pc = ar.fmt("p_cast")
-    if getattr(f_pc, "name", None) not in CASTS or getattr(f_pc, "saturate", False):
-        return f"P cast to {f_pc}"
+    if sites is None or _dot_drop(ar) is None:
+        return ("a large-tensor site or a GEMM accumulator is not fp32 or tf32 (nor, with "
+                "such accumulators, are the softmax sites all one of bf16, fp16)")
+    if _cast(ar) is None:
+        return f"P cast to {ar.fmt('p_cast')}"
     if ar.policy.l_from not in ("p", "p_cast"):
         return f"l_from {ar.policy.l_from}"
     if torch.backends.cpu.get_cpu_capability() not in SUM_CAPABILITIES:
@@ -233,10 +266,13 @@ def fused_forward(run: Run, tiles: Tiles, perm: torch.Tensor, scale_s: float, ca
     declines the call (the caller takes the torch path)."""
     if claim(run, tiles, variant) is not None:
         return None
-    sites = _sites(run.ar)
+    sites, (cast, cast_drop), dot_drop = _sites(run.ar), _cast(run.ar), _dot_drop(run.ar)
     B, n_qb, bm, d = tiles.q.shape
     n_kb, bn, dv = tiles.n_kb, tiles.bn, tiles.v.shape[-1]
     q, k, v = (x.contiguous() for x in (tiles.q, tiles.k, tiles.v))
+    if dot_drop:  # tf32 dots read tf32 operands (Arith.dot rounds each tile the same way)
+        q, k, v = (FORMATS["tf32"].round(x.double()).float() for x in (q, k, v))
+        tiles = Tiles(q, k, v, tiles.nq, tiles.nk)
     perm = perm.to(torch.int64).contiguous()
     # keys visible to each row (a prefix: numerics.tiling's rule); padded rows see every key
     vis = torch.full((n_qb * bm,), tiles.nk, dtype=torch.int64)
@@ -252,10 +288,10 @@ def fused_forward(run: Run, tiles: Tiles, perm: torch.Tensor, scale_s: float, ca
         _sgemm(), q.data_ptr(), k.data_ptr(), v.data_ptr(), perm.data_ptr(), vis.data_ptr(),
         B, n_qb, bm, _group(run, tiles), n_kb, bn, d, dv, int(perm.shape[0] > 1),
         scale_s, tau, int(variant.max_rule == "lazy"), int(run.base2),
-        0 if sites else CASTS[run.ar.fmt("p_cast").name], int(run.ar.policy.l_from == "p_cast"),
+        0 if sites else cast, int(run.ar.policy.l_from == "p_cast"),
         m.data_ptr(), l.data_ptr(), o.data_ptr(),
         m_tr.data_ptr() if trace else None, l_tr.data_ptr() if trace else None,
-        n_resc.data_ptr(), None, sites)
+        n_resc.data_ptr(), None, sites, 0 if sites else cast_drop, dot_drop)
     lib, threads = native.library(), torch.get_num_threads()
     if _own_gemm(bn, dv):
         kt = tiles.k.transpose(-1, -2).contiguous()  # K_j^T of every key block: (d, bn)

@@ -86,6 +86,16 @@ static inline float round_bf16(float p) {
 
 static inline float round_f16(float p) { return (float) (_Float16) p; }
 
+/* p rounded to 24 - drop significand bits with fp32's exponent range (0 < drop < 24):
+   nearest even on the bits, as round_bf16 (drop 16); below 2^-126 the dropped bits are
+   those of the format's subnormal spacing 2^(-149 + drop), so the same bits serve; a carry
+   past the largest finite gives inf, as Format.round does */
+static inline float round_bits(float p, int drop) {
+  const uint32_t b = bits32(p);
+  const uint32_t r = (b + ((1u << (drop - 1)) - 1u) + ((b >> drop) & 1u)) & ~((1u << drop) - 1u);
+  return (b & 0x7fffffffu) > 0x7f800000u ? p : from32(r);
+}
+
 /* a site's rounding of an fp32 value: F = 0 fp32 (none), 1 bf16, 2 fp16 (nearest even;
    torch's x.to(dtype).to(float32)) */
 static inline __attribute__((always_inline)) float site(float x, const int F) {
@@ -318,6 +328,7 @@ typedef struct {
   int64_t *n_resc;
   const float *kt;              /* (B, n_kb, d, bn): K_j^T, for the own tile GEMM below */
   int sites;                    /* F of s, m, p, l, o: 0 fp32 (fa2), 1 bf16, 2 fp16 (lowp) */
+  int cast_drop, dot_drop;      /* bits a p-bit P cast (cast 3) and tf32 dots (13) drop */
 } fused_job;
 
 /* The softmax step of h rows of logits s (h x bn: S on entry, P on return, Pc in pc), in
@@ -330,6 +341,7 @@ static inline __attribute__((always_inline)) void rows_step(
     float *l, int64_t *nr, float *alpha, float *mb, const int base2, const int cast,
     const int F) {
   const int64_t bn = J->bn;
+  const int drop = J->cast_drop;
   float *ms = mb + h;
   for (int64_t r = 0; r < h; ++r) {
     float *sr = s + r * bn;
@@ -376,7 +388,7 @@ static inline __attribute__((always_inline)) void rows_step(
       for (int64_t c2 = 0; c2 < bn; ++c2) {
         const float p = exp_round(sr[c2] - shift, base2);
         sr[c2] = p;
-        pr[c2] = cast == 1 ? round_bf16(p) : round_f16(p);
+        pr[c2] = cast == 1 ? round_bf16(p) : cast == 2 ? round_f16(p) : round_bits(p, drop);
       }
     } else {
 #pragma omp simd
@@ -386,6 +398,10 @@ static inline __attribute__((always_inline)) void rows_step(
     const float lb = site(torch_rowsum(J->l_from_cast && cast ? pr : sr, bn), F);
     const float la = site(l[r] * alpha[r], F);
     l[r] = site(la + lb, F);
+    if (J->dot_drop) {  /* P V's operand as tf32 dots read it (Arith.dot), into pc */
+      const float *x = cast ? pr : sr;
+      for (int64_t c2 = 0; c2 < bn; ++c2) pr[c2] = round_bits(x[c2], J->dot_drop);
+    }
   }
 }
 
@@ -433,7 +449,7 @@ static inline __attribute__((always_inline)) void fused_block(
     const float *vj = J->v + (b * J->n_kb + j) * bn * dv;
     J->gemm("T", "N", &ibn, &R, &id, &one, kj, &id, w.q, &id, &zero, s, &ibn);
     rows_step(J, R, w.r0, j, s, pc, w.m, w.l, w.nr, alpha, alpha + R, base2, cast, F);
-    J->gemm("N", "N", &idv, &R, &ibn, &one, vj, &idv, J->cast ? pc : s, &ibn, &zero, pv, &idv);
+    J->gemm("N", "N", &idv, &R, &ibn, &one, vj, &idv, J->cast || J->dot_drop ? pc : s, &ibn, &zero, pv, &idv);
     for (int64_t r = 0; r < R; ++r) {
       const float ar = alpha[r];
       float *orow = w.o + r * dv;
@@ -462,17 +478,19 @@ void fn_fused_forward(const fused_job *J, int nthreads) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t job = 0; job < jobs; ++job) {
       const int64_t b = job / n_groups, qb0 = (job % n_groups) * J->g;
-      switch (J->sites * 6 + J->base2 * 3 + J->cast) {  /* each compiled for its constants */
+      switch (J->sites * 8 + J->base2 * 4 + J->cast) {  /* each compiled for its constants */
         case 0: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 0, 0); break;
         case 1: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 1, 0); break;
         case 2: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 2, 0); break;
-        case 3: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 0, 0); break;
-        case 4: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 1, 0); break;
-        case 5: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 2, 0); break;
-        case 6: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 0, 1); break;
-        case 9: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 0, 1); break;
-        case 12: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 0, 2); break;
-        default: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 0, 2); break;  /* 15 */
+        case 3: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 3, 0); break;
+        case 4: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 0, 0); break;
+        case 5: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 1, 0); break;
+        case 6: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 2, 0); break;
+        case 7: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 3, 0); break;
+        case 8: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 0, 1); break;
+        case 12: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 0, 1); break;
+        case 16: fused_block(J, b, qb0, s, pc, pv, alpha, 0, 0, 2); break;
+        default: fused_block(J, b, qb0, s, pc, pv, alpha, 1, 0, 2); break;  /* 20 */
       }
     }
     free(buf);
@@ -601,7 +619,7 @@ static inline __attribute__((always_inline)) V4 void fused_panels(
     const int base2, const int cast, const int F) {
   const int64_t bn = J->bn, d = J->d, dv = J->dv;
   const fused_rows w = job_rows(J, b, qb0);
-  float *p = cast ? pc : s;
+  float *p = cast || J->dot_drop ? pc : s;
   for (int64_t t = 0; t < J->n_kb; ++t) {
     const int64_t j = w.perm[t];
     const float *ktj = J->kt + (b * J->n_kb + j) * d * bn;
@@ -629,17 +647,19 @@ static V4 void fused_v4(const fused_job *J, int nthreads) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t job = 0; job < jobs; ++job) {
       const int64_t b = job / n_groups, qb0 = (job % n_groups) * J->g;
-      switch (J->sites * 6 + J->base2 * 3 + J->cast) {  /* each compiled for its constants */
+      switch (J->sites * 8 + J->base2 * 4 + J->cast) {  /* each compiled for its constants */
         case 0: fused_panels(J, b, qb0, s, pc, alpha, 0, 0, 0); break;
         case 1: fused_panels(J, b, qb0, s, pc, alpha, 0, 1, 0); break;
         case 2: fused_panels(J, b, qb0, s, pc, alpha, 0, 2, 0); break;
-        case 3: fused_panels(J, b, qb0, s, pc, alpha, 1, 0, 0); break;
-        case 4: fused_panels(J, b, qb0, s, pc, alpha, 1, 1, 0); break;
-        case 5: fused_panels(J, b, qb0, s, pc, alpha, 1, 2, 0); break;
-        case 6: fused_panels(J, b, qb0, s, pc, alpha, 0, 0, 1); break;
-        case 9: fused_panels(J, b, qb0, s, pc, alpha, 1, 0, 1); break;
-        case 12: fused_panels(J, b, qb0, s, pc, alpha, 0, 0, 2); break;
-        default: fused_panels(J, b, qb0, s, pc, alpha, 1, 0, 2); break;  /* 15 */
+        case 3: fused_panels(J, b, qb0, s, pc, alpha, 0, 3, 0); break;
+        case 4: fused_panels(J, b, qb0, s, pc, alpha, 1, 0, 0); break;
+        case 5: fused_panels(J, b, qb0, s, pc, alpha, 1, 1, 0); break;
+        case 6: fused_panels(J, b, qb0, s, pc, alpha, 1, 2, 0); break;
+        case 7: fused_panels(J, b, qb0, s, pc, alpha, 1, 3, 0); break;
+        case 8: fused_panels(J, b, qb0, s, pc, alpha, 0, 0, 1); break;
+        case 12: fused_panels(J, b, qb0, s, pc, alpha, 1, 0, 1); break;
+        case 16: fused_panels(J, b, qb0, s, pc, alpha, 0, 0, 2); break;
+        default: fused_panels(J, b, qb0, s, pc, alpha, 1, 0, 2); break;  /* 20 */
       }
     }
     free(buf);
