@@ -2,7 +2,8 @@
 
 An experiment whose runner sits above the harness (flashnum.harness.run.ABOVE: an audit
 table, a reproduction, the attribution table) goes to that runner from here, the entry
-point on top of them all; every other run goes to flashnum.harness.run.main.
+point on top of them all; every other run goes to flashnum.harness.run.main. `compare_with=ROOT` works for every
+kind (flashnum.harness.run.compared).
 """
 
 import sys
@@ -16,6 +17,10 @@ def main(argv: list[str] | None = None) -> int:
     if handed is None:
         return run.main(argv)
     exp, rest = handed
+    return run.compared(exp.name, rest, lambda rest: _runner(exp, rest))
+
+
+def _runner(exp, rest: list[str]) -> int:
     if exp.kind == "audit":
         from flashnum.audit.__main__ import main as audit_main
 

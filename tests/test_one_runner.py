@@ -110,3 +110,32 @@ def test_a_table_that_runs_a_third_partys_file_stops_in_one_line_without_it(tmp_
     line, = p.stderr.splitlines()
     assert "set FLASHNUM_QIU_YAO=PATH" in line and "the stored table stays" in line
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+@pytest.mark.slow
+def test_a_rerun_of_any_kind_compares_with_a_stored_table_and_fails_on_one_changed_number(
+        tmp_path):
+    # compare_with= is not only the sweeps': a table experiment (and a reproduction, an
+    # audit, head statistics, which share flashnum.harness.run.compared) checks the rows it
+    # wrote against ROOT/NAME, exit 1 on the first changed bit
+    import subprocess
+    import sys
+
+    def rerun(*extra):
+        return subprocess.run([sys.executable, "-m", "flashnum.run", "experiment=ties_bias",
+                               f"store.root={tmp_path / 'now'}", *extra], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=600)
+
+    same = rerun(f"compare_with={REPO / 'experiments'}")
+    assert same.returncode == 0, same.stderr
+    assert "identical to the stored results" in same.stdout
+    stored = store.load(REPO / "experiments" / "ties_bias")
+    (tmp_path / "changed" / "ties_bias").mkdir(parents=True)
+    i = stored.index[stored["total"].abs() > 0][0]  # a finite, nonzero number
+    stored.loc[i, "total"] = float(stored.loc[i, "total"]) * (1 + 2**-40)
+    stored.to_parquet(tmp_path / "changed" / "ties_bias" / "results.parquet")
+    differ = rerun(f"compare_with={tmp_path / 'changed'}")
+    assert differ.returncode == 1, differ.stderr
+    assert "total: 1 rows differ" in differ.stdout
+    itself = rerun(f"compare_with={tmp_path / 'now'}")
+    assert itself.returncode == 2 and "is the store this run writes to" in itself.stderr

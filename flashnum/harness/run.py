@@ -507,6 +507,33 @@ def _rest(overrides: list[str]) -> list[str]:
     return [o for o in overrides if not o.startswith(("experiment=", "hydra.", "hydra/"))]
 
 
+def compared(name: str, overrides: list[str], runner) -> int:
+    """runner(overrides) for an experiment whose own runner has no `compare_with=`: a table,
+    head statistics, a reproduction, an audit or the attribution table. With
+    compare_with=ROOT, every row of the run's store (store.root=, experiments by default)
+    is then compared with ROOT/name by flashnum.harness.compare, as the sweeps do; exit
+    status 1 if any non-timing column differs."""
+    other = [o.split("=", 1)[1] for o in overrides if o.startswith("compare_with=")]
+    rest = [o for o in overrides if not o.startswith("compare_with=")]
+    if not other:
+        return runner(rest)
+    root = Path(next((o.split("=", 1)[1] for o in reversed(rest)
+                      if o.startswith("store.root=")), "experiments"))
+    if root.resolve() == Path(other[-1]).resolve():
+        cli.fail(PROG, f"compare_with={other[-1]} is the store this run writes to; "
+                       "give another store.root=")
+    code = runner(rest)
+    if code:
+        return code
+    try:
+        now = store.load(root / name)
+    except FileNotFoundError:
+        now = None
+    text, same = compare.against(now, Path(other[-1]) / name)
+    print(text, flush=True)
+    return 0 if same else 1
+
+
 def handed_over(argv: list[str]) -> tuple[experiments.Experiment, list[str]] | None:
     """(experiment, overrides) when argv names one run (not a multirun) of an experiment
     whose runner sits above the harness (ABOVE: the audit, a reproduction, the attribution
@@ -530,11 +557,13 @@ def _elsewhere(exp, overrides: list[str]) -> int:
     if exp.kind == "table":
         from flashnum.harness import tables
 
-        return tables.main([f"experiment={exp.name}", *_rest(overrides)])
+        return compared(exp.name, _rest(overrides),
+                        lambda rest: tables.main([f"experiment={exp.name}", *rest]))
     if exp.kind == "head_stats":
         from flashnum.harness import head_stats
 
-        return head_stats.main([f"experiment={exp.path.stem}", *_rest(overrides)])
+        return compared(exp.name, _rest(overrides),
+                        lambda rest: head_stats.main([f"experiment={exp.path.stem}", *rest]))
     from flashnum.harness import backward
 
     shipped = exp.path.parent == CONF / "experiment"  # else the user's own YAML
