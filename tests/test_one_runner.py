@@ -76,6 +76,14 @@ def test_the_reproduction_ids_stored_are_the_ones_the_one_function_gives(name):
     assert case_ids(f"repro_{name}", df.drop(columns="case_id")) == list(df.case_id)
 
 
+@pytest.mark.parametrize("name", ["kernel_audit", "kernel_audit_backward", "kernel_table"])
+def test_the_audit_ids_stored_are_the_one_functions_hash_of_their_readable_key(name):
+    # an audit table keeps its readable key in columns (target, precision, the case's id)
+    df = store.load(REPO / "experiments" / name)
+    key = ["target", "precision"] + (["id"] if name != "kernel_table" else [])
+    assert [hash_id([name, *k]) for k in df[key].itertuples(index=False)] == list(df.case_id)
+
+
 def test_the_spaced_form_is_json_dumps_default_and_the_plain_form_has_no_spaces():
     import hashlib
     import json

@@ -33,6 +33,7 @@ from flashnum.audit.rules import ALIGNMENTS, DTYPES, REFERENCES
 from flashnum.audit.targets import resolve
 from flashnum.harness.cli import alias, main_of, named
 from flashnum.harness.config import StoreConf
+from flashnum.harness.grid import hash_id
 from flashnum.harness.paths import CONF
 
 
@@ -111,8 +112,10 @@ def _experiment(cfg) -> int:
         lines.append(report.summary())
         status = status or (0 if report.passed else 1)
     df = pd.concat(tables, ignore_index=True)
-    # one row per (target, precision, case): the store's table, replaced whole
-    df.insert(0, "case_id", df["target"] + "/" + df["precision"] + "/" + df["id"])
+    # one row per (target, precision, case): the store's table, replaced whole, keyed by
+    # the one case-id function (the readable key stays in target, precision and id)
+    df.insert(0, "case_id", [hash_id([cfg.experiment, t, p, i]) for t, p, i in
+                             zip(df["target"], df["precision"], df["id"], strict=True)])
     rec = manifest.record("flashnum.run", [f"experiment={cfg.experiment}"],
                           config=dict(runs=_runs(cfg.experiment)), shard=0, num_shards=1,
                           n_workers=1, start_time=started, end_time=manifest.now(),

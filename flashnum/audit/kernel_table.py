@@ -323,13 +323,16 @@ def _time_backward(fn, precision) -> float:
     return statistics.median(times[1:])
 
 
-def table_row(target: str, precision: str, budget: str) -> tuple[dict, pd.DataFrame | None]:
+def table_row(target: str, precision: str, budget: str,
+              experiment: str = "kernel_table") -> tuple[dict, pd.DataFrame | None]:
     """One row of the table (see the module docstring) and the audit's case table."""
     from flashnum.audit import audit
     from flashnum.audit.cases import cases
     from flashnum.audit.targets import resolve
+    from flashnum.harness.grid import hash_id
 
-    row = dict(case_id=f"{target}/{precision}", target=target, precision=precision,
+    row = dict(case_id=hash_id([experiment, target, precision]), target=target,
+               precision=precision,
                budget=budget)
     why = missing(target)
     if why is not None:
@@ -410,7 +413,7 @@ def run(cfg) -> int:
     for target in spec["targets"]:
         for precision in spec["precisions"]:
             print(f"{cfg.experiment}: {target} {precision}", flush=True)
-            row, t = table_row(target, precision, spec["budget"])
+            row, t = table_row(target, precision, spec["budget"], cfg.experiment)
             rows.append(row)
             if t is not None:
                 tables.append(t.assign(target=target))
