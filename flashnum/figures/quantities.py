@@ -319,6 +319,8 @@ _BWD_BENCH = {
             lambda r: r["speed"]["ratio_vs_backward"]),
            ("RatioFwdBwd", "the fused backward / torch's fp32 SDPA forward + backward",
             lambda r: r["speed"]["ratio_vs_forward_backward"]),
+           ("RatioMedian", "the median over the interleaved pairs of their ratio",
+            lambda r: r["speed"]["ratio_vs_backward_median_pair"]),
            ("CpuRatio", "the same ratio in one-thread process CPU time",
             lambda r: r["speed"]["cpu_ratio_one_thread"]),
            ("LoopRatio", "the torch loop (fused off) / torch's fp32 SDPA backward",
