@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -48,7 +49,10 @@ def time_job(argv: list[str]) -> dict:
     """Run argv from the repository root: wall and CPU seconds, exit status, load."""
     load = os.getloadavg()
     wall, cpu = time.perf_counter(), timing.cpu_time()
-    p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
+    # Ctrl-C as a terminal gives it: a shell starts background jobs with SIGINT ignored,
+    # which the children would inherit (the tests that stop runs with SIGINT need it)
+    p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     wall, cpu = time.perf_counter() - wall, timing.cpu_time() - cpu
     tail = (p.stdout + p.stderr).strip().splitlines()[-1:] or [""]
     shown = ["python", *argv[1:]]

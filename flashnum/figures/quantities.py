@@ -48,6 +48,24 @@ def _bench(F, name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _job(name: str, key: Callable[[dict], object]) -> Callable[[object], object]:
+    """A figure of one of the project's own jobs (python bench/bench_jobs.py): `name` is
+    run (make run), test (make test) or test_slow (make test-slow)."""
+    def value(F):
+        r = _bench(F, "jobs")
+        job = None if r is None else r["jobs"].get(name)
+        return None if job is None else key(job)
+    return value
+
+
+JOBS = (("Run", "run", "the main job (make run)"), ("Test", "test", "the fast suite (make test)"),
+        ("TestSlow", "test_slow", "the slow suite (make test-slow)"))
+JOB_FIGURES = (("Wall", "wall s", lambda j: j["wall_s"], fixed(0)),
+               ("Cpu", "CPU s of its processes", lambda j: j["cpu_s"], fixed(0)),
+               ("Load", "1-minute load average before it", lambda j: j["load_average_before"][0],
+                fixed(1)))
+
+
 def _ref(key: Callable[[dict], object], bits: int | None = 256) -> Callable[[object], object]:
     """A figure of the reference benchmark (python bench/bench_reference.py): of its run at
     `bits`, or of the whole result (bits None)."""
@@ -401,6 +419,8 @@ QUANTITIES = {
                                _ref(lambda r, i=i: r["loadavg_1min_start_end"][i], None),
                                md=fixed(1), paper=False)
        for k, w, i in (("Start", "start", 0), ("End", "end", 1))},
+    **{f"Job{J}{K}": Quantity(f"bench_jobs: {what}, {w}", _job(name, f), md=md, paper=False)
+       for J, name, what in JOBS for K, w, f, md in JOB_FIGURES},
     "QiuYaoLogitStdMax": Quantity("repro_qiu_yao: the largest logit std", _qiu_yao_logit_std,
                                   md=lambda x: f"{x:g}"),
     "QiuYaoZ": Quantity("repro_qiu_yao: z over heads of the bias, ties, lowp, no fix",
