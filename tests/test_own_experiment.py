@@ -26,7 +26,6 @@ def flashnum(*args, cwd, timeout=300):
                           text=True, timeout=timeout, env=env)
 
 
-@pytest.mark.slow
 def test_a_2_by_2_multirun_reads_back_as_4_rows(tmp_path):
     p = flashnum("flashnum.run", "-m", "precision=fp16", "policy=lowp",
                  "shape.seq_len_k=32,64", "distribution=gaussian,late_max", *SMALL,
@@ -90,10 +89,7 @@ def test_hydra_searchpath_finds_the_users_experiment_as_config_dir_does(tmp_path
         assert p.stdout.startswith("mine: 48 cases in the grid")
 
 
-# one typo in the fast suite, every kind of experiment in the slow one
-@pytest.mark.parametrize("typo", ["bf16_swep"] + [pytest.param(t, marks=pytest.mark.slow)
-                                                 for t in ("bwd_ordr", "repro_qiu_yoa",
-                                                           "kernel_tabel")])
+@pytest.mark.parametrize("typo", ["bwd_ordr", "bf16_swep", "repro_qiu_yoa", "kernel_tabel"])
 def test_a_mistyped_experiment_of_any_kind_is_one_line_with_every_valid_name(tmp_path, typo):
     p = flashnum("flashnum.run", f"experiment={typo}", cwd=tmp_path)
     assert p.returncode == 2 and not p.stdout

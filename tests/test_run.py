@@ -136,7 +136,6 @@ def test_a_bad_config_is_one_line_naming_the_value_and_the_choices(override, bad
     assert "\n" not in msg and bad in msg and valid in msg
 
 
-@pytest.mark.slow
 def test_the_command_line_stops_a_bad_config_with_exit_code_2_and_one_line(tmp_path):
     p = cli("precision=fp17", root=tmp_path, timeout=120)
     assert p.returncode == 2
