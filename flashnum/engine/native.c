@@ -267,8 +267,11 @@ static int ceil_log2(int64_t x) {
    one, then the lanes one by one. Rows shorter than one vector: the same with scalars
    (scalar_inner_sum). L is a constant at each call, so the lane loops vectorise. */
 #define SUM_LANES 8
-static inline __attribute__((always_inline)) float cascade_rowsum(const float *x, int64_t n,
-                                                                  const int L) {
+/* the cascade's L lanes of a row (before the tail and the lanes are summed), into
+   lanes[e * stride] */
+static inline __attribute__((always_inline)) void cascade_lanes(const float *x, int64_t n,
+                                                                const int L, float *lanes,
+                                                                int64_t stride) {
   const int64_t size = n / L;         /* vectors (or scalars) in the row */
   const int64_t size_ilp = size / 4;  /* groups of four */
   int lp = ceil_log2(size_ilp) / 4;
@@ -300,10 +303,17 @@ static inline __attribute__((always_inline)) float cascade_rowsum(const float *x
     for (int e = 0; e < L; ++e) acc[0][0][e] += x[v * L + e];
   for (int k = 1; k < 4; ++k)
     for (int e = 0; e < L; ++e) acc[0][0][e] += acc[0][k][e];
-  if (L == 1) return 0.0f + acc[0][0][0];
+  for (int e = 0; e < L; ++e) lanes[e * stride] = acc[0][0][e];
+}
+
+static inline __attribute__((always_inline)) float cascade_rowsum(const float *x, int64_t n,
+                                                                  const int L) {
+  float lanes[SUM_LANES];
+  cascade_lanes(x, n, L, lanes, 1);
+  if (L == 1) return 0.0f + lanes[0];
   float r = 0.0f;  /* vectorized_inner_sum: the tail values, then the lanes */
-  for (int64_t k = size * L; k < n; ++k) r += x[k];
-  for (int e = 0; e < L; ++e) r += acc[0][0][e];
+  for (int64_t k = (n / L) * L; k < n; ++k) r += x[k];
+  for (int e = 0; e < L; ++e) r += lanes[e];
   return 0.0f + r;  /* the output, filled with 0, accumulates the row's sum */
 }
 
@@ -335,14 +345,15 @@ typedef struct {
    three passes so that the state's exp runs vectorised across rows: per row the scale,
    the mask and the row max; per h rows the state (m, n_resc, the shift, alpha); per row
    P, its cast and l. rg0 is the first row's index among the query rows (for the visible
-   prefix), j the key block; m, l, nr, alpha and mb (scratch, 2 h) hold one value per row. */
+   prefix), j the key block; m, l, nr and alpha hold one value per row, mb is scratch of
+   (2 + SUM_LANES) h. */
 static inline __attribute__((always_inline)) void rows_step(
     const fused_job *J, int64_t h, int64_t rg0, int64_t j, float *s, float *pc, float *m,
     float *l, int64_t *nr, float *alpha, float *mb, const int base2, const int cast,
     const int F) {
   const int64_t bn = J->bn;
   const int drop = J->cast_drop;
-  float *ms = mb + h;
+  float *ms = mb + h, *lanes = ms + h;  /* lanes: SUM_LANES h */
   for (int64_t r = 0; r < h; ++r) {
     float *sr = s + r * bn;
     int64_t nv = J->vis[rg0 + r] - j * bn;  /* visible columns of this row */
@@ -395,12 +406,29 @@ static inline __attribute__((always_inline)) void rows_step(
       for (int64_t c2 = 0; c2 < bn; ++c2)
         sr[c2] = exp_site(site(sr[c2] - shift, F), base2, F);
     }
-    const float lb = site(torch_rowsum(J->l_from_cast && cast ? pr : sr, bn), F);
-    const float la = site(l[r] * alpha[r], F);
-    l[r] = site(la + lb, F);
+    const float *xs = J->l_from_cast && cast ? pr : sr;
+    if (bn % SUM_LANES == 0) {  /* the lanes now, their sum for all rows below */
+      cascade_lanes(xs, bn, SUM_LANES, lanes + r, h);
+    } else {
+      const float lb = site(torch_rowsum(xs, bn), F);
+      const float la = site(l[r] * alpha[r], F);
+      l[r] = site(la + lb, F);
+    }
     if (J->dot_drop) {  /* P V's operand as tf32 dots read it (Arith.dot), into pc */
       const float *x = cast ? pr : sr;
       for (int64_t c2 = 0; c2 < bn; ++c2) pr[c2] = round_bits(x[c2], J->dot_drop);
+    }
+  }
+  if (bn % SUM_LANES == 0) {
+    /* cascade_rowsum's last steps, row by row in the same order (0 + each lane, then the
+       output's 0 + r; no tail), vectorised across rows; then l */
+#pragma omp simd
+    for (int64_t r = 0; r < h; ++r) {
+      float x = 0.0f;
+      for (int e = 0; e < SUM_LANES; ++e) x += lanes[e * h + r];
+      const float lb = site(0.0f + x, F);
+      const float la = site(l[r] * alpha[r], F);
+      l[r] = site(la + lb, F);
     }
   }
 }
@@ -471,7 +499,7 @@ void fn_fused_forward(const fused_job *J, int nthreads) {
   const int64_t rows = J->g * J->bm;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {
-    float *buf = aligned_alloc(64, ((2 * rows * J->bn + rows * J->dv + 3 * rows) * 4 + 63)
+    float *buf = aligned_alloc(64, ((2 * rows * J->bn + rows * J->dv + 11 * rows) * 4 + 63)
                                        / 64 * 64);
     float *s = buf, *pc = s + rows * J->bn, *pv = pc + rows * J->bn;
     float *alpha = pv + rows * J->dv;
@@ -642,7 +670,7 @@ static V4 void fused_v4(const fused_job *J, int nthreads) {
   const int64_t n_groups = (J->n_qb + J->g - 1) / J->g, jobs = J->B * n_groups;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {
-    float *buf = aligned_alloc(64, (2 * PANEL * J->bn + 3 * PANEL) * 4 / 64 * 64 + 64);
+    float *buf = aligned_alloc(64, (2 * PANEL * J->bn + 11 * PANEL) * 4 / 64 * 64 + 64);
     float *s = buf, *pc = s + PANEL * J->bn, *alpha = pc + PANEL * J->bn;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t job = 0; job < jobs; ++job) {
