@@ -129,7 +129,7 @@ def _agrees(rows: int, bm: int, bn: int, d: int, dv: int) -> bool:
         return torch.randn(*shape, generator=g) * torch.exp(4 * torch.randn(*shape, generator=g))
 
     q, k, v, p = wide(n, d), wide(bn, d), wide(bn, dv), torch.rand(n, bn, generator=g)
-    q[0], q[1], k[0], p[2], v[0] = 0.0, -0.0, -k[0].abs(), 0.0, -v[0].abs()
+    q[0], q[1], k[0], p[min(2, n - 1)], v[0] = 0.0, -0.0, -k[0].abs(), 0.0, -v[0].abs()
     s_tall = torch.matmul(q.view(1, 1, n, d), k.T.view(1, 1, d, bn)).view(n, bn)
     s_small = torch.matmul(q.view(1, n // bm, bm, d), k.T.view(1, 1, d, bn)).view(n, bn)
     pv_tall = torch.matmul(p.view(1, 1, n, bn), v.view(1, 1, bn, dv)).view(n, dv)
