@@ -1,15 +1,23 @@
-"""The Triton tutorial's fused-attention backward against policy triton_tutorial: the table
-of the experiment triton_tutorial_backward (conf/table/triton_tutorial_backward.yaml;
-docs/audit.md and README quote it as passages).
+"""The Triton tutorial's fused attention against flashnum: the tables of the experiments
+triton_tutorial_forward (its forward against fa2 with exp2) and triton_tutorial_backward
+(its backward against policy triton_tutorial), conf/table/triton_tutorial_*.yaml;
+docs/audit.md and README quote them as passages.
 
     FLASHNUM_TRITON_TUTORIAL=PATH/06-fused-attention.py \
-        python -m flashnum.run experiment=triton_tutorial_backward
+        python -m flashnum.run experiment=triton_tutorial_backward   # or ..._forward
+
+The forward: the tutorial's own `attention(q, k, v, causal, sm_scale)` runs its `_attn_fwd`
+unchanged with 128 x 64 tiles, fp16, 1 x 2 heads, d = 64, N 256 and 512, causal and not,
+sm_scale 0.5 and 1.3, seed 0; each output is compared element by element with
+flashnum.attention(precision="fp16", policy="fa2", block_m=128, block_n=64,
+variant="exp2") under both forms of the exp2 scale site (exp2_scale "twice", the
+tutorial's, and "once", flashnum's kernel's).
 
 PATH is triton-lang/triton's python/tutorials/06-fused-attention.py (it never enters this
 repository; the run records its sha256; the one measured is upstream's #8853, the
 facebookexperimental/triton mirror at f0504daf, sha256 69a2a3fc...). Its module is loaded
-under Triton's CPU interpreter (TRITON_INTERPRET=1) and its own autograd runs its
-`_attn_bwd_preprocess` and `_attn_bwd` kernels unchanged: fp16, 1 x 2 heads, d = 64, N 256
+under Triton's CPU interpreter (TRITON_INTERPRET=1). The backward: its own autograd runs
+its `_attn_bwd_preprocess` and `_attn_bwd` kernels unchanged: fp16, 1 x 2 heads, d = 64, N 256
 and 384 (the tutorial's backward asserts N % 128 == 0), causal and not, sm_scale
 1/sqrt(d) = 0.125, 0.5 (its test's) and 1.3 (its benchmark's); q, k, v, dO standard
 normal, seed 0. Each case runs the kernels five times: on the interpreter as it is; with
@@ -178,6 +186,43 @@ def backward_agreement(mod, seed: int = 0) -> list[dict]:
               + " ".join(f"{100 * row[f'fa2_{x}']:.2f}%" for x in ("dq", "dk", "dv")),
               flush=True)
     return rows
+
+
+FORWARD_CASES = [(n, causal, s) for n in (256, 512) for causal in (False, True)
+                  for s in (0.5, 1.3)]
+
+
+def forward_agreement(mod, seed: int = 0) -> list[dict]:
+    """One row per case of FORWARD_CASES: the tutorial's forward output against
+    flashnum.attention(precision="fp16", policy="fa2", block_m=128, block_n=64,
+    variant="exp2") under both forms of the exp2 scale site: "twice", the tutorial's
+    fl32(fl32(sm_scale) * fl32(1.44269504)), and "once", sm_scale * log2(e) rounded once
+    (flashnum's own kernel)."""
+    import flashnum
+
+    rows = []
+    for n, causal, sm_scale in FORWARD_CASES:
+        g = torch.Generator().manual_seed(seed)
+        q, k, v = (torch.randn(1, 2, n, 64, generator=g).half() for _ in range(3))
+        out = mod.attention(q, k, v, causal, sm_scale)
+        row = dict(n=n, causal=causal, sm_scale=sm_scale, elements=out.numel())
+        for form in ("twice", "once"):
+            res = flashnum.attention(q, k, v, precision="fp16", policy="fa2", block_m=128,
+                                     block_n=64, variant="exp2", causal=causal,
+                                     scale=sm_scale, exp2_scale=form)
+            row[f"bitwise_{form}"] = _share(res.out, out)
+            row[f"max_diff_{form}"] = float((res.out.half().double() - out.double())
+                                            .abs().max())
+        rows.append(row)
+        print(f"N={n} causal={causal} sm_scale={sm_scale}: bitwise "
+              f"{100 * row['bitwise_twice']:.3f}% (exp2_scale twice), "
+              f"{100 * row['bitwise_once']:.3f}% (once)", flush=True)
+    return rows
+
+
+def triton_tutorial_forward_table(path: str, seed: int = 0) -> pd.DataFrame:
+    """The tutorial's forward at `path` against fa2 with exp2, one row per case."""
+    return pd.DataFrame(forward_agreement(load(path), seed))
 
 
 def triton_tutorial_backward_table(path: str, seed: int = 0) -> pd.DataFrame:
