@@ -34,9 +34,9 @@ def qiu_yao_cases(F) -> list[dict]:
 
 
 def torch_cpu_docs(F):
-    """The torch_cpu model against torch's kernel (bench/results/torch_cpu.json)."""
-    t = bench(F, "torch_cpu")
-    c = pd.DataFrame(t["cases"])
+    """The torch_cpu model against torch's kernel: its agreement from
+    experiments/torch_cpu_forward, its speed from bench/results/torch_cpu.json."""
+    c = table(F, "torch_cpu_forward")
     out = []
     for p in ("fp32", "bf16", "fp16"):
         x = c[c.precision == p]
@@ -44,11 +44,13 @@ def torch_cpu_docs(F):
         out.append(f"| {p} | {len(x)} | {thousands(int(x.elements.sum()))} | "
                    f"{100 * bitwise:.4f}% | {100 * x.bitwise.min():.4f}% | "
                    f"{100 * x.lse_bitwise.min():.4f}% | {x.max_ulps.max():.0f} |")
-    shapes = ["x".join(map(str, s)) for s in sorted({tuple(s) for s in c["shape"]})]
+    shape = ["batch", "heads", "seq_len_q", "seq_len_k", "head_dim"]
+    shapes = ["x".join(map(str, s)) for s in sorted(set(c[shape].itertuples(index=False)))]
     require(set(c.seed) == {0} and c.groupby("precision").causal.mean().eq(0.5).all(),
             "every case is seed 0, half of each dtype's cases causal")
     out.append("Shapes (B x H x Nq x Nk x d): " + ", ".join(shapes) + "; each causal and not, "
                "seed 0")
+    t = bench(F, "torch_cpu")
     tm = pd.DataFrame(t["timings"])
     big, small = tm[tm.torch_cpu_s >= 2e-3], tm[tm.torch_cpu_s < 2e-3]
     s = t["summary"]
@@ -422,7 +424,8 @@ def torch_cpu_backward_readme(F):
 
 PASSAGES = {
     "AuditTorchCpu": Passage("docs/audit.md: the torch_cpu model against torch's CPU kernel "
-                             "(bench/results/torch_cpu.json)", torch_cpu_docs),
+                             "(experiments/torch_cpu_forward, bench/results/torch_cpu.json)",
+                             torch_cpu_docs),
     "AuditQiuYaoAgreement": Passage("docs/audit.md: Qiu & Yao's code against its models "
                                     "(experiments/qiu_yao_agreement)",
                                     qiu_yao_agreement_table),
