@@ -50,7 +50,7 @@ paper: figures
 	$(MAKE) -C paper
 
 # cheapest first, by the wall times their manifests record; a table that needs a third
-# party's file (qiu_yao_agreement, triton_tutorial_backward) says so and counts as not run
+# party's file (qiu_yao_agreement, triton_tutorial_*) says so and counts as not run
 VERIFY ?= input_transforms trained_model_stats bwd_delta_site ties_bias bwd_trained_model \
     bwd_order trained_model precision_bits fa3_protocol fp32_sweep block_scaled \
     bound_tightness block_order block_size bwd_attribution repro_fp8_offset \
@@ -58,7 +58,7 @@ VERIFY ?= input_transforms trained_model_stats bwd_delta_site ties_bias bwd_trai
     fp16_sweep torch_cpu_backward kernel_vs_emulator worst_case repro_qiu_yao attribution \
     kernel_table repro_fp8_pcast repro_is_flash_stable repro_splitkv_decode repro_fa3_table3 \
     repro_block_scaled exp_exhaustive bf16_sweep seqlen_growth bwd_seqlen_growth \
-    qiu_yao_agreement triton_tutorial_backward
+    qiu_yao_agreement triton_tutorial_backward triton_tutorial_forward bound_stress
 verify: setup
 	@mkdir -p "$(SCRATCH)"; : > "$(SCRATCH)/verify.txt"; \
 	for e in $(VERIFY); do rm -rf "$(SCRATCH)/$$e"; t0=$$(date +%s); \

@@ -1,12 +1,10 @@
 """What README.md, docs/bounds.md and docs/experiments.md quote about the a-priori bounds:
-their accounting over every stored table, bound_tightness, the stored stress runs
-(bench/results/bound_stress*.txt) and the ties bias (experiments/ties_bias), as passages.
+their accounting over every stored table, bound_tightness, the stress test
+(experiments/bound_stress) and the ties bias (experiments/ties_bias), as passages.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +12,9 @@ import pandas as pd
 
 from flashnum.analysis.bounds import accounting, tightness_summary
 from flashnum.figures.docs.digits import sci, tex_sci, thousands
-from flashnum.figures.docs.sources import bench_text, table
+from flashnum.figures.docs.sources import last_run, table
 from flashnum.figures.quoting import Passage, require
+from flashnum.harness.bound_stress import summary as stress_summary
 
 
 def bound_accounting(F):
@@ -64,46 +63,32 @@ def tightness_docs(F):
 
 
 def stress(F, family):
-    """(cases, finite and held, vacuous, exceeded, tightest, climb) from a stored stress
-    output (bench/bound_stress.py): its final accounting line, or, for a run stopped early,
-    its last running one (the first N cases of its seed); climb: the hill-climb's line
-    (steps, tightest, exceeded) or None."""
-    name = "bound_stress.txt" if family == "catalogue" else f"bound_stress_{family}.txt"
-    text = bench_text(F, name)
-    m = re.search(r"(\d+) cases in (\d+) s(?: \(\d+ s CPU\))?; bound finite and held in (\d+) "
-                  r"of (\d+), vacuous \(infinite\) in (\d+), finite and exceeded in (\d+)", text)
-    if m:
-        cases, _, held, _, vac, bad = (int(x) for x in m.groups())
-    elif re.search(r"after \d+ cases", text):
-        m = re.findall(r"after (\d+) cases \(\d+ s CPU\): finite and held in (\d+) of \d+, "
-                       r"vacuous in (\d+), exceeded in (\d+)", text)[-1]
-        cases, held, vac, bad = (int(x) for x in m)
-    else:  # the first record's format
-        m = re.search(r"(\d+) cases in (\d+) s, (\d+) finite bounds, (\d+) violations", text)
-        cases, _, finite, bad = (int(x) for x in m.groups())
-        held, vac = finite - bad, cases - finite
-    tight = re.search(r"bound / measured = ([0-9.]+)", text)
-    climb = re.search(r"hill-climb: (\d+) steps from each of the (\d+) tightest cases .*?"
-                      r"tightest bound / measured = ([0-9.]+), exceeded in (\d+)", text)
-    climb = (int(climb[1]), int(climb[2]), float(climb[3]), int(climb[4])) if climb else None
-    return cases, held, vac, bad, float(tight[1]) if tight else math.nan, climb
+    """experiments/bound_stress's accounting of one family (harness.bound_stress.summary)."""
+    return stress_summary(table(F, "bound_stress"), family)
 
 
 def stress_claims(F):
-    c, h, v, b, t, climb = stress(F, "catalogue")
-    oc, oh, ov, ob, _, _ = stress(F, "overflow")
-    readme = [f"and in a {thousands(c)}-case random stress run (finite and held in "
-              f"{thousands(h)}, vacuous in {thousands(v)}, exceeded in {b}",
-              f"stress run of {oc} cases near the formats' largest numbers (finite and held "
-              f"in {oh}, vacuous in {ov}, exceeded in {ob};"]
-    docs = [f"{thousands(c)} cases, finite and held in {thousands(h)}, vacuous in "
-            f"{thousands(v)}, exceeded in {b}; the tightest case came within a factor {t:.2f}",
-            f"{oc} cases: finite and held in {oh}, vacuous in {ov}, exceeded in {ob}."]
-    if climb:
-        steps, starts, best, bad = climb
-        docs.append(f"A hill-climb of {steps} steps from each of the {starts} tightest cases")
-        docs.append(f"reached bound / measured = {best:.2f}, exceeded in {bad}")
-        readme.append(f"tightest cases came no closer than {best:.2f}x)")
+    c, o = stress(F, "catalogue"), stress(F, "overflow")
+    t, climb = c["tightest"], c["climb"]
+    steps, starts, best, bad = climb
+    wall = last_run(F, "bound_stress")["wall_s"]
+    readme = [f"and in a {thousands(c['cases'])}-case random stress run (finite and held in "
+              f"{thousands(c['held'])}, vacuous in {thousands(c['vacuous'])}, exceeded in "
+              f"{c['exceeded']}",
+              f"tightest cases came no closer than {best:.2f}x)",
+              f"stress run of {thousands(o['cases'])} cases near the formats' largest numbers "
+              f"(finite and held in {thousands(o['held'])}, vacuous in "
+              f"{thousands(o['vacuous'])}, exceeded in {o['exceeded']}"]
+    docs = [f"{thousands(c['cases'])} catalogue cases and {thousands(o['cases'])} overflow "
+            f"cases, one thread, {wall:.0f} s",
+            f"{thousands(c['cases'])} cases, finite and held in {thousands(c['held'])}, "
+            f"vacuous in {thousands(c['vacuous'])}, exceeded in {c['exceeded']}; the "
+            f"tightest case came within a factor {t.ratio:.2f} ({t.inputs}, {t.precision}, "
+            f"{t.policy}, $N = {t.n}$, $d = {t.d}$)",
+            f"A hill-climb of {steps} steps from each of the {starts} tightest cases",
+            f"reached bound / measured = {best:.2f}, exceeded in {bad}",
+            f"{thousands(o['cases'])} cases: finite and held in {thousands(o['held'])}, "
+            f"vacuous in {thousands(o['vacuous'])}, exceeded in {o['exceeded']}."]
     return readme, docs
 
 
@@ -205,8 +190,8 @@ PASSAGES = {
                               bf16_sweep_summary_line),
     "ReadmeTightness": Passage("README.md: bound_tightness in short", tightness_readme),
     "BoundTightness": Passage("docs/bounds.md: bound_tightness's table", tightness_docs),
-    "ReadmeStress": Passage("README.md: the stored stress runs", stress_readme),
-    "BoundStress": Passage("docs/bounds.md: the stored stress runs", stress_docs),
+    "ReadmeStress": Passage("README.md: the stress test (bound_stress)", stress_readme),
+    "BoundStress": Passage("docs/bounds.md: the stress test (bound_stress)", stress_docs),
     "BoundTightnessProse": Passage("docs/bounds.md: where the bound is tight and loose",
                                    tightness_prose),
     "TiesBias": Passage("docs/bounds.md: the ties bias (experiments/ties_bias)", ties_claims),

@@ -4,7 +4,6 @@ bench results, each under the folder F.experiments sits in (the repository's roo
     table(F, "bwd_order")            experiments/bwd_order/results.parquet
     last_run(F, "bwd_order")         the manifest's last run (wall_s, git, n_workers, ...)
     bench(F, "engine")               bench/results/engine.json
-    bench_text(F, "bound_stress.txt")  a stored text output of a bench script
 
 A missing file raises FileNotFoundError, which the check reports as a missing source.
 """
@@ -39,8 +38,4 @@ def last_run(F, name: str) -> dict:
 
 def bench(F, name: str) -> dict:
     """A stored bench result, bench/results/<name>.json."""
-    return json.loads(bench_text(F, f"{name}.json"))
-
-
-def bench_text(F, filename: str) -> str:
-    return (root(F) / "bench" / "results" / filename).read_text()
+    return json.loads((root(F) / "bench" / "results" / f"{name}.json").read_text())
