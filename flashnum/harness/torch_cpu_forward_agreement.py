@@ -22,7 +22,7 @@ import os
 import pandas as pd
 import torch
 
-import flashnum
+from flashnum.engine import attention
 from flashnum.harness.torch_cpu_backward_agreement import DTYPES, SHAPE, cpu_name
 
 
@@ -41,8 +41,8 @@ def compare(precision: str, shape, causal: bool, seed: int) -> dict:
     q, k, v = [torch.randn(b, h, n, d, generator=g).to(dtype) for n in (nq, nk, nk)]
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, is_causal=causal)[:2]
-    res = flashnum.attention(q, k, v, precision=precision, policy="torch_cpu",
-                             causal="top_left" if causal else False)  # torch's is_causal
+    res = attention(q, k, v, precision=precision, policy="torch_cpu",
+                    causal="top_left" if causal else False)  # torch's is_causal
     mine = res.out.to(dtype)
     diff = (mine.double() - out.double()).abs()
     return dict(precision=precision, **dict(zip(SHAPE, shape, strict=True)), causal=causal,

@@ -78,7 +78,7 @@ def stress_claims(F):
               f"tightest cases came no closer than {best:.2f}x)",
               f"stress run of {thousands(o['cases'])} cases near the formats' largest numbers "
               f"(finite and held in {thousands(o['held'])}, vacuous in "
-              f"{thousands(o['vacuous'])}, exceeded in {o['exceeded']}"]
+              f"{thousands(o['vacuous'])}, exceeded in {o['exceeded']};"]
     docs = [f"{thousands(c['cases'])} catalogue cases and {thousands(o['cases'])} overflow "
             f"cases, one thread, {wall:.0f} s",
             f"{thousands(c['cases'])} cases, finite and held in {thousands(c['held'])}, "
