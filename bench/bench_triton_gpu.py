@@ -17,10 +17,9 @@
    both timed by triton.testing.do_bench (median ms). TFLOP/s = 4 B H N^2 d / time.
    Goal: best kernel >= 0.8 x SDPA at N = 8192, d = 128, bf16.
 
-Without a CUDA GPU it says so, runs a small interpreter run instead (the interpreter's
-exp accuracy and dot summation order, and the fidelity table of tests/test_triton.py's
-case: 2 x 2 heads, Nq = 96, Nk = 110, d = 64, 32 x 32 blocks, seeds 0, 1, 2; ~20-40 s),
-writes bench/results/triton_interpreter.json, and exits 0.
+Without a CUDA GPU it says so and exits 0: the interpreter's figures (its exp accuracy and
+dot summation order, and the fidelity table of tests/test_triton.py's case) are the
+experiment triton_interpreter (python -m flashnum.run experiment=triton_interpreter).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
@@ -37,6 +35,7 @@ import torch
 # first: on a CPU this sets TRITON_INTERPRET=1 before triton is imported
 from flashnum.backends import triton as tf  # isort: skip
 from flashnum.harness import timing  # isort: skip
+from flashnum.harness.triton_interpreter import fidelity_rows  # isort: skip
 
 OUT = Path(__file__).parent / "results"
 CONFIGS = [  # (block_m, block_n, num_warps, num_stages): reported each, never tuned away
@@ -45,68 +44,6 @@ CONFIGS = [  # (block_m, block_n, num_warps, num_stages): reported each, never t
     (128, 64, 8, 3),
     (128, 128, 8, 2),
 ]
-
-
-def fidelity_rows(lead, nq, nk, ds, precisions, variants, block, seeds=(0,), fusion=(False,)):
-    rows = []
-    for seed in seeds:
-        for d in ds:
-            g = torch.Generator().manual_seed(seed)
-            q = torch.randn(*lead, nq, d, generator=g)
-            k, v = (torch.randn(*lead, nk, d, generator=g) for _ in range(2))
-            for precision in precisions:
-                for variant in variants:
-                    for fp_fusion in fusion if precision == "bf16" else (False,):
-                        t = time.perf_counter()
-                        c = tf.compare_with_engine(
-                            q, k, v, precision=precision, block_m=block, block_n=block,
-                            variant=variant, fp_fusion=fp_fusion,
-                        )
-                        rows.append(dict(
-                            lead=list(lead), nq=nq, nk=nk, d=d, block=block, seed=seed,
-                            precision=precision, variant=variant, fp_fusion=fp_fusion,
-                            seconds=round(time.perf_counter() - t, 2), **c,
-                        ))
-                        e, s = c["elem"], c["scaled"]
-                        print(f"  seed {seed} d={d:3d} {precision:5s} {variant:4s} "
-                              f"fusion={int(fp_fusion)}  elem <=0 {e['le0']:.5f} "
-                              f"<=1 {e['le1']:.5f} <=2 {e['le2']:.5f} max {e['max']:9.1f} | "
-                              f"scaled <=1 {s['le1']:.5f} <=2 {s['le2']:.5f} max {s['max']:5.2f}"
-                              f"  m equal {c['m_equal']}", flush=True)
-    return rows
-
-
-def interpreter_facts():
-    """What the interpreter computes differently from the engine, measured (docs/kernel.md).
-
-    exp/exp2: numpy float32 (what tl.exp/tl.exp2 run on the interpreter) vs the
-    correctly rounded value, over 2e6 arguments uniform in [-30, 0]. Dots: numpy fp32
-    matmul (the interpreter's tl.dot) vs torch's (the engine's) and vs a sequential sum
-    over the head dim, for fp16-valued operands of shape (64, d) x (d, 64).
-    """
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    x = (-rng.random(2_000_000) * 30).astype(np.float32)
-    facts = {}
-    for name, fn in (("exp", np.exp), ("exp2", np.exp2)):
-        cr = fn(x.astype(np.float64)).astype(np.float32)
-        ulps = np.abs(fn(x).astype(np.float64) - cr) / np.spacing(cr)
-        facts[name] = dict(frac_not_correctly_rounded=float(np.mean(ulps > 0)),
-                           max_ulp=float(ulps.max()))
-    for d in (64, 128, 192, 256):
-        a = rng.standard_normal((64, d)).astype(np.float16).astype(np.float32)
-        b = rng.standard_normal((d, 64)).astype(np.float16).astype(np.float32)
-        seq = np.zeros((64, 64), np.float32)
-        for i in range(d):
-            seq += a[:, i : i + 1] * b[i : i + 1, :]
-        n = np.matmul(a, b)
-        t = (torch.from_numpy(a) @ torch.from_numpy(b)).numpy()
-        facts[f"dot_d{d}"] = dict(numpy_eq_sequential=float(np.mean(n == seq)),
-                                  numpy_eq_torch=float(np.mean(n == t)))
-    for key, val in facts.items():
-        print(f"  {key}: {val}")
-    return facts
 
 
 def sdpa_flash(q, k, v):
@@ -179,17 +116,8 @@ def main(argv=None):
     OUT.mkdir(exist_ok=True)
 
     if not torch.cuda.is_available():
-        print("bench_triton_gpu: needs a CUDA GPU; none here. Running a small interpreter run "
-              "instead (the figures docs/kernel.md and tests/test_triton.py quote).")
-        print("interpreter facts (fractions of elements):")
-        facts = interpreter_facts()
-        print("fidelity: kernel vs engine, ulps of the output format")
-        # tests/test_triton.py::test_ulp_distribution_vs_engine's case (seed 0), seeds 1, 2
-        rows = fidelity_rows((2, 2), 96, 110, (64,), ("fp16", "bf16", "fp32"),
-                             ("fa2", "exp2"), block=32, seeds=(0, 1, 2))
-        path = timing.write(OUT / "triton_interpreter.json",
-                            dict(meta=meta(), facts=facts, fidelity=rows))
-        print(f"wrote {path}")
+        print("bench_triton_gpu: needs a CUDA GPU; none here. The interpreter's figures: "
+              "python -m flashnum.run experiment=triton_interpreter")
         return 0
 
     result = dict(meta=meta())
