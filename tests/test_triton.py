@@ -132,8 +132,8 @@ def test_ulp_distribution_vs_engine(precision):
     rounded on 39% of arguments, measured) and np.sum's order (the patched test above
     is bit exact). `scaled` counts ulps at softmax(S) @ |V|, the magnitude every
     rounding of P, l, o is relative to; `elem` counts ulps at |out|, which cancellation
-    can make far smaller. Measured by `python bench/bench_triton_gpu.py` (no GPU: this
-    case, seeds 0, 1, 2, variants fa2 and exp2):
+    can make far smaller. Measured by `python -m flashnum.run experiment=triton_interpreter`
+    (this case, seeds 0, 1, 2, variants fa2 and exp2):
       fp16  elem <=1: 99.972-100 %, max 1-34  | scaled max 0.25-0.5
       bf16  elem <=1: 99.996-100 %, max 0-2   | scaled max 0-0.25
       fp32  elem <=1: 56.9-65.1 %, max 4e3-1.3e6 | scaled <=1: 99.79-99.90 %, max 2-2.5

@@ -82,8 +82,9 @@ What still differs between the interpreter and a GPU (by construction, not fixed
   - subnormals: the GPU's approximate ex2 may flush subnormal results (its .ftz form);
     numpy keeps them.
   - the dots' summation order: numpy sums the head dim sequentially (measured for d up
-    to 256); torch's CPU matmul (the engine's) does too for d <= 192 but splits at 256,
-    so kernel and engine logits can differ in the last bit at d = 256 on a CPU.
+    to 256: experiments/triton_interpreter); torch's CPU matmul (the engine's) gives the
+    same bits there now, but has split the sum at d = 256 before (its BLAS's choice),
+    so kernel and engine logits can differ in the last bit at large d on a CPU.
 """
 
 from __future__ import annotations

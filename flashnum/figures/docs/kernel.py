@@ -1,5 +1,5 @@
 """What README.md and docs/kernel.md quote about the Triton kernel on the CPU interpreter:
-its fidelity to the GPU's arithmetic (bench/results/triton_interpreter.json), as passages.
+its fidelity to the engine's arithmetic (experiments/triton_interpreter), as passages.
 """
 
 from __future__ import annotations
@@ -7,13 +7,18 @@ from __future__ import annotations
 import pandas as pd
 
 from flashnum.figures.docs.digits import pct_floor, sci
-from flashnum.figures.docs.sources import bench
-from flashnum.figures.quoting import Passage
+from flashnum.figures.docs.sources import table
+from flashnum.figures.quoting import Passage, require
+
+
+def _fidelity(F) -> pd.DataFrame:
+    t = table(F, "triton_interpreter")
+    return t[t.kind == "fidelity"]
 
 
 def triton_readme(F):
-    f = bench(F, "triton_interpreter")["fidelity"]
-    low = min(x["elem"]["le1"] for x in f if x["precision"] in ("fp16", "bf16"))
+    f = _fidelity(F)
+    low = f[f.precision.isin(["fp16", "bf16"])].elem_le1.min()
     return [f"fp16/bf16 outputs are >= {pct_floor(low)} within 1 ulp"]
 
 
@@ -32,17 +37,21 @@ def _ulps(x):
 
 def kernel_docs(F):
     """The interpreter's fidelity table."""
-    r = bench(F, "triton_interpreter")
-    f = pd.DataFrame([dict(precision=x["precision"],
-                           **{f"e_{k}": v for k, v in x["elem"].items()},
-                           **{f"s_{k}": v for k, v in x["scaled"].items()})
-                      for x in r["fidelity"]])
-    facts = r["facts"]
+    t = table(F, "triton_interpreter")
+    f = _fidelity(F).rename(columns=lambda c: c.replace("elem_", "e_").replace("scaled_", "s_"))
+    facts = t[t.kind == "fact"].set_index("name")
     out = [f"`tl.exp` / `tl.exp2` are numpy's float32 exp / exp2: "
-           f"{100 * facts['exp']['frac_not_correctly_rounded']:.0f}% / "
-           f"{100 * facts['exp2']['frac_not_correctly_rounded']:.0f}% of results differ from "
-           f"the correctly rounded value, by at most {facts['exp']['max_ulp']:.0f} / "
-           f"{facts['exp2']['max_ulp']:.0f} ulp"]
+           f"{100 * facts.frac_not_correctly_rounded['exp']:.0f}% / "
+           f"{100 * facts.frac_not_correctly_rounded['exp2']:.0f}% of results differ from "
+           f"the correctly rounded value, by at most {facts.max_ulp['exp']:.0f} / "
+           f"{facts.max_ulp['exp2']:.0f} ulp"]
+    dots = facts[facts.index.str.startswith("dot_d")]
+    d = [int(n[5:]) for n in dots.index]
+    same = [int(n[5:]) for n in dots.index[dots.numpy_eq_torch == 1]]
+    require((dots.numpy_eq_sequential == 1).all(), "numpy sums the head dim sequentially")
+    out.append(f"for d = {', '.join(map(str, d))}, and torch's CPU matmul (the engine's) "
+               + ("gives its bits at every one of them" if same == d else
+                  f"gives its bits at d = {', '.join(map(str, same))} only"))
     digits = {"fp16": (2, 3, 0), "bf16": (2, 3, 0), "fp32": (1, 1, 2)}
     for prec, (d0, d1, ds) in digits.items():
         x = f[f.precision == prec]
