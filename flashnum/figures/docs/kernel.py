@@ -46,8 +46,8 @@ def kernel_docs(F):
            f"the correctly rounded value, by at most {facts.max_ulp['exp']:.0f} / "
            f"{facts.max_ulp['exp2']:.0f} ulp"]
     dots = facts[facts.index.str.startswith("dot_d")]
-    d = [int(n[5:]) for n in dots.index]
-    same = [int(n[5:]) for n in dots.index[dots.numpy_eq_torch == 1]]
+    d = sorted(int(n[5:]) for n in dots.index)
+    same = sorted(int(n[5:]) for n in dots.index[dots.numpy_eq_torch == 1])
     require((dots.numpy_eq_sequential == 1).all(), "numpy sums the head dim sequentially")
     out.append(f"for d = {', '.join(map(str, d))}, and torch's CPU matmul (the engine's) "
                + ("gives its bits at every one of them" if same == d else
