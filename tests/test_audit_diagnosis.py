@@ -1,13 +1,12 @@
 """A failing audit says why: the flashnum model that reproduces the kernel bit for bit, the
 site that makes that model's error, and the worst case, its ratio and its error together.
 
-The kernels are pure-PyTorch ports of FlashAttention-2 of the kind people write: the
-online softmax over 64-key chunks on bf16 tensors, so that m, l and o stay in bf16 (what
-flashnum's `lowp` policy models); one of them forgets to rescale l.
+The kernels (flashnum.audit.ports) are pure-PyTorch ports of FlashAttention-2 of the kind
+people write: the online softmax over 64-key chunks on bf16 tensors, so that m, l and o
+stay in bf16 (what flashnum's `lowp` policy models); one of them forgets to rescale l.
 """
 
 import json
-import math
 
 import pandas as pd
 import pytest
@@ -16,35 +15,7 @@ import torch
 import flashnum.audit as fa
 from flashnum.audit import Case, models
 from flashnum.audit.diagnosis import worst_case
-
-CHUNK = 64
-
-
-def bf16_port(q, k, v, causal=False, scale=None, *, rescale_l=True):
-    """FlashAttention-2's forward over CHUNK keys at a time, plain torch, every tensor in
-    the inputs' dtype (causal top-left, as torch's is_causal)."""
-    nq, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    m = torch.full(q.shape[:-1], -math.inf, dtype=q.dtype)
-    l = torch.zeros(q.shape[:-1], dtype=q.dtype)
-    o = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
-    i = torch.arange(nq)[:, None]
-    for j0 in range(0, nk, CHUNK):
-        kb, vb = k[..., j0 : j0 + CHUNK, :], v[..., j0 : j0 + CHUNK, :]
-        s = (q @ kb.transpose(-1, -2)) * scale
-        if causal:
-            s = s.masked_fill(torch.arange(j0, j0 + kb.shape[-2])[None, :] > i, -math.inf)
-        m_new = torch.maximum(m, s.amax(-1))
-        alpha = torch.exp(m - m_new)
-        p = torch.exp(s - m_new[..., None])
-        l = (l * alpha if rescale_l else l) + p.sum(-1)
-        o = o * alpha[..., None] + p @ vb
-        m = m_new
-    return o / l[..., None]
-
-
-def forgets_to_rescale_l(q, k, v, causal=False, scale=None):
-    return bf16_port(q, k, v, causal, scale, rescale_l=False)
+from flashnum.audit.ports import CHUNK, bf16_port, forgets_to_rescale_l
 
 
 @pytest.fixture(scope="module")
