@@ -58,7 +58,7 @@ VERIFY ?= input_transforms trained_model_stats bwd_delta_site ties_bias bwd_trai
     fp16_sweep torch_cpu_backward kernel_vs_emulator worst_case repro_qiu_yao attribution \
     kernel_table repro_fp8_pcast repro_is_flash_stable repro_splitkv_decode repro_fa3_table3 \
     repro_block_scaled exp_exhaustive bf16_sweep seqlen_growth bwd_seqlen_growth \
-    torch_cpu_forward triton_interpreter qiu_yao_agreement triton_tutorial_backward triton_tutorial_forward \
+    torch_cpu_forward triton_interpreter audit_ports qiu_yao_agreement triton_tutorial_backward triton_tutorial_forward \
     bound_stress
 verify: setup
 	@mkdir -p "$(SCRATCH)"; : > "$(SCRATCH)/verify.txt"; \

@@ -336,21 +336,20 @@ def backward_findings(F) -> list[str]:
 
 
 def ports(F) -> list[str]:
-    res = bench(F, "audit_ports")
     out = []
-    for name, r in res["runs"].items():
-        c, s, w = r["closest"], r["site"], r["worst"]
-        nxt = ", ".join(f"{x['model']} {100 * x['bitwise']:.1f}%" for x in r["next"][:2])
+    for r in table(F, "audit_ports").sort_values("port").itertuples():
+        nxt = ", ".join(f"{x['model']} {100 * x['bitwise']:.1f}%" for x in json.loads(r.next)[:2])
         out.append(
-            f"- `{name}`: {r['cases'] - r['kept']} of {r['cases']} cases break "
-            f"{', '.join(sorted(r['broken']))}; the worst is `{w['id']}` ({w['quantity']} "
-            f"error {w['err']:.3g}, {w['ratio']:.3g}x its limit). Closest model: {c['model']}, "
-            f"equal bit for bit on {100 * c['bitwise']:.2f}% of the outputs of the "
-            f"{c['cases']} cases it can take (next: {nxt}). Dominant site: {s['site']} "
-            f"({s['format']}; alone {s['err_only']:.3g}, the model's {s['total']:.3g}).")
-        if s["kernel_err"] > 2 * s["total"]:
-            out.append(f"There the kernel errs {s['kernel_err'] / s['total']:.3g}x as much as "
-                       "the model: more than the model's roundings explain.")
+            f"- `{r.port}`: {r.cases - r.kept} of {r.cases} cases break "
+            f"{', '.join(sorted(json.loads(r.broken)))}; the worst is `{r.worst_id}` "
+            f"({r.worst_quantity} error {r.worst_err:.3g}, {r.worst_ratio:.3g}x its limit). "
+            f"Closest model: {r.closest_model}, equal bit for bit on "
+            f"{100 * r.closest_bitwise:.2f}% of the outputs of the {r.closest_cases} cases it "
+            f"can take (next: {nxt}). Dominant site: {r.site} ({r.site_format}; alone "
+            f"{r.site_err_only:.3g}, the model's {r.site_total:.3g}).")
+        if r.site_kernel_err > 2 * r.site_total:
+            out.append(f"There the kernel errs {r.site_kernel_err / r.site_total:.3g}x as much "
+                       "as the model: more than the model's roundings explain.")
     return out
 
 
@@ -446,7 +445,7 @@ PASSAGES = {
                                   backward_table),
     "AuditBackwardFindings": Passage("docs/audit.md: the gradient audit's findings",
                                      backward_findings),
-    "AuditPorts": Passage("docs/audit.md: the diagnosed ports (bench/results/audit_ports.json)",
+    "AuditPorts": Passage("docs/audit.md: the diagnosed ports (experiments/audit_ports)",
                           ports),
     "AuditTorchDiagnosis": Passage("docs/audit.md: torch_sdpa's closest models",
                                    torch_diagnosis),
