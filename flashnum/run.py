@@ -2,8 +2,8 @@
 
 An experiment whose runner sits above the harness (flashnum.harness.run.ABOVE: an audit
 table, a reproduction, the attribution table) goes to that runner from here, the entry
-point on top of them all; every other run goes to flashnum.harness.run.main. `compare_with=ROOT` works for every
-kind (flashnum.harness.run.compared).
+point on top of them all; every other run goes to flashnum.harness.run.main.
+`compare_with=ROOT` works for every kind (flashnum.harness.run.compared).
 """
 
 import sys

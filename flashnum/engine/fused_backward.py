@@ -77,19 +77,16 @@ def set_enabled(flag: bool) -> None:
 
 
 def _build() -> ctypes.CDLL:
-    """native.c's text with fused_backward.c after it, compiled by flashnum.engine.build
-    with native's flags; rebuilt with native's corrections for the hard exp inputs the
-    first build misses, if any (as native._build does)."""
+    """native.c's text with fused_backward.c after it, compiled once by flashnum.engine.build
+    with native's flags and native's corrections for the hard exp inputs (found by
+    native._probe_fixes on the exp part alone, whose build native's own has cached)."""
     torch_lib = Path(torch.__file__).parent / "lib"
     how = dict(libs=[f"-Wl,-rpath,{torch_lib}"], extra=(str(torch_lib), repr(native.HARD)))
     flag_sets = [native._GCC_TUNE + native._FLAGS, native._FLAGS]
-    own = _SRC.read_text()
-    lib = native._open(build.shared_library("fused_backward", native.source() + own,
+    fixes = native._probe_fixes(flag_sets, how)
+    lib = native._open(build.shared_library("fused_backward",
+                                            native.source(fixes) + _SRC.read_text(),
                                             flag_sets, **how))
-    fixes = native._kernel_misses(lib)
-    if any(fixes.values()):
-        lib = native._open(build.shared_library("fused_backward", native.source(fixes) + own,
-                                                flag_sets, **how))
     missed = native._kernel_misses(lib)
     if any(missed.values()):
         raise OSError(f"kernel not correctly rounded on {missed}")
