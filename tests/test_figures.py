@@ -552,3 +552,17 @@ def test_paper_uses_only_defined_macros():
     assert capital - declared - own - tex_own == set()
     for stem in [f.__name__ for f in figures.FIGURES] + [f"tab_{r}" for r in REPROS]:
         assert f"figures/{stem}" in tex, f"paper.tex never inputs {stem}"
+
+
+def test_the_shipped_papers_numbers_and_tables_are_what_the_stored_tables_give(tmp_path):
+    # paper/figures/*.tex (numbers.tex, every tab_*.tex, every figure's caption snippet) is
+    # regenerated from experiments/ and compared as text: a change to a stored table, or to
+    # how a table is read (its row order, say), shows here. The images are left out: their
+    # bytes carry the plotting library's version.
+    repo = Path(__file__).resolve().parents[1]
+    generate(repo / "experiments", tmp_path)
+    shipped = sorted(p.name for p in (repo / "paper" / "figures").glob("*.tex"))
+    assert sorted(p.name for p in tmp_path.glob("*.tex")) == shipped
+    for name in shipped:
+        assert (tmp_path / name).read_text() == (repo / "paper" / "figures" / name).read_text(), \
+            f"paper/figures/{name} is not what experiments/ gives: python -m flashnum.figures"

@@ -119,6 +119,13 @@ def _ran(df: pd.DataFrame) -> pd.DataFrame:
     return df[df.status == "ran"]
 
 
+def _by_kernel(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows by kernel, then dtype ("target/precision" as text): the store sorts by case_id,
+    a hash, which orders nothing a reader looks for."""
+    key = df.target.astype(str) + "/" + df.precision.astype(str)
+    return df.iloc[key.argsort(kind="stable")]
+
+
 def kernel_table_rows(df: pd.DataFrame) -> list[list[str]]:
     """The forward table's rows (plain text cells), from experiments/kernel_table: one per
     kernel and dtype that ran or was refused, then the kernels that need a GPU
@@ -128,7 +135,7 @@ def kernel_table_rows(df: pd.DataFrame) -> list[list[str]]:
     from flashnum.audit.kernel_table import GPU_ONLY
 
     rows = []
-    for _, r in df.iterrows():
+    for _, r in _by_kernel(df).iterrows():
         if r.status != "ran":
             if not str(r.status).startswith("needs a GPU"):
                 rows.append([r.target, r.precision, str(r.status).split(":")[0]]
@@ -150,7 +157,7 @@ def kernel_table_rows(df: pd.DataFrame) -> list[list[str]]:
 def kernel_grad_rows(df: pd.DataFrame) -> list[list[str]]:
     """The gradient table's rows: every differentiable kernel and dtype that ran."""
     rows = []
-    ran = _ran(df)
+    ran = _ran(_by_kernel(df))
     for _, r in ran[ran.backward.astype(bool)].iterrows():
         closest = (f"{r.grad_closest} ({_pct(r.grad_closest_dq_bitwise)} / "
                    f"{_pct(r.grad_closest_dk_bitwise)} / {_pct(r.grad_closest_dv_bitwise)})")
