@@ -51,8 +51,16 @@ def start(module_args: list[str], fault: str | None = None) -> tuple[subprocess.
     if fault:
         env["FLASHNUM_FAULT"] = fault
     p = subprocess.Popen([sys.executable, "-m", *module_args], cwd=REPO, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_ctrl_c_as_a_terminal_gives_it)
     return p, tag
+
+
+def _ctrl_c_as_a_terminal_gives_it():
+    # a shell starts a background job (nohup, &) with SIGINT ignored, which its children
+    # inherit: the runner's own SIGINT would then do nothing. A user's Ctrl-C reaches a
+    # foreground run, whose SIGINT is the default one.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def tagged(tag: str) -> list[int]:

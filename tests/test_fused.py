@@ -11,6 +11,7 @@ import random
 
 import pytest
 import torch
+from bits import same_bits  # tests/bits.py
 from hydra import compose, initialize_config_dir
 
 import flashnum
@@ -26,17 +27,6 @@ EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")
 PER_GRID = 6  # claimed cases drawn from each experiment
 TRIES = 40  # cases tried per experiment (grids the path does not claim stay quick)
 MAX_LOGITS = 1 << 22  # heads x Nq x Nk of a drawn case (the test stays quick)
-
-
-def same_bits(a, b):
-    """Equal bit for bit, NaN where NaN (the payload of a NaN is not compared)."""
-    if a is None or b is None:
-        return a is None and b is None
-    if not a.is_floating_point():
-        return torch.equal(a, b)
-    bits = {torch.float64: torch.int64, torch.float32: torch.int32}[a.dtype]  # -0 is not +0
-    return a.shape == b.shape and torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(
-        torch.nan_to_num(a, nan=0.0).view(bits), torch.nan_to_num(b, nan=0.0).view(bits))
 
 
 def run(case, on: bool):

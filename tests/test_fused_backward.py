@@ -13,6 +13,7 @@ import random
 
 import pytest
 import torch
+from bits import same_bits  # tests/bits.py
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,17 +32,6 @@ PER_GRID = 5  # claimed cases drawn from each experiment
 TRIES = 30  # cases tried per experiment
 MAX_N = 1024  # largest seq_len drawn (the test stays quick)
 FIELDS = ("dq", "dk", "dv", "lse", "delta", "out", "masked", "ds_rowsum")
-
-
-def same_bits(a, b):
-    """Equal bit for bit, NaN where NaN (the payload of a NaN is not compared)."""
-    if a is None or b is None:
-        return a is None and b is None
-    if not a.is_floating_point():
-        return torch.equal(a, b)
-    bits = {torch.float64: torch.int64, torch.float32: torch.int32}[a.dtype]  # -0 is not +0
-    return a.shape == b.shape and torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(
-        torch.nan_to_num(a, nan=0.0).view(bits), torch.nan_to_num(b, nan=0.0).view(bits))
 
 
 def backward(on: bool, *args, **kw):
