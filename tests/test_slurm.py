@@ -65,9 +65,15 @@ def slurm_sweep(root: Path, background: bool = False):
     cmd = [sys.executable, "-m", "flashnum.run", "-m", *GRID, "num_shards=2", "shard=0,1",
            *SLURM, f"store.root={root}", f"hydra.sweep.dir={root}/multirun"]
     kw = dict(cwd=REPO, text=True, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    if background:
-        return subprocess.Popen(cmd, **kw)
+    if background:  # stopped by SIGINT below, as its user's Ctrl-C would
+        return subprocess.Popen(cmd, preexec_fn=_ctrl_c_as_a_terminal_gives_it, **kw)
     return subprocess.run(cmd, timeout=900, **kw)
+
+
+def _ctrl_c_as_a_terminal_gives_it():
+    # a shell starts a background job (nohup, &) with SIGINT ignored, which its children
+    # inherit; a user's Ctrl-C reaches a foreground launcher, whose SIGINT is the default
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def every_row(root: Path) -> pd.DataFrame:
