@@ -1,4 +1,4 @@
-"""Native code is built in one place (flashnum.engine.build): cached per source, flags,
+"""Native code is built in one place (flashnum.numerics.build): cached per source, flags,
 compiler and CPU, so that nodes with different CPUs sharing a home folder never load each
 other's -march=native build; a build that fails says why in the compiler's own words."""
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from flashnum.engine import build
+from flashnum.numerics import build
 
 needs_cc = pytest.mark.skipif(build.compiler() is None, reason="no C compiler")
 SRC = "int flashnum_answer(void) { return 42; }\n"

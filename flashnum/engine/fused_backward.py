@@ -41,7 +41,8 @@ from pathlib import Path
 
 import torch
 
-from flashnum.engine import build, native
+from flashnum.engine import native
+from flashnum.numerics import build
 from flashnum.engine.fused import SUM_CAPABILITIES, _sgemm
 
 _SRC = Path(__file__).with_name("fused_backward.c")
@@ -77,7 +78,7 @@ def set_enabled(flag: bool) -> None:
 
 
 def _build() -> ctypes.CDLL:
-    """native.c's text with fused_backward.c after it, compiled once by flashnum.engine.build
+    """native.c's text with fused_backward.c after it, compiled once by flashnum.numerics.build
     with native's flags and native's corrections for the hard exp inputs (found by
     native._probe_fixes on the exp part alone, whose build native's own has cached)."""
     torch_lib = Path(torch.__file__).parent / "lib"

@@ -15,7 +15,7 @@ flashnum.run experiment=exp_exhaustive` checks all 4.5e9 arguments of exp and ex
 rounding on all 2^32 bit patterns; tests check samples and the hard cases). So a
 result never depends on whether the kernels were used (docs/engine.md).
 
-Built on first use with the system C compiler (cc, or $CC) by flashnum.engine.build into
+Built on first use with the system C compiler (cc, or $CC) by flashnum.numerics.build into
 its cache ($FLASHNUM_CACHE, else ~/.cache/flashnum; keyed by source, flags, compiler and
 CPU), linked against the OpenMP runtime torch already loaded so that both share one
 thread pool. Without a compiler, on a CPU
@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashnum.engine import build
+from flashnum.numerics import build
 
 _SRC = Path(__file__).with_name("native.c")
 # -ffp-contract=off: every operation is the IEEE one written (no FMA), at any vector
@@ -196,7 +196,7 @@ def _probe_fixes(flag_sets, how) -> dict[str, list[tuple[float, float]]]:
 
 
 def _build() -> ctypes.CDLL:
-    """Compile (flashnum.engine.build: once per source, flags, compiler, CPU and torch) with
+    """Compile (flashnum.numerics.build: once per source, flags, compiler, CPU and torch) with
     corrections for the hard inputs exp_round misses (_probe_fixes), then check them."""
     torch_lib = Path(torch.__file__).parent / "lib"
     # rpath to torch's lib: its libgomp (already loaded) serves our OpenMP loops

@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashnum.engine import build
+from flashnum.numerics import build
 from flashnum.engine.result import Result
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -399,7 +399,7 @@ def why() -> str | None:
 
 @functools.cache
 def _clib():
-    """torch_cpu.c compiled once by flashnum.engine.build (its cache key holds the CPU:
+    """torch_cpu.c compiled once by flashnum.numerics.build (its cache key holds the CPU:
     -march=native code is never loaded on another CPU), or None: why() says why (the
     compiler's message), and the loop runs in Python with the same values."""
     global _WHY

@@ -1,7 +1,7 @@
 """Native code built in one place: a C source compiled into a shared library, cached, and
 a line saying what was loaded or why not.
 
-    from flashnum.engine import build
+    from flashnum.numerics import build
     so = build.shared_library("torch_cpu", src, [["-O3", "-march=native", ...]], libs=["-lm"])
     build.report()      # {"torch_cpu": "built: ~/.cache/flashnum/torch_cpu-<key>.so", ...}
 
