@@ -7,7 +7,10 @@
 
 Every elementwise operation is computed exactly enough on the carrier (float32 when
 every site is fp32 or narrower, else float64) and rounded once into its site's format;
-reductions accumulate in their site's format (see flashnum.engine for the whole model).
+reductions accumulate in their site's format (see flashnum.engine for the whole model),
+in flashnum's own order (flashnum.numerics.accumulate: a dot is one FMA chain over k from
++0, a row sum ATen's cascade with fixed lanes; a narrower format adds one term at a time,
+each product and partial sum rounded), never in a library's.
 The fp32 exp site and bf16 casts may run in flashnum.engine.native's C kernel: the same
 values on every input.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from flashnum.engine import native
+from flashnum.numerics import accumulate
 from flashnum.numerics.formats import EXACT, FORMATS, Exact
 from flashnum.numerics.policy import Policy
 
@@ -88,7 +92,7 @@ class Arith:
     def dot(self, a: torch.Tensor, b: torch.Tensor, fmt) -> torch.Tensor:
         """a @ b (batched), accumulated in `fmt` (see the module docstring)."""
         if fmt is EXACT or fmt.p >= 53:
-            return torch.matmul(a.to(torch.float64), b.to(torch.float64)).to(self.dtype)
+            return accumulate.dot(a, b, "fp64").to(self.dtype)
         if hasattr(fmt, "dot"):  # an accumulator with its own adder (hwarith.KGroupFormat)
             return fmt.dot(a, b).to(self.dtype)
         if fmt.name in ("fp32", "tf32"):
@@ -96,7 +100,7 @@ class Arith:
             if fmt.name == "tf32":  # tensor cores read tf32 operands, sum in fp32
                 a32 = FORMATS["tf32"].round(a32.double()).float()
                 b32 = FORMATS["tf32"].round(b32.double()).float()
-            return torch.matmul(a32, b32).to(self.dtype)
+            return accumulate.dot(a32, b32, "fp32").to(self.dtype)
         # recursive summation in a narrow format: every product and partial sum rounded
         acc = torch.zeros(a.shape[:-1] + b.shape[-1:], dtype=self.dtype)
         for t in range(a.shape[-1]):
@@ -107,9 +111,9 @@ class Arith:
     def rowsum(self, x: torch.Tensor, fmt) -> torch.Tensor:
         """Sum over the last dim, accumulated in `fmt`."""
         if fmt is EXACT or fmt.p >= 53:
-            return x.to(torch.float64).sum(-1).to(self.dtype)
+            return accumulate.rowsum(x, "fp64").to(self.dtype)
         if fmt.name in ("fp32", "tf32"):
-            return x.to(torch.float32).sum(-1).to(self.dtype)
+            return accumulate.rowsum(x, "fp32").to(self.dtype)
         acc = torch.zeros(x.shape[:-1], dtype=self.dtype)
         for t in range(x.shape[-1]):
             acc = self.rnd(acc + x[..., t], fmt)

@@ -85,6 +85,7 @@ from flashnum.engine.checks import (
     check_tensors,
 )
 from flashnum.engine.result import Gradients
+from flashnum.numerics import accumulate
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import EXACT, FORMATS
 from flashnum.numerics.policy import PRESETS, BackwardPolicy, make_backward_policy
@@ -374,7 +375,7 @@ def _flash(ar, q3, k3, v3, do3, o3, lse, bm, bn, causal, scale, perm, measure_ds
             ds = ar.site(p * ar.site(dp - deltap[..., None], "ds"), "ds")
         dsc = ar.site(ds, "ds_cast")
         if ds_rowsum is not None:
-            ds_rowsum += dsc.sum(-1)
+            ds_rowsum += accumulate.rowsum(dsc, "fp32" if ar.dtype is torch.float32 else "fp64")
         dk[:, cols] = _tile_sums(ar, dsc, qp, bm, "dk_acc", "dk")
         dq = ar.site(dq + ar.site(ar.dot(dsc, kj, ar.fmt("dq_acc")), "dq"), "dq")
     # the softmax scale multiplies the accumulators once, at the end (in their formats)
@@ -430,7 +431,7 @@ def _standard(ar, arf, q3, k3, v3, do3, causal, scale):
         delta = _rowsum_products(ar, p, dp, "delta")
         ds = ar.site(p * ar.site(dp - delta[..., None], "ds"), "ds")
         dsc = ar.site(ds, "ds_cast")
-        sums.append(dsc.sum(-1, dtype=torch.float64))
+        sums.append(accumulate.rowsum(dsc, "fp64"))
         dsc = ar.site(dsc * scale_ds, "ds_cast")
         dqs.append(ar.site(ar.dot(dsc, k3, ar.fmt("dq_acc")), "out"))
         dk_c = ar.site(ar.dot(dsc.transpose(-1, -2), qc, ar.fmt("dk_acc")), "dk")

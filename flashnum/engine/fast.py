@@ -41,13 +41,12 @@ def in_place_ok(ar) -> bool:
 
 
 class Buffers:
-    """Tiles reused across key blocks: s (then P, in place), P as cast, P V, the per-row
+    """Tiles reused across key blocks: s (then P, in place), P as cast, the per-row
     shift and alpha; the cast targets and P in float64 (for torch's exp) made on first use."""
 
     def __init__(self, B, n_qb, bm, bn, dv):
         self.s = torch.empty(B, n_qb, bm, bn, dtype=torch.float32)
         self.pc = torch.empty(B, n_qb, bm, bn, dtype=torch.float32)
-        self.pv = torch.empty(B, n_qb, bm, dv, dtype=torch.float32)
         self.m_safe = torch.empty(B, n_qb, bm, dtype=torch.float32)
         self.alpha = torch.empty(B, n_qb, bm, dtype=torch.float32)
         self._like_s = {}
@@ -129,12 +128,7 @@ def _logits_into(ar, tiles: Tiles, kb, scale_s, causal: bool, j, bufs: Buffers):
     tall = j is not None
     kt = (tiles.k[:, j].unsqueeze(1) if tall else gather(tiles.k, kb, False)).transpose(-1, -2)
     f = ar.fmt("qk_acc")
-    if tall and is_fp32(f):
-        B, n_qb, bm, d = tiles.q.shape
-        torch.matmul(tiles.q.reshape(B, 1, n_qb * bm, d), kt, out=bufs.s.view(B, 1, n_qb * bm, -1))
-        s = bufs.s
-    else:
-        s = tile_dot(ar, tiles.q, kt, f, tall)
+    s = tile_dot(ar, tiles.q, kt, f, tall)
     if scale_s is not None:
         s.mul_(scale_s)  # the fp32 product s * scale_s, rounded once (site s is fp32)
     vis = tile_visible(tiles, kb, causal)
@@ -199,13 +193,7 @@ def _update_in_place(run: Run, s, v_j, m_safe, alpha, l, o, bufs: Buffers, scale
         l_blk.clamp_(min=l_floor)
     if not native.rescale_add(l.unsqueeze(-1), alpha, l_blk.unsqueeze(-1)):  # l in place
         l = ar.site(ar.site(l * alpha, "l") + l_blk, "l")
-    f_pv = ar.fmt("pv_acc")
-    if run.tall and is_fp32(f_pv) and pc.shape == bufs.s.shape:
-        B, n_qb, bm, bn = pc.shape
-        torch.matmul(pc.view(B, 1, n_qb * bm, bn), v_j, out=bufs.pv.view(B, 1, n_qb * bm, -1))
-        pv = bufs.pv
-    else:
-        pv = ar.site(tile_dot(ar, pc, v_j, f_pv, run.tall), "o")
+    pv = ar.site(tile_dot(ar, pc, v_j, ar.fmt("pv_acc"), run.tall), "o")
     if not native.rescale_add(o, alpha, pv):  # the same two fp32 roundings in one pass
         o.mul_(alpha[..., None])
         o.add_(pv)

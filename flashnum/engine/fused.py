@@ -11,17 +11,13 @@ head) through all its key blocks while its tiles stay in cache, on torch's OpenM
 over (batch, head, query blocks). It performs the in-place path's operations in its
 order, so it changes no bit of any result:
 
-  - the two tile GEMMs sum each dot product as torch.matmul's library (MKL's sgemm) does
-    for these shapes: one chain of fused multiply-adds over k in order, from +0. On CPUs
-    with AVX-512 (and tile widths up to 128) native.c's own register-blocked kernel runs
-    that chain on a panel of rows (`fn_fused_forward_v4`: no library call, the panel's S
-    and P never leave the first-level cache); elsewhere the loop calls the library's own
-    sgemm (inside the libtorch_cpu torch loaded, as flashnum.engine.torch_cpu does) on the
-    same K_j and V_j operands. Either way `_agrees` checks once per shape that the kernel
-    gives torch.matmul's bits for the tall and the per-query-block shapes;
+  - the two tile GEMMs are flashnum.numerics.accumulate's chains (each dot one FMA chain
+    over k from +0), compiled into the loop from accumulate.c on the path accumulate.isa()
+    names: on AVX-512 (`fn_fused_forward_v4`) a panel of rows goes through S, P and the O
+    update while it is in the first-level cache; on AVX2 and scalar the GEMMs go through
+    memory (`fn_fused_forward`); all three give the same bits;
   - the exp is native.c's correctly rounded exp_round, the exp site's own kernel;
-  - the row sum of P follows torch's float sum (ATen's cascade_sum with its vector width,
-    torch.backends.cpu.get_cpu_capability()), also checked once per width;
+  - the row sum of P is accumulate.c's cascade (accumulate.rowsum's order);
   - every fp32 operation is the one IEEE operation the steps perform (-ffp-contract=off).
 
 `claim` is the one place that decides what the fused path runs: fa2, exp2 and lazy on the
@@ -33,7 +29,7 @@ bits), or (lowp) s, m, P, its cast, l and o all bf16 or all fp16 with l_acc fp32
 There every value is rounded where recurrence.fa2_step rounds it (native.c's `site`),
 and the exp site is the float64 exp rounded once into the format, checked once per
 format against Arith.exp on all 2^16 inputs it can meet (`_exp_agrees`).
-Anything else, or no compiler/library, or FLASHNUM_FUSED=0, goes to the torch path.
+Anything else, or no compiler, or FLASHNUM_FUSED=0, goes to the torch path.
 tests/test_fused.py checks the two bit for bit over the shipped experiments' grids.
 """
 
@@ -50,6 +46,7 @@ from flashnum.engine.fast import in_place_ok
 from flashnum.engine.recurrence import Run, State
 from flashnum.engine.tiles import Tiles, is_fp32
 from flashnum.engine.variants import Variant, variant_of
+from flashnum.numerics import accumulate
 from flashnum.numerics.floats import Format
 from flashnum.numerics.formats import FORMATS
 from flashnum.numerics.tiling import visible_count
@@ -58,10 +55,6 @@ from flashnum.numerics.tiling import visible_count
 MAX_RULES = ("max", "lazy")
 CASTS = {"fp32": 0, "bf16": 1, "fp16": 2}  # P casts it rounds itself (native.c)
 SITES = {"bf16": 1, "fp16": 2}  # one narrow format at every softmax site (lowp; native.c)
-# torch's CPU capabilities whose float sum native.c repeats: 8-lane Vectorized<float> (the
-# AVX-512 build has no AVX-512 copy of the sum kernel and runs the AVX2 one; measured, and
-# checked per shape by _agrees)
-SUM_CAPABILITIES = ("AVX512", "AVX2", "DEFAULT")
 ROWS = 256  # query rows per job when every query block shares the key order (tall)
 
 _enabled = os.environ.get("FLASHNUM_FUSED", "1") != "0"
@@ -71,7 +64,8 @@ class _Job(ctypes.Structure):
     """native.c's fused_job."""
 
     _fields_ = (
-        [(n, ctypes.c_void_p) for n in ("gemm", "q", "k", "v", "perm", "vis")]
+        [("isa", ctypes.c_int)]
+        + [(n, ctypes.c_void_p) for n in ("q", "k", "v", "perm", "vis")]
         + [(n, ctypes.c_int64) for n in ("B", "n_qb", "bm", "g", "n_kb", "bn", "d", "dv",
                                          "perm_b")]
         + [("scale", ctypes.c_float), ("tau", ctypes.c_float)]
@@ -90,68 +84,9 @@ def status() -> str:
     """One line: whether the fused loop can run in this process, and if not why."""
     if not _enabled:
         return "off (disabled)"
-    if not native.available() or _sgemm() is None:
-        return f"off (native: {native.status()}; library sgemm: {_sgemm() is not None})"
-    return "on (flashnum.engine.fused)"
-
-
-@functools.cache
-def _sgemm() -> int | None:
-    """The address of the library's sgemm_ that torch.matmul reaches, or None."""
-    from flashnum.engine.torch_cpu import _mkl
-
-    fns = _mkl()
-    return None if fns is None else ctypes.cast(fns["fp32"], ctypes.c_void_p).value
-
-
-@functools.cache
-def _own_gemm(bn: int, dv: int) -> bool:
-    """Whether native.c's own tile GEMMs run these widths here (AVX-512; bn, dv <= 128)."""
-    x, y = torch.zeros(1), torch.empty(1)
-    lib = native.library()
-    return max(bn, dv) <= 128 and bool(lib.fn_chain_gemm(x.data_ptr(), x.data_ptr(),
-                                                         y.data_ptr(), 1, 1, 1))
-
-
-@functools.cache
-def _agrees(rows: int, bm: int, bn: int, d: int, dv: int) -> bool:
-    """Whether, for these shapes, the tile GEMMs the fused loop calls (its own, else the
-    library's sgemm on a job's rows) give torch.matmul's bits (both the tall shape and the
-    per-query-block one), and the C row sum torch's. The order of a dot product's terms
-    does not depend on the values: one random case with a wide dynamic range shows a
-    different order; zero rows against negative keys show whether a sum starts from +0."""
-    from flashnum.engine.torch_cpu import _gemm
-
-    g = torch.Generator().manual_seed(rows * 7919 + bn)
-    n = 2 * rows
-
-    def wide(*shape):
-        return torch.randn(*shape, generator=g) * torch.exp(4 * torch.randn(*shape, generator=g))
-
-    q, k, v, p = wide(n, d), wide(bn, d), wide(bn, dv), torch.rand(n, bn, generator=g)
-    q[0], q[1], k[0], p[min(2, n - 1)], v[0] = 0.0, -0.0, -k[0].abs(), 0.0, -v[0].abs()
-    s_tall = torch.matmul(q.view(1, 1, n, d), k.T.view(1, 1, d, bn)).view(n, bn)
-    s_small = torch.matmul(q.view(1, n // bm, bm, d), k.T.view(1, 1, d, bn)).view(n, bn)
-    pv_tall = torch.matmul(p.view(1, 1, n, bn), v.view(1, 1, bn, dv)).view(n, dv)
-    pv_small = torch.matmul(p.view(1, n // bm, bm, bn), v.view(1, 1, bn, dv)).view(n, dv)
-    s, pv = torch.empty(n, bn), torch.empty(n, dv)
-    if _own_gemm(bn, dv):
-        kt = k.T.contiguous()
-        native.library().fn_chain_gemm(q.data_ptr(), kt.data_ptr(), s.data_ptr(), n, bn, d)
-        native.library().fn_chain_gemm(p.data_ptr(), v.data_ptr(), pv.data_ptr(), n, dv, bn)
-    else:
-        for r0 in (0, rows):
-            _gemm("fp32", b"T", b"N", bn, rows, d, k, d, q[r0:], d, 0.0, s[r0:], bn)
-            _gemm("fp32", b"N", b"N", dv, rows, bn, v, dv, p[r0:], bn, 0.0, pv[r0:], dv)
-    sums = torch.empty(n)
-    native.library().fn_torch_rowsum(s.data_ptr(), sums.data_ptr(), n, bn)
-
-    def bits(x):
-        return x.view(torch.int32)  # -0 is not +0
-
-    return (torch.equal(bits(s), bits(s_tall)) and torch.equal(bits(s), bits(s_small))
-            and torch.equal(bits(pv), bits(pv_tall)) and torch.equal(bits(pv), bits(pv_small))
-            and torch.equal(sums, s.sum(-1)))
+    if not native.available() or accumulate.isa() == "torch":
+        return f"off (native: {native.status()}; accumulate: {accumulate.status()})"
+    return f"on (flashnum.engine.fused, {accumulate.isa()})"
 
 
 def _sites(ar) -> int | None:
@@ -236,15 +171,10 @@ def claim(run: Run, tiles: Tiles, variant: Variant | str) -> str | None:
         return f"P cast to {ar.fmt('p_cast')}"
     if ar.policy.l_from not in ("p", "p_cast"):
         return f"l_from {ar.policy.l_from}"
-    if torch.backends.cpu.get_cpu_capability() not in SUM_CAPABILITIES:
-        return f"torch's CPU capability {torch.backends.cpu.get_cpu_capability()}"
-    if not native.available() or _sgemm() is None:
-        return "no native kernel or no library sgemm"
+    if not native.available() or accumulate.isa() == "torch":
+        return "no native kernel"
     if sites and not _exp_agrees(sites, run.base2):
         return f"the exp site in {ar.fmt('p')} is not reproduced here"
-    bm, bn, d, dv = tiles.bm, tiles.bn, tiles.q.shape[-1], tiles.v.shape[-1]
-    if not _agrees(_group(run, tiles) * bm, bm, bn, d, dv):
-        return "the library's GEMM or torch's sum is not reproduced for these shapes"
     return None
 
 
@@ -285,19 +215,17 @@ def fused_forward(run: Run, tiles: Tiles, perm: torch.Tensor, scale_s: float, ca
     # compared in fp32, as torch does (any value where the rule is not lazy's: unread)
     tau = float(torch.tensor(getattr(variant, "tau", 0.0), dtype=torch.float32))
     job = _Job(
-        _sgemm(), q.data_ptr(), k.data_ptr(), v.data_ptr(), perm.data_ptr(), vis.data_ptr(),
+        accumulate.ISAS[accumulate.isa()], q.data_ptr(), k.data_ptr(), v.data_ptr(), perm.data_ptr(), vis.data_ptr(),
         B, n_qb, bm, _group(run, tiles), n_kb, bn, d, dv, int(perm.shape[0] > 1),
         scale_s, tau, int(variant.max_rule == "lazy"), int(run.base2),
         0 if sites else cast, int(run.ar.policy.l_from == "p_cast"),
         m.data_ptr(), l.data_ptr(), o.data_ptr(),
         m_tr.data_ptr() if trace else None, l_tr.data_ptr() if trace else None,
         n_resc.data_ptr(), None, sites, 0 if sites else cast_drop, dot_drop)
+    kt = tiles.k.transpose(-1, -2).contiguous()  # K_j^T of every key block: (d, bn)
+    job.kt = kt.data_ptr()
     lib, threads = native.library(), torch.get_num_threads()
-    if _own_gemm(bn, dv):
-        kt = tiles.k.transpose(-1, -2).contiguous()  # K_j^T of every key block: (d, bn)
-        job.kt = kt.data_ptr()
-        lib.fn_fused_forward_v4(ctypes.byref(job), threads)
-    else:
-        lib.fn_fused_forward(ctypes.byref(job), threads)
+    if not lib.fn_fused_forward_v4(ctypes.byref(job), threads):  # AVX-512's panels, or
+        lib.fn_fused_forward(ctypes.byref(job), threads)  # the GEMMs through memory
     traces = [[(m_tr[t], l_tr[t]) for t in range(n_kb)] if trace else None]
     return [State(m, l, o, n_resc)], traces

@@ -1,12 +1,13 @@
-/* The fused backward (flashnum/engine/fused_backward.py), compiled after native.c's text:
-   it uses native.c's exp_round, round_bf16, round_f16, torch_rowsum and sgemm_fn.
+/* The fused backward (flashnum/engine/fused_backward.py), compiled after accumulate.c's and
+   native.c's text: it uses accumulate.c's chain_float and rowsum_float and native.c's
+   exp_round, round_bf16 and round_f16.
 
    One job per (batch, head), on torch's OpenMP threads. A job runs FlashAttention-2's
    Algorithm 2 over its head with the key blocks outer (in dQ's order, `perm`) and the query
    blocks inner, doing exactly the operations of the torch loop in
    flashnum.engine.backward._flash, in its order for every accumulation:
 
-       S   = Q_rows K_j^T,  dP = dO_rows V_j^T   the library's sgemm (fp32 accumulation)
+       S   = Q_rows K_j^T,  dP = dO_rows V_j^T   accumulate.c's chains (fp32 accumulation)
        x   = fl(S scale), -inf where the key is not visible (ragged, padded or causal)
        P   = fp32(exp(fl(x - L)))   (exp2 with base2); Pc = cast(P)
        dS  = fl(fl(dP - D) P);      dSc = cast(dS);  ds_rowsum = fl(ds_rowsum + rowsum(dSc))
@@ -16,13 +17,14 @@
 
    One job holds all of a head's dQ accumulation, so dQ's order of key blocks is perm's
    whatever the number of threads (flash-attn adds with atomics instead: that order is the
-   model's dq_order). The GEMMs are the library's own sgemm on the same operands torch.matmul
-   hands it; fused_backward.py checks once per shape that they give torch.matmul's bits,
-   and that torch_rowsum gives torch's sum. */
+   model's dq_order). Every GEMM is accumulate.c's chain (each entry one FMA chain over k
+   from +0, the torch loop's flashnum.numerics.accumulate.dot) on the path J->isa, and
+   rowsum(dS) its cascade (accumulate.rowsum): the same bits on every path. */
 
 typedef struct {
-  sgemm_fn gemm;
+  int isa;                                     /* accumulate.c's path */
   const float *q, *k, *v, *dout, *lse, *delta; /* (B, nqp, d|dv), (B, nkp, d|dv), (B, nqp) */
+  const float *kt, *vt;                        /* (B, n_kb, d|dv, bn): K_j^T, V_j^T */
   const int64_t *perm;                         /* (n_kb,): the key block at each step */
   const int64_t *vis;                          /* (nqp,): keys visible to each row, a prefix */
   int64_t B, nqp, nkp, bm, bn, d, dv, n_kb, g; /* g query blocks per GEMM of S, dP, dQ */
@@ -59,21 +61,20 @@ static inline __attribute__((always_inline)) void bwd_rows(
       cr[c] = bwd_cast(ds, dscast);
     }
     if (J->ds_rowsum) {
-      const float t = torch_rowsum(dscast ? cr : dpr, bn);
+      const float t = rowsum_float(dscast ? cr : dpr, bn);
       J->ds_rowsum[row0 + r] = J->ds_rowsum[row0 + r] + t;
     }
   }
 }
 
-/* acc = T (the first query block) or fl(acc + T): one tile's product stored, then added */
-static inline void bwd_tile(const bwd_job *J, int first, int m, int n, int k, const float *a,
-                            const float *bt, float *acc, float *tmp) {
-  const float one = 1.0f, zero = 0.0f;
-  /* column-major acc^T (m x n) = A^T-rows (m x k) . Bt (k x n): row-major acc = Bt^T A */
-  J->gemm("N", "T", &m, &n, &k, &one, a, &m, bt, &n, &zero, first ? acc : tmp, &m);
+/* acc = T (the first query block) or fl(acc + T): one tile's product stored, then added;
+   T = X^T Y, X (k x m) and Y (k x n) row-major (X^T read in place: strides 1 and m) */
+static inline void bwd_tile(const bwd_job *J, int first, int64_t m, int64_t n, int64_t k,
+                            const float *x, const float *y, float *acc, float *tmp) {
+  chain_float(J->isa, x, 1, m, y, n, first ? acc : tmp, n, m, n, k);
   if (!first) {
 #pragma omp simd
-    for (int64_t e = 0; e < (int64_t) m * n; ++e) acc[e] = acc[e] + tmp[e];
+    for (int64_t e = 0; e < m * n; ++e) acc[e] = acc[e] + tmp[e];
   }
 }
 
@@ -81,31 +82,28 @@ static inline __attribute__((always_inline)) void bwd_head(
     const bwd_job *J, int64_t b, float *s, float *pc, float *dp, float *dsc, float *tq,
     float *tmp, const int base2, const int pcast, const int dscast) {
   const int64_t bm = J->bm, bn = J->bn, d = J->d, dv = J->dv, rows = J->g * bm;
-  const int ibn = (int) bn, ibm = (int) bm, id = (int) d, idv = (int) dv;
-  const float one = 1.0f, zero = 0.0f;
   const float *q = J->q + b * J->nqp * d, *dout = J->dout + b * J->nqp * dv;
   float *dq = J->dq + b * J->nqp * d;
   for (int64_t t = 0; t < J->n_kb; ++t) {
     const int64_t j = J->perm[t], key0 = b * J->nkp + j * bn;
-    const float *kj = J->k + key0 * d, *vj = J->v + key0 * dv;
+    const float *kj = J->k + key0 * d;
+    const float *ktj = J->kt + key0 * d, *vtj = J->vt + key0 * dv; /* (d|dv) x bn */
     float *dkj = J->dk + key0 * d, *dvj = J->dvv + key0 * dv;
     for (int64_t r0 = 0; r0 < J->nqp; r0 += rows) {
-      const int R = (int) (J->nqp - r0 < rows ? J->nqp - r0 : rows);
-      J->gemm("T", "N", &ibn, &R, &id, &one, kj, &id, q + r0 * d, &id, &zero, s, &ibn);
-      J->gemm("T", "N", &ibn, &R, &idv, &one, vj, &idv, dout + r0 * dv, &idv, &zero, dp,
-              &ibn);
+      const int64_t R = J->nqp - r0 < rows ? J->nqp - r0 : rows;
+      chain_float(J->isa, q + r0 * d, d, 1, ktj, bn, s, bn, R, bn, d);
+      chain_float(J->isa, dout + r0 * dv, dv, 1, vtj, bn, dp, bn, R, bn, dv);
       bwd_rows(J, b, j, r0, R, s, pc, dp, dsc, base2, pcast, dscast);
       const float *pcu = pcast ? pc : s, *dscu = dscast ? dsc : dp;
       for (int64_t i = 0; i < R / bm; ++i) {
         const int first = r0 + i * bm == 0;
-        bwd_tile(J, first, idv, ibn, ibm, dout + (r0 + i * bm) * dv, pcu + i * bm * bn, dvj,
-                 tmp);
-        bwd_tile(J, first, id, ibn, ibm, q + (r0 + i * bm) * d, dscu + i * bm * bn, dkj, tmp);
+        bwd_tile(J, first, bn, dv, bm, pcu + i * bm * bn, dout + (r0 + i * bm) * dv, dvj, tmp);
+        bwd_tile(J, first, bn, d, bm, dscu + i * bm * bn, q + (r0 + i * bm) * d, dkj, tmp);
       }
-      J->gemm("N", "N", &id, &R, &ibn, &one, kj, &id, dscu, &ibn, &zero, tq, &id);
+      chain_float(J->isa, dscu, bn, 1, kj, d, tq, d, R, d, bn);
       float *dqr = dq + r0 * d;
 #pragma omp simd
-      for (int64_t e = 0; e < (int64_t) R * d; ++e) dqr[e] = dqr[e] + tq[e];
+      for (int64_t e = 0; e < R * d; ++e) dqr[e] = dqr[e] + tq[e];
     }
   }
 }

@@ -11,13 +11,12 @@ sums, and the dV and dK tile sums are Python loops. Here fused_backward.c's
 while the tiles stay in cache, on torch's OpenMP threads over (batch, head). It performs
 the torch loop's operations in its order, so it changes no bit of any result:
 
-  - the five GEMMs per tile (S, dP, dV, dK, dQ) are the library's own sgemm (the one
-    torch.matmul calls; flashnum.engine.fused finds it) on the same operands; that it
-    sums each dot product in the same order on a job's rows as on torch.matmul's shapes
-    is checked once per shape (`_agrees`);
+  - the five GEMMs per tile (S, dP, dV, dK, dQ) are flashnum.numerics.accumulate's
+    chains (each dot one FMA chain over k from +0, the torch loop's accumulate.dot),
+    compiled into the loop from accumulate.c on the path accumulate.isa() names;
   - the exp is native.c's correctly rounded exp_round (the exp site's own kernel), the
     bf16 and fp16 casts round to nearest even as torch's casts do;
-  - rowsum(dS) (measure_ds) follows torch's float sum (native.c's torch_rowsum);
+  - rowsum(dS) (measure_ds) is accumulate.c's cascade (accumulate.rowsum);
   - every fp32 operation is the one IEEE operation the torch loop performs
     (-ffp-contract=off); dQ, dK and dV accumulate in the same order.
 
@@ -26,7 +25,7 @@ the fp32 carrier, round to nearest, S, the LSE, P, dP, dS and the dQ, dK, dV acc
 fp32, the five GEMMs accumulated in fp32, P and dS cast to fp32, bf16 or fp16, exp or
 exp2, any dQ order, causal or not, ragged, with or without measure_ds. The fa2 preset in
 bf16, fp16 and fp32 is of that form; lowp, naive and exact are not. Anything else, or no
-compiler or library, or FLASHNUM_FUSED=0, runs the torch loop. tests/test_fused_backward.py
+compiler, or FLASHNUM_FUSED=0, runs the torch loop. tests/test_fused_backward.py
 checks the two bit for bit over the shipped backward experiments' grids.
 """
 
@@ -42,15 +41,13 @@ from pathlib import Path
 import torch
 
 from flashnum.engine import native
-from flashnum.numerics import build
-from flashnum.engine.fused import SUM_CAPABILITIES, _sgemm
+from flashnum.numerics import accumulate, build
 
 _SRC = Path(__file__).with_name("fused_backward.c")
 CASTS = {"fp32": 0, "bf16": 1, "fp16": 2}  # P and dS casts the C loop rounds itself
 FP32_SITES = ("s", "lse", "p", "dp", "ds", "dv", "dk", "dq",
               "qk_acc", "dp_acc", "dv_acc", "dk_acc", "dq_acc")
 ROWS = 256  # query rows per GEMM of S, dP and dQ (a multiple of block_m)
-AGREE_ROWS = 1024  # most query rows _agrees checks
 
 _enabled = os.environ.get("FLASHNUM_FUSED", "1") != "0"
 _lock = threading.Lock()
@@ -62,8 +59,9 @@ class _Job(ctypes.Structure):
     """fused_backward.c's bwd_job."""
 
     _fields_ = (
-        [(n, ctypes.c_void_p) for n in ("gemm", "q", "k", "v", "dout", "lse", "delta",
-                                        "perm", "vis")]
+        [("isa", ctypes.c_int)]
+        + [(n, ctypes.c_void_p) for n in ("q", "k", "v", "dout", "lse", "delta", "kt", "vt",
+                                          "perm", "vis")]
         + [(n, ctypes.c_int64) for n in ("B", "nqp", "nkp", "bm", "bn", "d", "dv", "n_kb",
                                          "g")]
         + [("scale", ctypes.c_float)]
@@ -86,7 +84,8 @@ def _build() -> ctypes.CDLL:
     flag_sets = [native._GCC_TUNE + native._FLAGS, native._FLAGS]
     fixes = native._probe_fixes(flag_sets, how)
     lib = native._open(build.shared_library("fused_backward",
-                                            native.source(fixes) + _SRC.read_text(),
+                                            accumulate.source() + native.source(fixes)
+                                            + _SRC.read_text(),
                                             flag_sets, **how))
     missed = native._kernel_misses(lib)
     if any(missed.values()):
@@ -116,9 +115,9 @@ def status() -> str:
     """One line: whether the fused backward can run in this process, and if not why."""
     if not _enabled:
         return "off (disabled)"
-    if library() is None or _sgemm() is None:
-        return f"off (library: {_why or 'built'}; library sgemm: {_sgemm() is not None})"
-    return "on (flashnum.engine.fused_backward)"
+    if library() is None or accumulate.isa() == "torch":
+        return f"off (library: {_why or 'built'}; accumulate: {accumulate.status()})"
+    return f"on (flashnum.engine.fused_backward, {accumulate.isa()})"
 
 
 def _is_fp32(f) -> bool:
@@ -143,65 +142,17 @@ def claim(ar, scale_s: float, shape: tuple[int, ...], measure_ds: bool = False) 
             return f"{site} is {f}"
     if not 0.0 < scale_s < float("inf"):
         return f"the scale as stored is {scale_s}"
-    if measure_ds and torch.backends.cpu.get_cpu_capability() not in SUM_CAPABILITIES:
-        return f"torch's CPU capability {torch.backends.cpu.get_cpu_capability()}"
-    if library() is None or _sgemm() is None:
-        return "no native kernel or no library sgemm"
-    if not _agrees(*shape):
-        return "the library's GEMM or torch's sum is not reproduced for these shapes"
+    if library() is None or accumulate.isa() == "torch":
+        return "no native kernel"
     return None
 
 
 def group(n_qb: int, bm: int) -> int:
-    """Query blocks per GEMM of S, dP and dQ: the most that divide n_qb within ROWS rows
-    (one row count per call, so one shape for _agrees)."""
+    """Query blocks per GEMM of S, dP and dQ: the most that divide n_qb within ROWS rows."""
     g = max(1, min(n_qb, ROWS // bm))
     while n_qb % g:
         g -= 1
     return g
-
-
-@functools.cache
-def _agrees(bm: int, bn: int, d: int, dv: int, rows: int, nqp: int) -> bool:
-    """Whether, for these shapes, the library's sgemm on a job's tiles gives the bits of
-    torch.matmul as backward._flash calls it (S, dP and dQ on every query row of a key block
-    at once, dV and dK tiles batched over query blocks), and torch_rowsum torch's sum.
-    The order of a dot product's terms does not depend on the values: one random case
-    with a wide dynamic range shows a different order."""
-    from flashnum.engine.torch_cpu import _gemm
-
-    g = torch.Generator().manual_seed(rows * 7919 + bn * 31 + d)
-
-    def wide(*shape):
-        return torch.randn(*shape, generator=g) * torch.exp(4 * torch.randn(*shape, generator=g))
-
-    # two heads (batch strides), _flash's row count up to AGREE_ROWS (beyond, the library's
-    # tall GEMMs keep their order: checked at N = 65536 once; the check's memory stays small)
-    B, n = 2, max(2 * rows, min(nqp, AGREE_ROWS) // rows * rows)
-    q, do, p = wide(B, n, d), wide(B, n, dv), wide(B, n, bn)
-    kp, vp = wide(B, 2 * bn, d), wide(B, 2 * bn, dv)
-    kj, vj = kp[:, bn:], vp[:, bn:]  # a key block as _flash slices it
-    pt = p.reshape(B, n // bm, bm, bn).transpose(-1, -2)
-    want = [torch.matmul(q, kj.transpose(-1, -2)), torch.matmul(do, vj.transpose(-1, -2)),
-            torch.matmul(p, kj), torch.matmul(pt, do.reshape(B, n // bm, bm, dv)),
-            torch.matmul(pt, q.reshape(B, n // bm, bm, d))]
-    got = [torch.empty_like(w) for w in want]
-    for b in range(B):
-        kb, vb = kj[b].contiguous(), vj[b].contiguous()
-        for r0 in range(0, n, rows):
-            _gemm("fp32", b"T", b"N", bn, rows, d, kb, d, q[b, r0:], d, 0.0, got[0][b, r0:], bn)
-            _gemm("fp32", b"T", b"N", bn, rows, dv, vb, dv, do[b, r0:], dv, 0.0, got[1][b, r0:],
-                  bn)
-            _gemm("fp32", b"N", b"N", d, rows, bn, kb, d, p[b, r0:], bn, 0.0, got[2][b, r0:], d)
-        for i in range(n // bm):
-            pi = p[b, i * bm:].contiguous()
-            _gemm("fp32", b"N", b"T", dv, bn, bm, do[b, i * bm:], dv, pi, bn, 0.0,
-                  got[3][b, i], dv)
-            _gemm("fp32", b"N", b"T", d, bn, bm, q[b, i * bm:], d, pi, bn, 0.0, got[4][b, i], d)
-    sums = torch.empty(B, n)
-    native.library().fn_torch_rowsum(p.data_ptr(), sums.data_ptr(), B * n, bn)
-    return all(torch.equal(a, w) for a, w in zip(got, want, strict=True)) and torch.equal(
-        sums, p.sum(-1))
 
 
 def run(ar, qp, kp, vp, dop, lse, delta, perm: list[int], vis: torch.Tensor, bm: int,
@@ -213,12 +164,15 @@ def run(ar, qp, kp, vp, dop, lse, delta, perm: list[int], vis: torch.Tensor, bm:
     B, nqp, d = qp.shape
     nkp, dvw = kp.shape[1], vp.shape[-1]
     perm_t = torch.tensor(perm, dtype=torch.int64)
+    # K_j^T and V_j^T of every key block, (B, n_kb, d | dv, bn): B of the tiles' S and dP
+    kt, vt = (x.reshape(B, nkp // bn, bn, -1).transpose(-1, -2).contiguous() for x in (kp, vp))
     vis = vis.to(torch.int64).contiguous()
     for acc in (dq, dk, dv) + (() if ds_rowsum is None else (ds_rowsum,)):
         assert acc.is_contiguous() and acc.dtype is torch.float32
     job = _Job(
-        _sgemm(), qp.data_ptr(), kp.data_ptr(), vp.data_ptr(), dop.data_ptr(), lse.data_ptr(),
-        delta.data_ptr(), perm_t.data_ptr(), vis.data_ptr(),
+        accumulate.ISAS[accumulate.isa()], qp.data_ptr(), kp.data_ptr(), vp.data_ptr(),
+        dop.data_ptr(), lse.data_ptr(), delta.data_ptr(), kt.data_ptr(), vt.data_ptr(),
+        perm_t.data_ptr(), vis.data_ptr(),
         B, nqp, nkp, bm, bn, d, dvw, len(perm), group(nqp // bm, bm),
         scale_s, int(exp2), CASTS[ar.fmt("p_cast").name], CASTS[ar.fmt("ds_cast").name],
         dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),

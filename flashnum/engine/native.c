@@ -237,97 +237,20 @@ int fn_fa2_state(float *m, const float *m_blk, int64_t *n_resc, float *m_safe, f
    runs through its key blocks in one loop while its tiles are in cache, doing exactly the
    operations of the in-place path (flashnum/engine/fast.py) in its order:
 
-       S   = Q_rows K_j^T                 the library's sgemm (fp32 accumulation)
+       S   = Q_rows K_j^T                 accumulate.c's chain (fp32 accumulation)
        s   = fl(S * scale), -inf where the key is not visible (ragged or causal)
        m   = max(m, rowmax(s)) (lazy: kept while it grows by <= tau); n_resc; m_safe; alpha
        P   = fp32(exp(fl(s - m_safe))), Pc = cast(P)   (exp_round above: the same values)
-       l   = fl(fl(l alpha) + rowsum(P or Pc))          rowsum in torch's order (below)
-       o   = fl(fl(o alpha) + Pc V_j)                   the library's sgemm
+       l   = fl(fl(l alpha) + rowsum(P or Pc))          accumulate.c's cascade order
+       o   = fl(fl(o alpha) + Pc V_j)                   accumulate.c's chain
 
-   The two GEMMs are the library's own (a pointer to the sgemm inside the libtorch_cpu
-   torch loaded), on the same operands torch.matmul hands it; fused.py checks once per
-   shape that they give torch.matmul's bits. */
-
-typedef void (*sgemm_fn)(const char *, const char *, const int *, const int *, const int *,
-                         const float *, const float *, const int *, const float *, const int *,
-                         const float *, float *, const int *);
-
-static int ceil_log2(int64_t x) {
-  if (x <= 2) return 1;
-  int b = 0;
-  uint64_t y = (uint64_t) (x - 1);
-  while (y) { ++b; y >>= 1; }
-  return b;
-}
-
-/* torch's float sum over a contiguous row of n values (ATen's cpu/SumKernel.cpp,
-   cascade_sum, whose AVX2 build serves the AVX-512 capability too: Vectorized<float> of
-   L = 8 lanes): L-wide partial sums in four interleaved accumulators (ilp 4) with the
-   cascade's levels of 16, their sum ((a0 + a1) + a2) + a3, then the tail values one by
-   one, then the lanes one by one. Rows shorter than one vector: the same with scalars
-   (scalar_inner_sum). L is a constant at each call, so the lane loops vectorise. */
-#define SUM_LANES 8
-/* the cascade's L lanes of a row (before the tail and the lanes are summed), into
-   lanes[e * stride] */
-static inline __attribute__((always_inline)) void cascade_lanes(const float *x, int64_t n,
-                                                                const int L, float *lanes,
-                                                                int64_t stride) {
-  const int64_t size = n / L;         /* vectors (or scalars) in the row */
-  const int64_t size_ilp = size / 4;  /* groups of four */
-  int lp = ceil_log2(size_ilp) / 4;
-  lp = lp > 4 ? lp : 4;
-  const int64_t step = (int64_t) 1 << lp, mask = step - 1;
-  float acc[4][4][SUM_LANES];
-  for (int a = 0; a < 4; ++a)
-    for (int k = 0; k < 4; ++k)
-      for (int e = 0; e < L; ++e) acc[a][k][e] = 0.0f;
-  int64_t i = 0;
-  while (i + step <= size_ilp) {
-    for (int64_t j = 0; j < step; ++j, ++i)
-      for (int k = 0; k < 4; ++k)
-        for (int e = 0; e < L; ++e) acc[0][k][e] += x[(i * 4 + k) * L + e];
-    for (int a = 1; a < 4; ++a) {
-      for (int k = 0; k < 4; ++k)
-        for (int e = 0; e < L; ++e) { acc[a][k][e] += acc[a - 1][k][e]; acc[a - 1][k][e] = 0.0f; }
-      if ((i & (mask << (a * lp))) != 0) break;
-    }
-  }
-  for (; i < size_ilp; ++i)
-    for (int k = 0; k < 4; ++k)
-      for (int e = 0; e < L; ++e) acc[0][k][e] += x[(i * 4 + k) * L + e];
-  for (int a = 1; a < 4; ++a)
-    for (int k = 0; k < 4; ++k)
-      for (int e = 0; e < L; ++e) acc[0][k][e] += acc[a][k][e];
-  /* row_sum: the vectors past the groups of four into accumulator 0, then the four summed */
-  for (int64_t v = size_ilp * 4; v < size; ++v)
-    for (int e = 0; e < L; ++e) acc[0][0][e] += x[v * L + e];
-  for (int k = 1; k < 4; ++k)
-    for (int e = 0; e < L; ++e) acc[0][0][e] += acc[0][k][e];
-  for (int e = 0; e < L; ++e) lanes[e * stride] = acc[0][0][e];
-}
-
-static inline __attribute__((always_inline)) float cascade_rowsum(const float *x, int64_t n,
-                                                                  const int L) {
-  float lanes[SUM_LANES];
-  cascade_lanes(x, n, L, lanes, 1);
-  if (L == 1) return 0.0f + lanes[0];
-  float r = 0.0f;  /* vectorized_inner_sum: the tail values, then the lanes */
-  for (int64_t k = (n / L) * L; k < n; ++k) r += x[k];
-  for (int e = 0; e < L; ++e) r += lanes[e];
-  return 0.0f + r;  /* the output, filled with 0, accumulates the row's sum */
-}
-
-static inline float torch_rowsum(const float *x, int64_t n) {
-  return n >= SUM_LANES ? cascade_rowsum(x, n, SUM_LANES) : cascade_rowsum(x, n, 1);
-}
-
-__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
-void fn_torch_rowsum(const float *x, float *out, int64_t rows, int64_t n) {
-  for (int64_t r = 0; r < rows; ++r) out[r] = torch_rowsum(x + r * n, n);
-}
+   The two GEMMs are accumulate.c's chains (compiled before this file: each entry one FMA
+   chain over k from +0), on the path J->isa: AVX-512 runs fn_fused_forward_v4 below, whose
+   panels keep S, P and the O update in the first-level cache; AVX2 and scalar run
+   fn_fused_forward, the GEMMs through memory. Either gives the same bits. */
 
 typedef struct {
-  sgemm_fn gemm;
+  int isa;                      /* accumulate.c's path: ISA_AVX512, ISA_AVX2, ISA_SCALAR */
   const float *q, *k, *v;       /* (B, n_qb bm, d), (B, n_kb, bn, d), (B, n_kb, bn, dv) */
   const int64_t *perm;          /* (B or 1, n_qb, n_kb): the key block at each step */
   const int64_t *vis;           /* (n_qb bm,): keys visible to each row, a prefix */
@@ -336,7 +259,7 @@ typedef struct {
   int lazy, base2, cast, l_from_cast;
   float *m, *l, *o, *m_tr, *l_tr; /* state (B, n_qb bm[, dv]); trace (n_kb, B, n_qb bm) */
   int64_t *n_resc;
-  const float *kt;              /* (B, n_kb, d, bn): K_j^T, for the own tile GEMM below */
+  const float *kt;              /* (B, n_kb, d, bn): K_j^T, B of the tile GEMM S = Q K_j^T */
   int sites;                    /* F of s, m, p, l, o: 0 fp32 (fa2), 1 bf16, 2 fp16 (lowp) */
   int cast_drop, dot_drop;      /* bits a p-bit P cast (cast 3) and tf32 dots (13) drop */
 } fused_job;
@@ -408,9 +331,9 @@ static inline __attribute__((always_inline)) void rows_step(
     }
     const float *xs = J->l_from_cast && cast ? pr : sr;
     if (bn % SUM_LANES == 0) {  /* the lanes now, their sum for all rows below */
-      cascade_lanes(xs, bn, SUM_LANES, lanes + r, h);
+      cascade_lanes_float(xs, bn, SUM_LANES, lanes + r, h);
     } else {
-      const float lb = site(torch_rowsum(xs, bn), F);
+      const float lb = site(rowsum_float(xs, bn), F);
       const float la = site(l[r] * alpha[r], F);
       l[r] = site(la + lb, F);
     }
@@ -420,7 +343,7 @@ static inline __attribute__((always_inline)) void rows_step(
     }
   }
   if (bn % SUM_LANES == 0) {
-    /* cascade_rowsum's last steps, row by row in the same order (0 + each lane, then the
+    /* cascade_rowsum_float's last steps, row by row in the same order (0 + each lane, then the
        output's 0 + r; no tail), vectorised across rows; then l */
 #pragma omp simd
     for (int64_t r = 0; r < h; ++r) {
@@ -469,15 +392,14 @@ static inline __attribute__((always_inline)) void fused_block(
     float *alpha, const int base2, const int cast, const int F) {
   const int64_t bn = J->bn, d = J->d, dv = J->dv;
   const fused_rows w = job_rows(J, b, qb0);
-  const int R = (int) w.R, ibn = (int) bn, id = (int) d, idv = (int) dv;
-  const float one = 1.0f, zero = 0.0f;
+  const int64_t R = w.R;
   for (int64_t t = 0; t < J->n_kb; ++t) {
     const int64_t j = w.perm[t];
-    const float *kj = J->k + (b * J->n_kb + j) * bn * d;
+    const float *ktj = J->kt + (b * J->n_kb + j) * d * bn;
     const float *vj = J->v + (b * J->n_kb + j) * bn * dv;
-    J->gemm("T", "N", &ibn, &R, &id, &one, kj, &id, w.q, &id, &zero, s, &ibn);
+    chain_float(J->isa, w.q, d, 1, ktj, bn, s, bn, R, bn, d);
     rows_step(J, R, w.r0, j, s, pc, w.m, w.l, w.nr, alpha, alpha + R, base2, cast, F);
-    J->gemm("N", "N", &idv, &R, &ibn, &one, vj, &idv, J->cast || J->dot_drop ? pc : s, &ibn, &zero, pv, &idv);
+    chain_float(J->isa, J->cast || J->dot_drop ? pc : s, bn, 1, vj, dv, pv, dv, R, dv, bn);
     for (int64_t r = 0; r < R; ++r) {
       const float ar = alpha[r];
       float *orow = w.o + r * dv;
@@ -493,8 +415,7 @@ static inline __attribute__((always_inline)) void fused_block(
 }
 
 /* x86-64-v3: AVX2 with F16C, so that the fp16 cast of P is an instruction, not a call (CPUs
-   with AVX-512 run fn_fused_forward_v4 below, unless a tile is wider than 128; one clone
-   fewer keeps the build short) */
+   with AVX-512 run fn_fused_forward_v4 below; one clone fewer keeps the build short) */
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 void fn_fused_forward(const fused_job *J, int nthreads) {
   const int64_t n_groups = (J->n_qb + J->g - 1) / J->g, jobs = J->B * n_groups;
@@ -529,120 +450,10 @@ void fn_fused_forward(const fused_job *J, int nthreads) {
 
 
 /* ---------------------------------------------------------------------------------------
-   The same loop with its own tile GEMMs, on CPUs with AVX-512 (x86-64-v4).
-
-   For these shapes the library's sgemm computes each element of C = A B as one chain of
-   fused multiply-adds over k in order, from +0: c = fma(a[i][k], b[k][j], c), k = 0, 1, ...
-   (fused.py's `_agrees` checks, once per shape, that fn_chain_gemm below gives
-   torch.matmul's bits on values of a wide range and with signed zeros). chain_panel performs
-   that chain for MR rows by NV vectors of 16 columns held in registers, so that a panel of
-   query rows goes through S = Q K_j^T, its softmax step and O = O alpha + P V_j while it is
-   in the first-level cache, with no call into the library and no pass through memory. */
-#include <immintrin.h>
-#define V4 __attribute__((target("arch=x86-64-v4")))
-#define PANEL 48 /* rows per panel: a multiple of every MR below */
-
-/* the rows held at once for NV vectors of columns: MR NV accumulators, NV of B, 1 of A */
-#define MR_OF(NV) ((NV) <= 2 ? 8 : (NV) <= 4 ? 6 : (NV) <= 6 ? 4 : 3)
-
-static inline V4 __m512 site_v(__m512 x, const int F) {  /* site() on 16 lanes */
-  if (F == 1) {
-    const __m512i b = _mm512_castps_si512(x);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_and_si512(
-        _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)), odd),
-        _mm512_set1_epi32((int) 0xffff0000u));
-    return _mm512_mask_mov_ps(_mm512_castsi512_ps(r), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
-                              x);
-  }
-  if (F == 2)
-    return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  return x;
-}
-
-/* C[r][:N] = sum_k A[r][k] B[k][:N] for r < mr (<= MR), as a chain of FMAs from +0; with
-   rescale = 1 + F, C[r] = fl(fl(C[r] alpha[r]) + fl(that sum)), each fl the site's
-   rounding into F (fp32: o.mul_(alpha).add_(pv), two roundings). */
-static inline __attribute__((always_inline)) V4 void chain_panel(
-    const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K, int64_t N, float *c,
-    int64_t ldc, const float *alpha, int mr, const int NV, const int MR, const int rescale) {
-  const int64_t last = N - 16 * (NV - 1);
-  const __mmask16 tail = last >= 16 ? (__mmask16) 0xffff : (__mmask16) ((1u << last) - 1);
-  __m512 acc[8][8];
-  _Pragma("GCC unroll 8")
-  for (int r = 0; r < MR; ++r)
-    _Pragma("GCC unroll 8")
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; ++k) {
-    __m512 bv[8];
-    _Pragma("GCC unroll 8")
-    for (int v = 0; v < NV; ++v)
-      bv[v] = v < NV - 1 ? _mm512_loadu_ps(b + k * ldb + 16 * v)
-                         : _mm512_maskz_loadu_ps(tail, b + k * ldb + 16 * v);
-    _Pragma("GCC unroll 8")
-    for (int r = 0; r < MR; ++r) {
-      if (r < mr) {
-        const __m512 ar = _mm512_set1_ps(a[r * lda + k]);
-        _Pragma("GCC unroll 8")
-        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
-      }
-    }
-  }
-  _Pragma("GCC unroll 8")
-  for (int r = 0; r < MR; ++r) {
-    if (r >= mr) break;
-    _Pragma("GCC unroll 8")
-    for (int v = 0; v < NV; ++v) {
-      const __mmask16 mk = v < NV - 1 ? (__mmask16) 0xffff : tail;
-      float *cr = c + r * ldc + 16 * v;
-      __m512 x = acc[r][v];
-      if (rescale) {
-        const int F = rescale - 1;
-        const __m512 o = site_v(
-            _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, cr), _mm512_set1_ps(alpha[r])), F);
-        x = site_v(_mm512_add_ps(o, site_v(x, F)), F);
-      }
-      _mm512_mask_storeu_ps(cr, mk, x);
-    }
-  }
-}
-
-/* one function per (NV, rescale), each holding its accumulators in registers (one
-   function for all of them spills them to the stack) */
-typedef void (*panel_fn)(const float *, int64_t, const float *, int64_t, int64_t, int64_t,
-                         float *, int64_t, const float *, int);
-#define PANEL_FN(NV, RS) \
-  static V4 void panel_##NV##_##RS(const float *a, int64_t lda, const float *b, int64_t ldb, \
-                                   int64_t K, int64_t N, float *c, int64_t ldc, \
-                                   const float *alpha, int mr) { \
-    chain_panel(a, lda, b, ldb, K, N, c, ldc, alpha, mr, NV, MR_OF(NV), RS); \
-  }
-#define PANEL_FNS(RS) PANEL_FN(1, RS) PANEL_FN(2, RS) PANEL_FN(3, RS) PANEL_FN(4, RS) \
-  PANEL_FN(5, RS) PANEL_FN(6, RS) PANEL_FN(7, RS) PANEL_FN(8, RS)
-PANEL_FNS(0) PANEL_FNS(1) PANEL_FNS(2) PANEL_FNS(3)
-#define PANEL_ROW(RS) {panel_1_##RS, panel_2_##RS, panel_3_##RS, panel_4_##RS, \
-                       panel_5_##RS, panel_6_##RS, panel_7_##RS, panel_8_##RS}
-static const panel_fn PANELS[4][8] = {PANEL_ROW(0), PANEL_ROW(1), PANEL_ROW(2), PANEL_ROW(3)};
-
-/* rows x N of C = A B (or, rescale = 1 + F, C = C alpha + A B rounded at F's sites), MR rows
-   at a time; N <= 128 */
-static V4 void chain_rows(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K,
-                          int64_t N, float *c, int64_t ldc, const float *alpha, int64_t rows,
-                          const int rescale) {
-  const int nv = (int) ((N + 15) / 16), mr = MR_OF(nv);
-  const panel_fn f = PANELS[rescale][nv - 1];
-  for (int64_t r = 0; r < rows; r += mr)
-    f(a + r * lda, lda, b, ldb, K, N, c + r * ldc, ldc, alpha ? alpha + r : 0,
-      rows - r < mr ? (int) (rows - r) : mr);
-}
-
-/* C (M x N) = A (M x K) B (K x N), all row-major, through chain_rows: what fused.py compares
-   with torch.matmul; 0 if N is over 128 or the CPU has no AVX-512 (nothing written). */
-int fn_chain_gemm(const float *a, const float *b, float *c, int64_t M, int64_t N, int64_t K) {
-  if (N > 128 || !__builtin_cpu_supports("avx512f")) return 0;
-  chain_rows(a, K, b, N, K, N, c, N, 0, M, 0);
-  return 1;
-}
+   The same loop on AVX-512 (accumulate.c's ISA_AVX512): a panel of query rows goes through
+   S = Q K_j^T, its softmax step and O = O alpha + P V_j (the update fused into the chain's
+   store, chain512_float's rescale) while it is in the first-level cache. */
+#define PANEL 48 /* rows per panel: a multiple of every MR16 of accumulate.c */
 
 static inline __attribute__((always_inline)) V4 void fused_panels(
     const fused_job *J, int64_t b, int64_t qb0, float *s, float *pc, float *alpha,
@@ -656,17 +467,17 @@ static inline __attribute__((always_inline)) V4 void fused_panels(
     const float *vj = J->v + (b * J->n_kb + j) * bn * dv;
     for (int64_t r0 = 0; r0 < w.R; r0 += PANEL) {
       const int64_t h = w.R - r0 < PANEL ? w.R - r0 : PANEL;
-      chain_rows(w.q + r0 * d, d, ktj, bn, d, bn, s, bn, 0, h, 0);
+      chain512_float(w.q + r0 * d, d, 1, ktj, bn, s, bn, h, bn, d, 0, 0);
       rows_step(J, h, w.r0 + r0, j, s, pc, w.m + r0, w.l + r0, w.nr + r0, alpha, alpha + PANEL,
                 base2, cast, F);
-      chain_rows(p, bn, vj, dv, bn, dv, w.o + r0 * dv, dv, alpha, h, 1 + F);
+      chain512_float(p, bn, 1, vj, dv, w.o + r0 * dv, dv, h, dv, bn, alpha, 1 + F);
     }
     trace_step(J, &w, t);
   }
 }
 
-/* fn_fused_forward with the own tile GEMMs; 0 if this CPU has no AVX-512 or a width is over
-   128 (nothing run), else 1 */
+/* fn_fused_forward on AVX-512's panels; 0 if the job's path is not ISA_AVX512 (nothing run),
+   else 1 */
 int fn_fused_forward_v4(const fused_job *J, int nthreads);
 static V4 void fused_v4(const fused_job *J, int nthreads) {
   const int64_t n_groups = (J->n_qb + J->g - 1) / J->g, jobs = J->B * n_groups;
@@ -697,7 +508,7 @@ static V4 void fused_v4(const fused_job *J, int nthreads) {
 }
 
 int fn_fused_forward_v4(const fused_job *J, int nthreads) {
-  if (J->bn > 128 || J->dv > 128 || !__builtin_cpu_supports("avx512f")) return 0;
+  if (J->isa != ISA_AVX512) return 0;
   fused_v4(J, nthreads);
   return 1;
 }

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashnum.numerics import build
+from flashnum.numerics import accumulate, build
 
 _SRC = Path(__file__).with_name("native.c")
 # -ffp-contract=off: every operation is the IEEE one written (no FMA), at any vector
@@ -156,12 +156,10 @@ def _open(path: Path) -> ctypes.CDLL:
     st = lib.fn_fa2_state
     st.restype = ctypes.c_int
     st.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64, ctypes.c_int]
-    lib.fn_torch_rowsum.restype = lib.fn_fused_forward.restype = None
-    lib.fn_torch_rowsum.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+    lib.fn_fused_forward.restype = None
     lib.fn_fused_forward.argtypes = [ctypes.c_void_p, ctypes.c_int]  # flashnum.engine.fused
-    lib.fn_fused_forward_v4.restype = lib.fn_chain_gemm.restype = ctypes.c_int
+    lib.fn_fused_forward_v4.restype = ctypes.c_int
     lib.fn_fused_forward_v4.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    lib.fn_chain_gemm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
     lib.fn_exp_site.restype = None
     lib.fn_exp_site.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] + [ctypes.c_int] * 2
     return lib
@@ -202,8 +200,9 @@ def _build() -> ctypes.CDLL:
     # rpath to torch's lib: its libgomp (already loaded) serves our OpenMP loops
     how = dict(libs=[f"-Wl,-rpath,{torch_lib}"], extra=(str(torch_lib), repr(HARD)))
     flag_sets = [_GCC_TUNE + _FLAGS, _FLAGS]  # GCC's tuning, else the compiler's own
-    lib = _open(build.shared_library("native", source(_probe_fixes(flag_sets, how)), flag_sets,
-                                     **how))
+    # accumulate.c first: the fused loops' dots and sums are its chains and cascade
+    text = accumulate.source() + source(_probe_fixes(flag_sets, how))
+    lib = _open(build.shared_library("native", text, flag_sets, **how))
     missed = _kernel_misses(lib)
     if any(missed.values()):
         raise OSError(f"kernel not correctly rounded on {missed}")

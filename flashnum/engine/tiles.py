@@ -152,9 +152,8 @@ def tile_dot(ar: Arith, a: torch.Tensor, b: torch.Tensor, fmt, tall: bool) -> to
     """a (B, n_qb, bm, x) @ b (B, 1 or n_qb, x, y).
 
     tall: one (n_qb bm) x x x y GEMM when b is shared by every query block (orders that
-    are the same for all query blocks), about 2x faster than n_qb small ones. BLAS may
-    sum in another order for another shape, so a run keeps one shape for every tile
-    (per-query-block orders use the small GEMMs throughout) and `logits` mirrors it.
+    are the same for all query blocks), faster than n_qb small ones. Every entry is one
+    FMA chain whatever the shape (flashnum.numerics.accumulate), so the two agree.
     """
     if tall:
         B, n_qb, bm, x = a.shape

@@ -20,12 +20,13 @@
 
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 
-/* the best path this CPU runs (x86: AVX-512F, else AVX2 with FMA, else scalar; other
-   machines: scalar, whose fma is the hardware's or the C library's exact one) */
+/* the best path this CPU runs (x86: x86-64-v4, AVX-512; else x86-64-v3, AVX2 with FMA;
+   else scalar; other machines: scalar, whose fma is the hardware's or the C library's
+   exact one) */
 int fn_best_isa(void) {
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f")) return ISA_AVX512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ISA_AVX2;
+  if (__builtin_cpu_supports("x86-64-v4")) return ISA_AVX512;
+  if (__builtin_cpu_supports("x86-64-v3")) return ISA_AVX2;
 #endif
   return ISA_SCALAR;
 }
@@ -62,7 +63,7 @@ CHAIN_SCALAR(double, fma)
 /* AVX-512: 16 (fp32) or 8 (fp64) lanes; NV <= 8 vectors (128 or 64 columns), MR rows by NV
    so that MR NV + NV + 1 <= 32 registers */
 #define MR16(NV) ((NV) <= 2 ? 8 : (NV) <= 4 ? 6 : (NV) <= 6 ? 4 : 3)
-#define V4 __attribute__((target("avx512f")))
+#define V4 __attribute__((target("arch=x86-64-v4")))
 
 /* a site's rounding on 16 fp32 lanes: F = 0 none, 1 bf16, 2 fp16 (nearest even; NaN kept) */
 static inline V4 __m512 site_v(__m512 x, const int F) {
@@ -155,8 +156,8 @@ static const panel_fn_f P512F[4][8] = {PANEL512_ROW(float, 0), PANEL512_ROW(floa
                                        PANEL512_ROW(float, 2), PANEL512_ROW(float, 3)};
 static const panel_fn_d P512D[1][8] = {PANEL512_ROW(double, 0)};
 
-/* AVX2 with FMA: 8 (fp32) or 4 (fp64) lanes, NV <= 2, MR 6 (12 accumulators of 16 ymm) */
-#define V3 __attribute__((target("avx2,fma")))
+/* AVX2 with FMA (x86-64-v3): 8 (fp32) or 4 (fp64) lanes, NV <= 2, MR 6 (12 accumulators of 16 ymm) */
+#define V3 __attribute__((target("arch=x86-64-v3")))
 #define PANEL256(T, VT, LANES, SETZERO, LOADU, MLOAD, SET1, FMADD, MSTORE, MASKV)             \
   static V3 void panel256_##T(const T *a, int64_t sam, int64_t sak, const T *b, int64_t ldb, \
                               T *c, int64_t ldc, int64_t N, int64_t K, int mr) {             \
