@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from flashnum.engine import native
-from flashnum.numerics import accumulate
+from flashnum.numerics import accumulate, elementary
 from flashnum.numerics.formats import EXACT, FORMATS, Exact
 from flashnum.numerics.policy import Policy
 
@@ -71,20 +71,21 @@ class Arith:
     def exp(self, x: torch.Tensor, fmt, base2: bool = False) -> torch.Tensor:
         if hasattr(fmt, "exp"):  # a format with its own exp (FA4's polynomial exp2)
             return fmt.exp(x, base2).to(self.dtype)
-        # evaluated in float64 then rounded once: a correctly rounded exp
+        # the correctly rounded float64 exp (flashnum.numerics.elementary), rounded once
+        # into the format
         if (x.dtype is torch.float32 and self.dtype is torch.float32 and not self.stochastic
                 and fmt is not EXACT and fmt.name == "fp32"):
             y = torch.empty_like(x, memory_format=torch.contiguous_format)
             if native.exp_rows(x.contiguous(), None, y, base2=base2):  # the same fp32 values
                 return y
         x64 = x.to(torch.float64)
-        y = torch.exp2(x64) if base2 else torch.exp(x64)
+        y = elementary.exp2(x64) if base2 else elementary.exp(x64)
         if fmt is EXACT or fmt.p >= 53:
             return y.to(self.dtype)
         if self.dtype is torch.float32 and fmt.name == "fp32" and not self.stochastic:
             y = y.to(torch.float32)
             if x.dtype is torch.float32:
-                native.fix_torch(x, y, base2)  # the few inputs float64 alone misses
+                native.fix_float64(x, y, base2)  # the few inputs float64 alone misses
             return y
         rounding = "stochastic" if self.stochastic else "nearest"
         return fmt.round(y, rounding, self.gen).to(self.dtype)

@@ -28,6 +28,7 @@ import torch
 from flashnum.engine import native
 from flashnum.engine.recurrence import Run, State, finite_or_zero, grew, row_max, scan
 from flashnum.engine.tiles import Tiles, gather, is_fp32, tile_dot, tile_visible
+from flashnum.numerics import elementary
 from flashnum.numerics.formats import EXACT
 
 CHUNK = 1 << 18  # logit-tile elements per thread per chunk of heads (~1 MiB: L2)
@@ -149,12 +150,8 @@ def _exp_in_place(s, m_safe, bufs: Buffers, base2: bool, scale: float, bf16: boo
         s.shape, dtype=torch.float64)
     s.sub_(m_safe[..., None])
     p64.copy_(s)
-    hard = [(s == h, v) for h, v in native.torch_fixes(base2)]  # see Arith.exp
-    if base2:
-        p64.exp2_()
-    else:
-        p64.exp_()
-    s.copy_(p64)
+    hard = [(s == h, v) for h, v in native.float64_fixes(base2)]  # see Arith.exp
+    s.copy_(elementary.exp2(p64) if base2 else elementary.exp(p64))
     for mask, v in hard:
         s.masked_fill_(mask, v)
     return False

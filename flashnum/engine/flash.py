@@ -32,6 +32,7 @@ from flashnum.engine.tiles import (
     tile_logits,
 )
 from flashnum.engine.variants import Variant
+from flashnum.numerics import elementary
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.policy import Policy
 from flashnum.numerics.tiling import key_block_order, needs_block_max
@@ -108,7 +109,7 @@ def _result(run: Run, states, traces, perm, lead, tiles: Tiles) -> Result:
         return x.reshape(B, n_qb * bm, *x.shape[3:])[:, :nq].reshape(*lead, nq, *x.shape[3:])
 
     m64, l64 = rows(m).to(torch.float64), rows(l).to(torch.float64)
-    lse = m64 / LOG2E + torch.log(l64) if run.base2 else m64 + torch.log(l64)
+    lse = m64 / LOG2E + elementary.log(l64) if run.base2 else m64 + elementary.log(l64)
     tr = None
     if traces[0] is not None:
         def stacked(i):  # (B, n_kb, Nq) over the chunks of heads

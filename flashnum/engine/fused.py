@@ -215,7 +215,8 @@ def fused_forward(run: Run, tiles: Tiles, perm: torch.Tensor, scale_s: float, ca
     # compared in fp32, as torch does (any value where the rule is not lazy's: unread)
     tau = float(torch.tensor(getattr(variant, "tau", 0.0), dtype=torch.float32))
     job = _Job(
-        accumulate.ISAS[accumulate.isa()], q.data_ptr(), k.data_ptr(), v.data_ptr(), perm.data_ptr(), vis.data_ptr(),
+        accumulate.ISAS[accumulate.isa()], q.data_ptr(), k.data_ptr(), v.data_ptr(),
+        perm.data_ptr(), vis.data_ptr(),
         B, n_qb, bm, _group(run, tiles), n_kb, bn, d, dv, int(perm.shape[0] > 1),
         scale_s, tau, int(variant.max_rule == "lazy"), int(run.base2),
         0 if sites else cast, int(run.ar.policy.l_from == "p_cast"),

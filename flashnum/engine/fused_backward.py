@@ -32,7 +32,6 @@ checks the two bit for bit over the shipped backward experiments' grids.
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 import subprocess
 import threading

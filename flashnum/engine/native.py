@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashnum.numerics import accumulate, build
+from flashnum.numerics import accumulate, build, elementary
 
 _SRC = Path(__file__).with_name("native.c")
 # -ffp-contract=off: every operation is the IEEE one written (no FMA), at any vector
@@ -116,16 +116,18 @@ def _misses(evaluate, fn: str) -> list[tuple[float, float]]:
 
 
 @functools.cache
-def torch_fixes(base2: bool) -> list[tuple[float, float]]:
-    """The hard inputs torch's float64 exp (exp2) rounds wrongly here, with the right values."""
+def float64_fixes(base2: bool) -> list[tuple[float, float]]:
+    """The hard inputs whose fp32 exp (exp2) the torch path's float64 one (the correctly
+    rounded flashnum.numerics.elementary.exp, then rounded to fp32 again) rounds wrongly,
+    with the right values: the same list on every machine."""
     def evaluate(x, b2):
-        return (torch.exp2(x.double()) if b2 else torch.exp(x.double())).float()
+        return (elementary.exp2(x.double()) if b2 else elementary.exp(x.double())).float()
     return _misses(evaluate, "exp2" if base2 else "exp")
 
 
-def fix_torch(x: torch.Tensor, p: torch.Tensor, base2: bool) -> None:
-    """Correct p = fp32(exp(x)) in place on the hard inputs torch misses (usually none)."""
-    for h, v in torch_fixes(base2):
+def fix_float64(x: torch.Tensor, p: torch.Tensor, base2: bool) -> None:
+    """Correct p = fp32(exp(x)) in place on the hard inputs float64 misses (float64_fixes)."""
+    for h, v in float64_fixes(base2):
         p.masked_fill_(x == h, v)
 
 
@@ -336,5 +338,5 @@ def round_bf16(x: torch.Tensor) -> torch.Tensor | None:
 
 
 __all__ = ["available", "status", "exp_rows", "set_enabled", "source", "CASTS", "HARD",
-           "correctly_rounded", "torch_fixes", "fix_torch", "rescale_add",
+           "correctly_rounded", "float64_fixes", "fix_float64", "rescale_add",
            "round_bf16", "fa2_state"]

@@ -46,6 +46,7 @@ import torch
 
 from flashnum.engine.emulate import emulate
 from flashnum.engine.result import Result, Trace
+from flashnum.numerics import elementary
 from flashnum.numerics.formats import get_format
 from flashnum.numerics.policy import make_policy
 from flashnum.numerics.tiling import check_causal, clamp_block, n_blocks, visible_count
@@ -94,12 +95,12 @@ def merge(o_s: torch.Tensor, lse_s: torch.Tensor, fmt) -> tuple[torch.Tensor, to
     safe = torch.where(torch.isfinite(lse_max), lse_max, torch.zeros_like(lse_max))
     w = torch.zeros_like(lse_max)
     for ls in lse_s:  # the kernel sums the split weights in split order
-        w = r(w + r(torch.exp(r(ls - safe))))
-    lse = torch.where(w > 0, r(r(torch.log(w)) + safe), torch.full_like(w, -math.inf))
+        w = r(w + r(elementary.exp(r(ls - safe))))
+    lse = torch.where(w > 0, r(r(elementary.log(w)) + safe), torch.full_like(w, -math.inf))
     lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     out = torch.zeros_like(o_s[0])
     for os_, ls in zip(o_s, lse_s, strict=True):
-        scale = torch.where(torch.isfinite(lse), r(torch.exp(r(ls - lse_safe))),
+        scale = torch.where(torch.isfinite(lse), r(elementary.exp(r(ls - lse_safe))),
                             torch.zeros_like(ls))
         out = r(out + r(scale[..., None] * os_))
     return out, lse
@@ -148,7 +149,9 @@ def split_attention(q, k, v, *, num_splits: int, split_precision: str | None = N
     out = pol.fmt("out").round(out)
     m = m_s.amax(0)
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    l = (l_s * torch.exp(torch.where(torch.isfinite(m_s), m_s - m_safe, -math.inf))).sum(0)
+    l = torch.zeros_like(m)
+    for ms, ls in zip(m_s, l_s, strict=True):  # in split order
+        l = l + ls * elementary.exp(torch.where(torch.isfinite(ms), ms - m_safe, -math.inf))
     masked = ~torch.isfinite(lse)
     out = torch.where(masked[..., None], torch.zeros_like(out), out)
     tr = Trace(m=m_s.movedim(0, -2), l=l_s.movedim(0, -2),

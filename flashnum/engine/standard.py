@@ -20,6 +20,7 @@ import torch
 from flashnum.engine.arith import Arith, carrier, wider
 from flashnum.engine.result import Result
 from flashnum.engine.tiles import scale_in_logits_format, stored_inputs
+from flashnum.numerics import elementary
 from flashnum.numerics.policy import Policy
 from flashnum.numerics.tiling import causal_visible
 
@@ -43,7 +44,7 @@ def standard(q, k, v, pol: Policy, *, causal, scale, rounding, seed) -> Result:
     m = m.reshape(*lead, nq).to(torch.float64)
     l = l.reshape(*lead, nq).to(torch.float64)
     return Result(
-        out=out, m=m, l=l, lse=m + torch.log(l), masked=m == -math.inf,
+        out=out, m=m, l=l, lse=m + elementary.log(l), masked=m == -math.inf,
         n_rescales=torch.zeros_like(m, dtype=torch.int64),
     )
 

@@ -58,8 +58,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashnum.numerics import build
 from flashnum.engine.result import Result
+from flashnum.numerics import build
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LANES = 16  # AVX-512 float vector width (Vectorized<float>::size())

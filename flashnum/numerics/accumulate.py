@@ -262,8 +262,8 @@ def _cascade_torch(x: torch.Tensor, lanes: int) -> torch.Tensor:
             acc[a - 1] = torch.zeros_like(acc[a - 1])
             if i & (mask << (a * lp)):
                 break
-    for i in range(i, size_ilp):
-        acc[0] = acc[0] + groups[:, i]
+    for t in range(i, size_ilp):
+        acc[0] = acc[0] + groups[:, t]
     for a in range(1, 4):
         acc[0] = acc[0] + acc[a]
     vecs = acc[0]  # (rows, 4, L)

@@ -38,6 +38,8 @@ import math
 import numpy as np
 import torch
 
+from flashnum.numerics import elementary
+from flashnum.numerics.accumulate import dot, rowsum
 from flashnum.reference.balls import REL_BITS, flint_prec
 from flashnum.reference.cache import BACKWARD
 from flashnum.reference.inputs import as_f64, check, visible_len
@@ -96,18 +98,19 @@ def _fp64(q, k, v, do, vis, scale):
     """The formulas of the module docstring in float64 with a max-shifted softmax."""
     d, nk = q.shape[-1], k.shape[-2]
     sc = 1.0 / math.sqrt(d) if scale is None else scale
-    s = sc * (q @ k.transpose(-1, -2))
+    s = sc * dot(q, k.transpose(-1, -2), "fp64")
     seen = torch.as_tensor(np.arange(nk)[None, :] < vis[:, None])
     s = s.masked_fill(~seen, -math.inf)
     m = s.amax(-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = torch.exp(s - m)
-    l = e.sum(-1, keepdim=True)
+    e = elementary.exp(s - m)
+    l = rowsum(e, "fp64")[..., None]
     p = e / torch.where(l > 0, l, torch.ones_like(l))
-    o = p @ v
-    delta = (do * o).sum(-1)
-    ds = p * (do @ v.transpose(-1, -2) - delta[..., None])
-    return sc * (ds @ k), sc * (ds.transpose(-1, -2) @ q), p.transpose(-1, -2) @ do, delta
+    o = dot(p, v, "fp64")
+    delta = rowsum(do * o, "fp64")
+    ds = p * (dot(do, v.transpose(-1, -2), "fp64") - delta[..., None])
+    return (sc * dot(ds, k, "fp64"), sc * dot(ds.transpose(-1, -2), q, "fp64"),
+            dot(p.transpose(-1, -2), do, "fp64"), delta)
 
 
 def _exact_scale(d, scale):

@@ -1,6 +1,11 @@
 """method="fp64": float64 attention arranged for a small, stated error bound (max-shifted
 softmax, blocked and pairwise sums; the bound of docs/reference.md per row), and plain64,
-the same without a bound."""
+the same without a bound.
+
+Both are functions of their inputs alone, on every machine: each dot product is
+flashnum.numerics.accumulate's FMA chain (in chunks of FP64_CHUNK terms, then a pairwise
+tree, for fp64), each row sum its cascade, exp and log correctly rounded
+(flashnum.numerics.elementary), never a library's GEMM, reduction or exp."""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import math
 
 import torch
 
+from flashnum.numerics import elementary
+from flashnum.numerics.accumulate import dot, rowsum
 from flashnum.numerics.constants import gamma
 from flashnum.numerics.tiling import causal_visible, check_causal
 from flashnum.reference.balls import MIN_NORMAL, TINY, U
@@ -35,14 +42,14 @@ def _tree_beta(n: int, chunk: int) -> int:
 
 
 def _tree_matmul(a: torch.Tensor, b: torch.Tensor, chunk: int) -> torch.Tensor:
-    """a @ b with the inner sum cut into float64 dots of `chunk` terms (any order, FMA or
-    not: gamma_chunk) whose results are summed pairwise."""
+    """a @ b with the inner sum cut into float64 dots of `chunk` terms (accumulate's FMA
+    chains; the bound holds for any order: gamma_chunk) whose results are summed pairwise."""
     r, n = a.shape
     n_ch = max(1, math.ceil(n / chunk))
     pad = n_ch * chunk - n
-    ac = torch.nn.functional.pad(a, (0, pad)).reshape(r, n_ch, chunk)
+    ac = torch.nn.functional.pad(a, (0, pad)).reshape(r, n_ch, chunk).transpose(0, 1)
     bc = torch.nn.functional.pad(b, (0, 0, 0, pad)).reshape(n_ch, chunk, b.shape[1])
-    return _pairwise(torch.einsum("rkb,kbc->rkc", ac, bc))
+    return _pairwise(dot(ac, bc, "fp64").transpose(0, 1))  # (r, n_ch, c) chunk sums
 
 
 FP64_CHUNK = 8  # terms per float64 dot before the pairwise tree (logits and P @ V)
@@ -80,23 +87,23 @@ def fp64(q, k, v, vis, scale):
             s = s.masked_fill(~inside, -math.inf)
             m = s.amax(dim=1).masked_fill(~live, 0.0)
             x = s - m[:, None]  # rounded: the u|x| term of the bound
-            p = torch.exp(x)  # torch's float64 exp: within 1 ulp (SLEEF u10)
+            p = elementary.exp(x)  # correctly rounded: within half an ulp
             ol = _tree_matmul(p, V1, ch)  # (r, dv + 1): [o | l]
             l = ol[:, dv]
             o = ol[:, :dv] / l[:, None]
             # -- the bound: relative perturbation of every p, then the sums and the division --
-            a = (qb.abs() @ absKT) / (1 - _gamma(d))  # >= sum_t |q_t k_t|
+            a = dot(qb.abs(), absKT, "fp64") / (1 - _gamma(d))  # >= sum_t |q_t k_t|
             sigma = abs(sc) * g_s * a + abs(sc) * (d + 1) * TINY
             tau = (sigma + U * x.abs() / (1 - U) + 2 * U / (1 - 2 * U)) * (1 + 10 * U)
             tau = tau.masked_fill(~inside, 0.0)
-            rr = torch.expm1(tau)
+            rr = elementary.expm1(tau)
             rr = rr / (1 - rr)
             normal = p >= MIN_NORMAL  # relative model; the rest go to the absolute term eta
             w = torch.where(normal, p * rr, torch.zeros_like(p))
             wk = torch.where(normal, p * (rr + kappa), torch.zeros_like(p))
             lo = l * (1 - g_b)  # <= the exact sum of the computed p
-            R = w.sum(dim=1) / lo
-            Y = (wk @ absV) / lo[:, None] + R[:, None] * o.abs()
+            R = rowsum(w, "fp64") / lo
+            Y = dot(wk, absV, "fp64") / lo[:, None] + R[:, None] * o.abs()
             n_sub = (inside & ~normal).sum(dim=1).to(torch.float64)
             vmax = absV.max() if dv else 0.0
             eta = n_sub * 2.0**-1019 * vmax
@@ -108,7 +115,7 @@ def fp64(q, k, v, vis, scale):
             out[b, i0:i1] = torch.where(live[:, None], o, 0.0)
             err[b, i0:i1] = torch.where(live, e, 0.0)
             mx[b, i0:i1] = torch.where(live, m, -math.inf)
-            lse[b, i0:i1] = torch.where(live, m + torch.log(l), -math.inf)
+            lse[b, i0:i1] = torch.where(live, m + elementary.log(l), -math.inf)
     return out, lse, mx, err, {"chunk": ch, "beta_dot": _tree_beta(d, ch), "beta_sum": beta}
 
 
@@ -124,10 +131,10 @@ def plain64(q, k, v, *, scale: float, causal=False) -> torch.Tensor:
     masked causal rows give 0, as every backend does.
     """
     q, k, v = (x.to(torch.float64) for x in (q, k, v))
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    s = dot(q, k.transpose(-1, -2), "fp64") * scale
     if causal:
         s = s.masked_fill(~causal_visible(*s.shape[-2:], causal=check_causal(causal)),
                           -math.inf)
     m = s.amax(-1, keepdim=True)
-    p = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
-    return (torch.matmul(p, v) / p.sum(-1, keepdim=True)).nan_to_num(0.0)
+    p = elementary.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
+    return (dot(p, v, "fp64") / rowsum(p, "fp64")[..., None]).nan_to_num(0.0)

@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from flashnum.numerics.accumulate import dot
 from flashnum.numerics.constants import gamma
 from flashnum.reference.balls import half_ulp, mpf_to_float, up
 from flashnum.reference.result import empty
@@ -28,7 +29,7 @@ def mpmath_rows(q, k, v, vis, scale, bits):
     for b in range(B):
         K = [[ctx.mpf(x) for x in row] for row in k[b].tolist()]
         VT = [[ctx.mpf(x) for x in col] for col in v[b].T.tolist()]
-        A = (q[b].abs() @ k[b].abs().T).numpy()
+        A = dot(q[b].abs(), k[b].abs().T, "fp64").numpy()
         Mv = v[b].abs().max().item() if v[b].numel() else 0.0
         for i in range(nq):
             c = int(vis[i])
