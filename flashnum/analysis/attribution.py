@@ -95,7 +95,7 @@ def rss(table: pd.DataFrame, metric: str = "rmse") -> float:
     """Root-sum-square of the single-site errors: the total if the sites' errors were
     independent (for rmse: uncorrelated errors add in mean square)."""
     t = table[table.metric == metric]
-    return math.sqrt(float((t.err_only**2).sum()))
+    return math.sqrt(math.fsum(x * x for x in t.err_only))  # exact: no order
 
 
 def dominant_site(q, k, v, *, precision: str = "bf16", policy="fa2", metric: str = "max_abs",

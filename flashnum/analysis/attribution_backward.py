@@ -36,6 +36,7 @@ from dataclasses import replace
 import pandas as pd
 
 from flashnum.engine.backward import attention_backward
+from flashnum.numerics.accumulate import rowsum
 from flashnum.numerics.policy import BWD_SITES, SITES, Policy, make_backward_policy
 
 GRADS = ("dq", "dk", "dv")
@@ -92,7 +93,8 @@ def attribute_backward(q, k, v, do, *, precision: str = "bf16", policy="fa2", re
         for n in GRADS:
             e = getattr(g, n) - getattr(ref, n)
             out[n, "max_abs"] = float(e.abs().max()) if e.numel() else 0.0
-            out[n, "rmse"] = float(e.square().mean().sqrt()) if e.numel() else 0.0
+            out[n, "rmse"] = (float((rowsum(e.square().reshape(-1), "fp64") / e.numel())
+                                    .sqrt()) if e.numel() else 0.0)
         return out
 
     total = errors(pol)

@@ -77,10 +77,24 @@ from flashnum.analysis.memo import kept
 from flashnum.engine.arith import carrier, wider
 from flashnum.engine.variants import FA2, Variant, variant_of
 from flashnum.engine.variants import VARIANTS as VARIANT_CLASSES
+from flashnum.numerics import elementary
+from flashnum.numerics.accumulate import dot as _dot
+from flashnum.numerics.accumulate import rowsum as _rowsum
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import EXACT, FORMATS, Exact, Format
 from flashnum.numerics.policy import SITES, Policy, make_policy
 from flashnum.numerics.tiling import check_causal, visible_count
+
+
+def dot(a, b):
+    """a @ b in float64, in flashnum's order (flashnum.numerics.accumulate): a bound's
+    bits do not depend on the machine."""
+    return _dot(a, b, "fp64")
+
+
+def rowsum(x):
+    """The float64 sum over the last dim, in flashnum's order."""
+    return _rowsum(x, "fp64")
 
 U64 = 2.0**-53  # unit roundoff of the float64 carrier
 ETA64 = 2.0**-1075  # half of float64's smallest subnormal
@@ -93,6 +107,7 @@ VARIANTS = tuple(n for n, cls in VARIANT_CLASSES.items() if cls.bounded)
 # ---------------------------------------------------------------------------
 # the small parameters: one unit roundoff (random or deterministic part) or eta per
 # rounding kind, each charged to the site whose format it uses
+
 
 
 @dataclass(frozen=True)
@@ -290,24 +305,24 @@ def _v_extremes(v3, n, causal):
 def _prob_terms(pi, y, qc, S, Sv, Av, Msafe, v3, V2, K2, scale, shift0) -> dict:
     """The probabilistic bound's weighted variances of some rows (softmax pi, output y,
     logits S and their masked forms Sv, Av), as _row_data stores them."""
-    out = {"var": torch.clamp(pi @ V2 - y * y, min=0)}
+    out = {"var": torch.clamp(dot(pi, V2) - y * y, min=0)}
     pi2 = pi * pi
 
     def wsq(W):
         # sum_j W_j (v_jc - y_c)^2, W >= 0
-        return torch.clamp(W @ V2 - 2 * y * (W @ v3) + y * y * W.sum(-1)[..., None], min=0)
+        return torch.clamp(dot(W, V2) - 2 * y * dot(W, v3) + y * y * rowsum(W)[..., None], min=0)
 
-    out["Wv"] = pi2 @ V2
+    out["Wv"] = dot(pi2, V2)
     out["W1"] = wsq(pi2)
     out["Ws2"] = wsq(pi2 * Sv * Sv)
     out["WA2"] = wsq(pi2 * Av * Av)
-    qk2 = scale * scale * ((qc * qc) @ K2.transpose(-1, -2))
+    qk2 = scale * scale * dot(qc * qc, K2.transpose(-1, -2))
     # pi = 0 on masked keys, so the weights need no masking
     out["Wk"] = wsq(pi2 * qk2)
     ms0, tau0 = shift0(Msafe)
     g0 = (ms0 + tau0)[..., None] - S
     out["Wg"] = wsq(pi2 * g0 * g0)
-    out["Qterm"] = scale * scale * ((qc * qc) * (pi @ K2)).sum(-1)
+    out["Qterm"] = scale * scale * rowsum((qc * qc) * dot(pi, K2))
     return out
 
 
@@ -326,7 +341,7 @@ def _row_data(q, k, v, *, causal, scale, prob, shift0):
     n = _visible_counts(nq, nk, causal)  # (nq,)
     vmax, vmin, vabs = _v_extremes(v3, n, causal)
     kabs, qabs = k3.abs(), q3.abs()
-    k_l1 = kabs.sum(-1)  # (B, nk)
+    k_l1 = rowsum(kabs)  # (B, nk)
     V2 = v3 * v3
     K2 = k3 * k3
     rows = _chunk_rows(B, nq, nk)
@@ -337,9 +352,9 @@ def _row_data(q, k, v, *, causal, scale, prob, shift0):
     for r0 in range(0, nq, rows):
         r1 = min(nq, r0 + rows)
         qc = q3[:, r0:r1]
-        S = scale * (qc @ k3.transpose(-1, -2))  # (B, r, nk)
-        A = scale * (qabs[:, r0:r1] @ kabs.transpose(-1, -2))
-        q_l1 = qabs[:, r0:r1].sum(-1)
+        S = scale * dot(qc, k3.transpose(-1, -2))  # (B, r, nk)
+        A = scale * dot(qabs[:, r0:r1], kabs.transpose(-1, -2))
+        q_l1 = rowsum(qabs[:, r0:r1])
         ninf = torch.full_like(S, -math.inf)
         if causal:
             vis = (torch.arange(nk)[None, :] < n[r0:r1, None]).expand(B, -1, -1)
@@ -357,22 +372,22 @@ def _row_data(q, k, v, *, causal, scale, prob, shift0):
             kl1 = k_l1[:, None, :]
         M = Sm.amax(-1)
         Msafe = torch.where(any_vis, M, torch.zeros_like(M))
-        e = torch.exp(Sm - Msafe[..., None])  # exp(-inf) = 0 where masked
-        pi = e / torch.where(any_vis, e.sum(-1), torch.ones_like(M))[..., None]
+        e = elementary.exp(Sm - Msafe[..., None])  # exp(-inf) = 0 where masked
+        pi = e / torch.where(any_vis, rowsum(e), torch.ones_like(M))[..., None]
         R["M"][:, r0:r1] = Msafe
         R["smin"][:, r0:r1] = torch.where(any_vis, smin, Msafe)
-        R["Ms"][:, r0:r1] = (pi * Sv).sum(-1)
+        R["Ms"][:, r0:r1] = rowsum(pi * Sv)
         Sabs = Sv.abs()
-        R["Sbar"][:, r0:r1] = (pi * Sabs).sum(-1)
+        R["Sbar"][:, r0:r1] = rowsum(pi * Sabs)
         R["Sstar"][:, r0:r1] = Sabs.amax(-1)
-        R["Abar"][:, r0:r1] = (pi * Av).sum(-1)
+        R["Abar"][:, r0:r1] = rowsum(pi * Av)
         R["Astar"][:, r0:r1] = Av.amax(-1)
         # L1_j = ||q||_1 + ||k_j||_1 over the visible keys
-        R["L1bar"][:, r0:r1] = q_l1 * pi.sum(-1) + (pi * kl1).sum(-1)
+        R["L1bar"][:, r0:r1] = q_l1 * rowsum(pi) + rowsum(pi * kl1)
         R["L1star"][:, r0:r1] = torch.where(any_vis, q_l1 + kl1.amax(-1), torch.zeros_like(M))
-        y = pi @ v3
+        y = dot(pi, v3)
         C["y"][:, r0:r1] = y
-        C["nu"][:, r0:r1] = pi @ v3.abs()
+        C["nu"][:, r0:r1] = dot(pi, v3.abs())
         if prob:
             for name, x in _prob_terms(pi, y, qc, S, Sv, Av, Msafe, v3, V2, K2, scale,
                                        shift0).items():
@@ -413,7 +428,7 @@ def _block_data(q, k, *, causal, scale, block_n):
     rows = _chunk_rows(B, nq, nk)
     for r0 in range(0, nq, rows):
         r1 = min(nq, r0 + rows)
-        S = scale * (q3[:, r0:r1] @ k3.transpose(-1, -2))  # (B, r, nk)
+        S = scale * dot(q3[:, r0:r1], k3.transpose(-1, -2))  # (B, r, nk)
         ninf = torch.full_like(S, -math.inf)
         if causal:
             vis = (torch.arange(nk)[None, :] < n[r0:r1, None]).expand(B, -1, -1)
@@ -445,7 +460,7 @@ def _pw(e, k):
     """(1 + e)^k - 1."""
     if isinstance(e, torch.Tensor) or isinstance(k, torch.Tensor):
         e = torch.as_tensor(e, dtype=torch.float64)
-        return torch.expm1(k * torch.log1p(e))
+        return elementary.expm1(k * elementary.log1p(e))
     return math.expm1(k * math.log1p(e))
 
 
@@ -558,7 +573,7 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: Variant, scale: floa
     else:
         bn_eff = bn
     Ebar, Estar = _logit_errors(P, D, U, scale, d)
-    KE = torch.exp(Estar + Ebar)
+    KE = elementary.exp(Estar + Ebar)
     row = lambda x: x[..., None]  # noqa: E731  (B, Nq) -> (B, Nq, 1)
     nu, y, delta, vabs = D["nu"], D["y"].abs(), D["delta"], D["vabs"]
     u_v, eta_v = U("inv"), P["eta_inv"]
@@ -578,19 +593,19 @@ def _evaluate(P: dict, D: dict, *, structure: str, variant: Variant, scale: floa
         Xc_m1 = ue * torch.ones_like(M)
     else:
         k_exp = (2 + r) if variant.normalised else (1 + r)
-        Xc_m1 = _x(_x(torch.expm1(U("m") * Rm), _pw(ue, k_exp)), fpc)
+        Xc_m1 = _x(_x(elementary.expm1(U("m") * Rm), _pw(ue, k_exp)), fpc)
     Xc = 1 + Xc_m1
     ud = U("diff")
-    Cbar = KE * (Xc * torch.exp(ud * gstar) * ud * gbar + Xc_m1)
-    Dinv = torch.exp(dM + Estar)  # 1 / (a lower bound of D = sum_j exp(s^_j - m^_T))
+    Cbar = KE * (Xc * elementary.exp(ud * gstar) * ud * gbar + Xc_m1)
+    Dinv = elementary.exp(dM + Estar)  # 1 / (a lower bound of D = sum_j exp(s^_j - m^_T))
     nuA = row(KE) * (1 + u_v) * nu + eta_v
     yA = y + bA
     vabsA = (1 + u_v) * vabs + eta_v
     deltaA = delta + u_v * vabs + eta_v + bA
     tf_pv = _pw(U("pvtf"), 2)
-    p_hi = torch.exp(tau_eff) * (1 + ue) + P["eta_p"]
+    p_hi = elementary.exp(tau_eff) * (1 + ue) + P["eta_p"]
     fno = 0.0 if pc_common else U("pc")
-    wide = torch.exp(tau_eff * (1 + ud)) * (1 + ue) * Xc  # a key's weight before rescales
+    wide = elementary.exp(tau_eff * (1 + ud)) * (1 + ue) * Xc  # a key's weight before rescales
     # per key: the P @ V products' eta and the tf32 operand casts' eta
     eta_key = (row(P["eta_pv"] + P["eta_pvtf"] * (1 + U("pvtf")) * p_hi + P["eta_pvtf"] ** 2)
                + P["eta_pvtf"] * (1 + U("pvtf")) * vabsA)
@@ -633,7 +648,7 @@ def _overflow_check(pol: Policy, structure: str, variant: Variant, base2: bool, 
         row = lambda x: x[..., None]  # noqa: E731
         n = D["n"]
         s_mag = (D["Sstar"] + Estar + dM) * (LOG2E if base2 else 1.0)
-        p_mag = torch.exp(tau_eff) * (1 + ue)
+        p_mag = elementary.exp(tau_eff) * (1 + ue)
         l_mag = n * p_mag * Xc * (1 + Lstar) * (1 + Hd)
         o_mag = row(n * p_mag * Xc * (1 + Ostar) * (1 + Hd)) * vabsA
         if variant.normalised and structure != "standard":

@@ -43,6 +43,8 @@ import math
 
 import torch
 
+from flashnum.analysis.bounds import dot, rowsum
+from flashnum.numerics import elementary
 from flashnum.numerics.constants import gamma
 from flashnum.numerics.formats import EXACT, FORMATS
 from flashnum.numerics.policy import BWD_SITES, make_backward_policy
@@ -236,28 +238,28 @@ def _exact(q, k, v, do, vis, pol, geo) -> dict:
     fill = (lambda x, val: x) if mask is None else (lambda x, val: x.masked_fill(mask, val))
     fill_ = (lambda x, val: x) if mask is None else (lambda x, val: x.masked_fill_(mask, val))
     sc = abs(geo["scale"])
-    A = sc * (q.abs() @ k.abs().T)
-    S = geo["scale"] * (q @ k.T)
+    A = sc * dot(q.abs(), k.abs().T)
+    S = geo["scale"] * dot(q, k.T)
     S_abs = S.abs()
     S = fill(S, -math.inf)
     live = vis.any(-1)
     m = torch.where(live, S.amax(-1), torch.zeros(()))
     smin = torch.where(live, fill(S, math.inf).amin(-1), torch.zeros(()))
     P = torch.softmax(S, -1).nan_to_num()
-    L = m + torch.log(torch.exp(S - m[:, None]).sum(-1).clamp_min(1e-300))
+    L = m + elementary.log(rowsum(elementary.exp(S - m[:, None])).clamp_min(1e-300))
     aO = do.abs()
-    dP = do @ v.T
-    O = P @ v
-    D = (do * O).sum(-1)
+    dP = dot(do, v.T)
+    O = dot(P, v)
+    D = rowsum(do * O)
     dS = P * (dP - D[:, None])
     ex = dict(q=q, k=k, v=v, do=do, vis=vis, fill_=fill_, ws=_Workspace(S.shape), A=A, S=S,
               S_abs=S_abs, live=live, m=m, smin=smin, P=P, L=L,
               SL=(S - L[:, None]).abs().nan_to_num(0.0),
               visf=None if mask is None else vis.to(torch.float64), aO=aO, dP=dP,
               dP_abs=dP.abs(),
-              aOv=aO @ v.abs().T, O=O, O_abs=O.abs(), D=D, G=(dP - D[:, None]).abs(), dS=dS,
-              dS_abs=dS.abs(), ak=k.abs(), aq=q.abs(), PtdO=P.T @ do, dSk=dS @ k,
-              dStq=dS.T @ q)
+              aOv=dot(aO, v.abs().T), O=O, O_abs=O.abs(), D=D, G=(dP - D[:, None]).abs(), dS=dS,
+              dS_abs=dS.abs(), ak=k.abs(), aq=q.abs(), PtdO=dot(P.T, do), dSk=dot(dS, k),
+              dStq=dot(dS.T, q))
     # the largest magnitudes, for the overflow check (every run shares them)
     ex["top"] = dict(A=_amax(A), S=_amax(S_abs), aOv=_amax(ex["aOv"]), G=_amax(ex["G"]),
                      dS=_amax(ex["dS_abs"]), io=max(_amax(x.abs()) for x in (q, k, v)))
@@ -312,19 +314,19 @@ def _p_errors(ex, pol, U, geo, carrier, mags, std, x64, exp64, n_kb):
     if std:
         u_fd = max(U["fwd.s"][0], U["fwd.m"][0])
         R = (m - smin) + 2 * Es + U["fwd.m"][0] * m.abs()
-        theta = torch.exp(Es + u_fd * R) * (1 + U["fwd.p"][0]) * (
+        theta = elementary.exp(Es + u_fd * R) * (1 + U["fwd.p"][0]) * (
             1 + _acc(pol.forward.fmt("l_acc"), nk, geo["sr"]) * (U["fwd.l_acc"][0] > 0)) * (
             1 + U["fwd.l"][0]) - 1
         lg = (e_s + u_fd * R[:, None] + ulog(U["fwd.p"][0]) + exp64
               + _nlog1m(theta)[:, None] + ulog(U["fwd.div"][0]) + ulog(U["fwd.p_cast"][0]))
-        pi = torch.expm1(lg)
+        pi = elementary.expm1(lg)
         eta_p = 2 * (U["fwd.p"][1] + U["fwd.div"][1] + U["fwd.p_cast"][1])
         rho, eta_pc = pi, eta_p
     else:
         T = n_kb
         u_fd = max(U["fwd.s"][0], U["fwd.m"][0])
         R = (m - smin) + 2 * Es + 2 * U["fwd.m"][0] * m.abs()
-        theta = torch.exp((U["fwd.m"][0] + u_fd) * R) * (1 + U["fwd.p"][0]) ** T * (
+        theta = elementary.exp((U["fwd.m"][0] + u_fd) * R) * (1 + U["fwd.p"][0]) ** T * (
             1 + U["fwd.l"][0]) ** (2 * T + 1) * (
             1 + _acc(pol.forward.fmt("l_acc"), bn, geo["sr"]) * (U["fwd.l_acc"][0] > 0)) - 1
         # the forward's lse in float64 (m + log l), then the lse site
@@ -336,7 +338,7 @@ def _p_errors(ex, pol, U, geo, carrier, mags, std, x64, exp64, n_kb):
         t = torch.add(ex["SL"], e_s, out=ws("e_s0")).add_(eps_L[:, None]).mul_(u_bd)
         lg = torch.add(e_s, eps_L[:, None], out=ws("lg"))
         lg = _plus_(_plus_(lg.add_(t), ulog(U["p"][0])), exp64)
-        pi = lg.expm1_()
+        pi = elementary.expm1(lg)
         eta_p = 2 * U["p"][1]
         rho = torch.add(pi, 1, out=ws("e_s0")).mul_(1 + U["p_cast"][0]).sub_(1)
         eta_pc = 2 * (U["p"][1] + U["p_cast"][1])
@@ -370,14 +372,14 @@ def _ds_errors(ex, E_O, pol, U, geo, carrier, mags, std, x64, eP0, eP, aOh):
     g_delta = (1 + (dv + 1) * u_dacc / (1 - (dv + 1) * u_dacc)) * (1 + U["delta"][0]) - 1
     if std:
         Pc = P + eP
-        d_mag = (Pc * (dP_abs + e_dP)).sum(-1)  # every partial sum of D's terms
-        e_D = ((eP * dP_abs + P * e_dP + eP * e_dP).sum(-1)
+        d_mag = rowsum(Pc * (dP_abs + e_dP))  # every partial sum of D's terms
+        e_D = (rowsum(eP * dP_abs + P * e_dP + eP * e_dP)
                + (g_delta + 2 * x64 * nk) * d_mag + U["delta"][1])
         P_ds, eP_ds = P, eP
     else:
         O_abs = ex["O_abs"]
-        d_mag = (aOh * (O_abs + E_O[:, None])).sum(-1)  # every partial sum of D's terms
-        e_D = (aOh.sum(-1) * E_O + u_do * (aO * O_abs).sum(-1)
+        d_mag = rowsum(aOh * (O_abs + E_O[:, None]))  # every partial sum of D's terms
+        e_D = (rowsum(aOh) * E_O + u_do * rowsum(aO * O_abs)
                + g_delta * d_mag + U["delta"][1])
         P_ds, eP_ds = P, eP0
     G = ex["G"]
@@ -428,7 +430,8 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
     aOh = aO * (1 + u_do)
 
     # -- dV: row chunk contributions (summed over chunks by the caller) --
-    dv_parts = [eP.T @ aOh + P.T @ (u_do * aO), torch.add(P, eP, out=ws("Ph")).T @ aOh, ex["PtdO"]]
+    dv_parts = [dot(eP.T, aOh) + dot(P.T, u_do * aO), dot(torch.add(P, eP, out=ws("Ph")).T, aOh),
+                ex["PtdO"]]
 
     e_dSc, mag, k_err = _ds_errors(ex, E_O, pol, U, geo, carrier, mags, std, x64, eP0, eP,
                                    aOh)
@@ -439,15 +442,15 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
     if std:
         g_dq = _acc(pol.fmt("dq_acc"), nk, geo["sr"]) * (U["dq_acc"][0] > 0)
         X = sc * ex["dSk"]
-        MK = mag @ (ak * (1 + u_in))  # every partial sum of dQ's magnitude
-        e_X = e_dSc @ (ak * (1 + u_in)) + k_err @ (u_in * ak) + g_dq * MK
-        pre = e_X + 2 * x64 * nk * (mag @ ak)
+        MK = dot(mag, ak * (1 + u_in))  # every partial sum of dQ's magnitude
+        e_X = dot(e_dSc, ak * (1 + u_in)) + dot(k_err, u_in * ak) + g_dq * MK
+        pre = e_X + 2 * x64 * nk * dot(mag, ak)
     else:
         g_dq = (1 + _acc(pol.fmt("dq_acc"), bn, geo["sr"]) * (U["dq_acc"][0] > 0)) * (
             1 + U["dq"][0]) ** (n_kb + 1) - 1
         Xu = ex["dSk"]
-        MK = mag @ (ak * (1 + u_in))  # every partial sum of dQ's magnitude
-        e_X = e_dSc @ (ak * (1 + u_in)) + k_err @ (u_in * ak) + g_dq * MK
+        MK = dot(mag, ak * (1 + u_in))  # every partial sum of dQ's magnitude
+        e_X = dot(e_dSc, ak * (1 + u_in)) + dot(k_err, u_in * ak) + g_dq * MK
         u_q = U["dq"][0]
         pre = sc * (e_X * (1 + u_q) ** 2 + ((1 + u_q) ** 2 - 1) * Xu.abs())
         X = sc * Xu
@@ -457,8 +460,8 @@ def _chunk(ex, E_O, pol, U, geo, carrier, nq_total):
         mags["out.dq"] = _amax(X.abs() + pre)
         mags["dq_acc"] = mags["dq"] = max(_amax(MK) * (1 + g_dq), mags["out.dq"])
     # -- dK: row chunk contributions --
-    dk_parts = [e_dSc.T @ (aq * (1 + u_in)) + k_err.T @ (u_in * aq),
-                mag.T @ (aq * (1 + u_in)), ex["dStq"]]
+    dk_parts = [dot(e_dSc.T, aq * (1 + u_in)) + dot(k_err.T, u_in * aq),
+                dot(mag.T, aq * (1 + u_in)), ex["dStq"]]
     return dict(dq=dq, dk_parts=dk_parts, dv_parts=dv_parts, mags=mags)
 
 
@@ -476,7 +479,8 @@ def _plus_(t: torch.Tensor, c: float, visf=None) -> torch.Tensor:
 
 def _nlog1m(x: torch.Tensor) -> torch.Tensor:
     """-log(1 - x), inf where x >= 1."""
-    return torch.where(x < 1, -torch.log1p(-x.clamp(max=1 - 1e-16)), torch.full_like(x, math.inf))
+    return torch.where(x < 1, -elementary.log1p(-x.clamp(max=1 - 1e-16)),
+                       torch.full_like(x, math.inf))
 
 
 def _finish_kv(parts, g: str, pol, U, geo, nq: int, nk: int) -> tuple[torch.Tensor, dict]:

@@ -30,6 +30,7 @@ import torch
 
 from flashnum.analysis.memo import kept
 from flashnum.engine.variants import variant_of
+from flashnum.numerics.accumulate import dot
 from flashnum.numerics.constants import LOG2E, gamma
 from flashnum.numerics.formats import Format
 from flashnum.numerics.tiling import causal_visible, visible_count
@@ -78,7 +79,7 @@ def logit_slack(case, pol, absdot, row_max, scale, on_grid=False):
 def _abs_dot_max(q, k, causal):
     """max over the visible keys of |q_i| . |k_j|, per row."""
     nq, nk = q.shape[-2], k.shape[-2]
-    absdot = q.abs() @ k.abs().transpose(-1, -2)
+    absdot = dot(q.abs(), k.abs().transpose(-1, -2), "fp64")
     if causal:
         absdot = absdot.masked_fill(~causal_visible(nq, nk, causal=causal), 0.0)
     return absdot.amax(dim=-1)

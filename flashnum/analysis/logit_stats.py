@@ -41,6 +41,8 @@ import math
 
 import torch
 
+from flashnum.numerics import elementary
+from flashnum.numerics.accumulate import rowsum
 from flashnum.numerics.tiling import causal_visible
 
 OUTLIER = 4.0  # a channel whose rms is this many times the median's is an outlier channel
@@ -59,8 +61,14 @@ def scaled_logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tenso
     return s * scale
 
 
+def _mean(x: torch.Tensor) -> float:
+    """The mean of every entry, summed in flashnum's order (flashnum.numerics.accumulate)."""
+    return float(rowsum(x.reshape(-1).to(torch.float64), "fp64") / x.numel())
+
+
 def _channel_outliers(x: torch.Tensor) -> tuple[float, int]:
-    rms = x.to(torch.float64).square().mean(dim=-2).sqrt()  # (d,) rms of each head dim
+    x = x.to(torch.float64)
+    rms = (rowsum(x.square().transpose(-1, -2), "fp64") / x.shape[-2]).sqrt()  # (d,) per dim
     med = float(rms.median())
     if med == 0.0:
         return (math.inf if float(rms.max()) > 0 else 1.0), int((rms > 0).sum())
@@ -92,23 +100,23 @@ def head_stats(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None, 
             s = s_all[b, h].masked_fill(~vis, -math.inf)[seen]
             m = s.max(dim=-1).values
             d = s - m[:, None]  # <= 0, -inf where masked
-            e = d.exp()
-            p = e / e.sum(dim=-1, keepdim=True)
+            e = elementary.exp(d)
+            p = e / rowsum(e, "fp64")[:, None]
             fin = torch.isfinite(s)
-            mean = torch.where(fin, s, 0.0).sum(-1) / n_vis
-            var = torch.where(fin, (s - mean[:, None]).square(), 0.0).sum(-1) / n_vis
+            mean = rowsum(torch.where(fin, s, 0.0), "fp64") / n_vis
+            var = rowsum(torch.where(fin, (s - mean[:, None]).square(), 0.0), "fp64") / n_vis
             smin = torch.where(fin, s, math.inf).min(dim=-1).values
-            plogp = torch.where(p > 0, p * p.log(), 0.0).sum(-1)
-            ent = torch.where(n_vis > 1, -plogp / n_vis.log().clamp_min(1e-300), 0.0)
+            plogp = rowsum(torch.where(p > 0, p * elementary.log(p), 0.0), "fp64")
+            ent = torch.where(n_vis > 1, -plogp / elementary.log(n_vis).clamp_min(1e-300), 0.0)
             qr, qn = _channel_outliers(q[b, h])
             kr, kn = _channel_outliers(k[b, h])
             out.append(dict(
                 batch=b, head=h,
                 max_logit=float(m.max()), min_row_max=float(m.min()),
                 spread=float(var.sqrt().median()), range=float((m - smin).max()),
-                sink_mass=float(p[:, 0].mean()), sink_max=float(p[:, 0].max()),
+                sink_mass=_mean(p[:, 0]), sink_max=float(p[:, 0].max()),
                 sink_argmax=float((s[:, 0] == m).to(torch.float64).mean()),
-                max_prob=float(p.max(dim=-1).values.mean()), entropy=float(ent.mean()),
+                max_prob=_mean(p.max(dim=-1).values), entropy=_mean(ent),
                 ties_exact=float(((s == m[:, None]).sum(-1) >= 2).to(torch.float64).mean()),
                 # exp(x), x <= 0, rounds to 1 in a format of p significant bits when
                 # exp(x) >= 1 - 2^-(p+1), the midpoint below 1 (a tie goes to 1, the even

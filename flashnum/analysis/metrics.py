@@ -5,8 +5,11 @@
     row["max_abs_err"], row["rmse"], row["max_ulp_err"], row["signed_err_z"], ...
 
 Every measure is computed in float64 from `out` (the computed output) and `ref`
-(the certified reference, flashnum.reference), both (..., Nq, dv). Definitions
-(e = out - ref, entries indexed by row i and column c; docs/metrics.md):
+(the certified reference, flashnum.reference), both (..., Nq, dv); every sum over the
+entries is flashnum.numerics.accumulate's cascade over them in row-major order (the
+order torch's own sum takes on one thread; a mean is that sum divided by n), so a
+measure is the same on every machine. Definitions (e = out - ref, entries indexed by
+row i and column c; docs/metrics.md):
 
     max_abs_err        max |e|                                (Golden et al. 2024)
     rmse               sqrt(mean e^2)                         (FlashAttention-3, Table 3)
@@ -20,7 +23,8 @@ Every measure is computed in float64 from `out` (the computed output) and `ref`
                        the exact value (flashnum.numerics.formats.Format.ulp): a correctly rounded
                        output has max_ulp_err <= 0.5
     mean_signed_err    mean e                                  bias (Qiu & Yao 2025)
-    signed_err_stderr  std(e) / sqrt(n)                        (sample std, ddof=1)
+    signed_err_stderr  std(e) / sqrt(n)                        (sample std, ddof=1, two
+                       passes: sum (e - mean)^2 / (n - 1))
     signed_err_z       mean_signed_err / signed_err_stderr     the bias z-score, treating
                        the n entries as independent draws; |z| >> 3 means a systematic sign
     naive_ratio        max_abs_err / max_abs_err(naive_out)    the flash-attention oracle
@@ -40,6 +44,7 @@ import math
 
 import torch
 
+from flashnum.numerics.accumulate import rowsum
 from flashnum.numerics.formats import EXACT, FORMATS, Exact, Format, get_format
 
 
@@ -85,6 +90,11 @@ def _keep(x: torch.Tensor, masked) -> torch.Tensor:
     return x[~m]
 
 
+def _total(x: torch.Tensor) -> torch.Tensor:
+    """The sum of every entry in flashnum's order (the cascade over the flattened entries)."""
+    return rowsum(x.reshape(-1), "fp64")
+
+
 def max_abs_err(out, ref) -> float:
     out, ref = _pair(out, ref)
     e = (out - ref).abs()
@@ -94,13 +104,14 @@ def max_abs_err(out, ref) -> float:
 def rmse(out, ref) -> float:
     out, ref = _pair(out, ref)
     e = out - ref
-    return float(e.pow(2).mean().sqrt()) if e.numel() else 0.0
+    return float((_total(e * e) / e.numel()).sqrt()) if e.numel() else 0.0
 
 
 def normwise_rel_err(out, ref) -> float:
     """||out - ref||_F / ||ref||_F."""
     out, ref = _pair(out, ref)
-    return float(_ratio(torch.linalg.vector_norm(out - ref), torch.linalg.vector_norm(ref)))
+    e = out - ref
+    return float(_ratio(_total(e * e).sqrt(), _total(ref * ref).sqrt()))
 
 
 def row_rel_errs(out, ref) -> torch.Tensor:
@@ -153,8 +164,10 @@ def signed_err(out, ref) -> dict[str, float]:
     n = e.numel()
     if n == 0:
         return dict(mean_signed_err=0.0, signed_err_stderr=0.0, signed_err_z=0.0)
-    mean = e.mean()
-    se = e.std(correction=1) / math.sqrt(n) if n > 1 else torch.zeros((), dtype=e.dtype)
+    mean = _total(e) / n
+    dev = e - mean
+    se = (_total(dev * dev) / (n - 1)).sqrt() / math.sqrt(n) if n > 1 else torch.zeros(
+        (), dtype=e.dtype)
     z = _ratio(mean.abs(), se) * torch.sign(mean)
     return dict(mean_signed_err=float(mean), signed_err_stderr=float(se), signed_err_z=float(z))
 

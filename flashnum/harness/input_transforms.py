@@ -20,6 +20,7 @@ import torch
 
 from flashnum.engine import attention
 from flashnum.inputs.distributions import make
+from flashnum.numerics.accumulate import mean
 from flashnum.numerics.policy import make_policy
 from flashnum.reference import plain64
 
@@ -49,7 +50,7 @@ INPUTS = {"channel_offset": channel_offset, "fa3_outliers": outliers}
 def rmse(fmt: str, transform: str, q, k, v, seed: int) -> float:
     pol = make_policy("fa2", "fp32").with_sites(inputs=fmt, out="fp64")
     out = attention(q, k, v, policy=pol, scale=SCALE, input_transform=transform, seed=seed).out
-    return float((out - plain64(q, k, v, scale=SCALE)).pow(2).mean().sqrt())
+    return float(mean((out - plain64(q, k, v, scale=SCALE)).pow(2)).sqrt())
 
 
 def input_transforms_table(seeds=(0, 1, 2)) -> pd.DataFrame:

@@ -54,6 +54,7 @@ from scipy.special import stdtrit
 
 from flashnum.inputs.capture import file_sha256, load_call, select_rows
 from flashnum.inputs.io import load_inputs
+from flashnum.numerics.accumulate import dot
 from flashnum.numerics.formats import FORMATS, Format
 from flashnum.numerics.tiling import causal_visible
 
@@ -503,7 +504,7 @@ def low_rank(g, sh: Shape, *, rank: int = 2, noise: float = 0.01, grid: str = "n
     q = _randn(g, sh.batch, sh.heads, sh.nq, sh.d)
     a = _randn(g, sh.batch, sh.heads, sh.nk, rank)
     b = _randn(g, sh.batch, sh.heads, rank, sh.d)
-    k = a @ b / math.sqrt(rank) + noise * _randn(g, sh.batch, sh.heads, sh.nk, sh.d)
+    k = dot(a, b, "fp64") / math.sqrt(rank) + noise * _randn(g, sh.batch, sh.heads, sh.nk, sh.d)
     v = _randn(g, sh.batch, sh.heads, sh.nk, sh.d)
     return dict(q=_round(q, grid), k=_round(k, grid), v=_round(v, grid))
 

@@ -57,6 +57,8 @@ from scipy.stats import qmc
 from flashnum.engine import attention
 from flashnum.inputs.distributions import DISTRIBUTIONS, FROM_FILE, Inputs, dot_logits, make
 from flashnum.inputs.io import load_inputs, save_inputs
+from flashnum.numerics import elementary
+from flashnum.numerics.accumulate import rowsum
 from flashnum.numerics.policy import make_policy
 from flashnum.reference import plain64, reference
 
@@ -135,7 +137,7 @@ def metric_of(out: torch.Tensor, ref: torch.Tensor, v: torch.Tensor, metric: str
             raise ValueError(f"metric max_ulp needs a rounded output format, got {out_format}")
         return float((err / out_format.ulp(ref)).max())
     if metric == "rmse":
-        return float(err.pow(2).mean().sqrt())
+        return float((rowsum((err * err).reshape(-1), "fp64") / err.numel()).sqrt())
     e = float(err.max())
     if metric == "max_abs_v":
         return e / float(v.abs().max())
@@ -424,7 +426,7 @@ def anatomy(inp: Inputs, engine_kw: dict) -> dict:
     idx = tuple(int(t) for t in torch.unravel_index(err.flatten().argmax(), err.shape))
     *bh, i, c = idx
     s = dot_logits(inp.q[tuple(bh)][i : i + 1], inp.k[tuple(bh)], inp.softmax_scale)[0]
-    p = torch.exp(s - s.max())
+    p = elementary.exp(s - s.max())
     vals, inverse, counts = torch.unique(s, return_inverse=True, return_counts=True)
     fmt = make_policy(engine_kw["policy"], engine_kw["precision"]).fmt("out")
     x = ref[idx]
@@ -434,7 +436,7 @@ def anatomy(inp: Inputs, engine_kw: dict) -> dict:
         error=float(err[idx]), error_ulps=float(err[idx] / fmt.ulp(x)),
         distinct_logits=int(vals.numel()), keys_at_max=int((s == s.max()).sum()),
         max_key_block=int(s.argmax()) // engine_kw["block_n"],
-        repeated_mass=float(p[counts[inverse] >= 2].sum() / p.sum()),
+        repeated_mass=float(rowsum(p[counts[inverse] >= 2], "fp64") / rowsum(p, "fp64")),
         v_col_same_sign=float(max((vcol > 0).double().mean(), (vcol < 0).double().mean())),
     )
 

@@ -1,9 +1,8 @@
 """flashnum's own order for every dot product and sum: the same bits on every machine.
 
-    from flashnum.numerics.accumulate import dot, rowsum, fsum
+    from flashnum.numerics.accumulate import dot, rowsum
     c = dot(a, b, "fp32")    # (..., M, K) @ (..., K, N): each entry one FMA chain over k from +0
     s = rowsum(x, "fp64")    # sum over the last dim in ATen's cascade order, 4 lanes (fp64)
-    t = fsum(x)              # every entry summed exactly, rounded once (math.fsum)
 
 A library GEMM or reduction sums in an order of its own choosing: MKL, oneDNN and ATen
 pick it by CPU family, vector width, thread count, shape and memory layout, so their
@@ -18,8 +17,6 @@ float64 reference, metric and bound, is instead defined here, element by element
              torch's 256-bit vectors, which its AVX-512 build also sums with): four
              interleaved L-lane accumulators with the cascade's levels, their sum, the
              tail values one by one, the lanes one by one, added to the output's +0.
-    fsum     the exact sum of the entries rounded once to float64 (math.fsum, Shewchuk):
-             no order at all, for the measures of one results row.
 
 Both orders are computed by accumulate.c (compiled once, flashnum.numerics.build) on the
 best path of the CPU, AVX-512, AVX2 or scalar, all three the same chains: the vector code
@@ -36,7 +33,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
 import os
 import subprocess
 import threading
@@ -287,13 +283,31 @@ def _ceil_log2(x: int) -> int:
     return 1 if x <= 2 else (x - 1).bit_length()
 
 
-# -- fsum -------------------------------------------------------------------------------
+# -- means ------------------------------------------------------------------------------
 
 
-def fsum(x: torch.Tensor) -> float:
-    """The exact sum of every entry, rounded once to float64 (no order: math.fsum)."""
-    return math.fsum(x.detach().to("cpu", torch.float64).reshape(-1).tolist())
+def mean(x: torch.Tensor, dim: int | tuple[int, ...] | None = None) -> torch.Tensor:
+    """The float64 mean over `dim` (every entry: None), its sum the cascade over those
+    entries in row-major order, divided by their count (torch's mean, in one order)."""
+    x = x.to(torch.float64)
+    if dim is None:
+        return rowsum(x.reshape(-1), "fp64") / max(1, x.numel())
+    dims = sorted(d % x.dim() for d in ((dim,) if isinstance(dim, int) else dim))
+    rest = [d for d in range(x.dim()) if d not in dims]
+    moved = x.permute(*rest, *dims)
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    return rowsum(moved.reshape(*moved.shape[: len(rest)], n), "fp64") / max(1, n)
 
 
-__all__ = ["ACCS", "ISAS", "dot", "rowsum", "fsum", "isa", "status", "library", "source",
+def std(x: torch.Tensor) -> torch.Tensor:
+    """The sample standard deviation (n - 1) of every entry, in two passes: the mean, then
+    the cascade sum of squared deviations."""
+    x = x.to(torch.float64).reshape(-1)
+    dev = x - mean(x)
+    return (rowsum(dev * dev, "fp64") / (x.numel() - 1)).sqrt()
+
+
+__all__ = ["ACCS", "ISAS", "dot", "rowsum", "mean", "std", "isa", "status", "library", "source",
            "torch_openmp"]

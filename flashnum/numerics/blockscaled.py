@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from flashnum.numerics.accumulate import dot, rowsum
 from flashnum.numerics.floats import FORMATS, ROUNDINGS, Format
 
 # element formats (OCP MX v1.0, section 5.3): no infinities or NaN in fp6/fp4; saturating
@@ -266,7 +267,7 @@ def smooth_k(k: torch.Tensor) -> torch.Tensor:
     row shifts by the same q . mean(k), which softmax ignores, and K loses its common
     channel offset before it is quantized."""
     k = k.to(torch.float64)
-    return k - k.mean(dim=-2, keepdim=True)
+    return k - (rowsum(k.transpose(-1, -2), "fp64") / k.shape[-2]).unsqueeze(-2)
 
 
 TRANSFORMS = ("none", "smooth_k", "hadamard", "smooth_k+hadamard")
@@ -290,7 +291,7 @@ def transform_inputs(q, k, v, transform: str = "none", seed: int = 0):
         if k.ndim < 3:
             h = h[0]
         g = q.shape[-3] // heads if q.ndim >= 3 else 1
-        q, k = q @ (h.repeat_interleave(g, dim=0) if g > 1 else h), k @ h
+        q, k = dot(q, h.repeat_interleave(g, dim=0) if g > 1 else h, "fp64"), dot(k, h, "fp64")
     return q, k, v
 
 

@@ -14,6 +14,7 @@ import pandas as pd
 
 from flashnum.engine import attention
 from flashnum.inputs.distributions import make
+from flashnum.numerics.accumulate import dot
 from flashnum.numerics.blockscaled import quantize_tiles, random_hadamard, scaled
 from flashnum.numerics.formats import FORMATS
 from flashnum.numerics.policy import Policy, make_policy
@@ -59,7 +60,7 @@ def _fp8_models(q, k, v, d: int, heads: int, block_m: int, block_n: int, seed: i
       without incoherent processing: the same with block scales and no rotation.
     """
     had = random_hadamard(d, heads, seed)  # (heads, d, d), broadcast over batch
-    qh, kh = q @ had, k @ had
+    qh, kh = dot(q, had, "fp64"), dot(k, had, "fp64")
     fa3 = make_policy("fa2", "fp8_e4m3").with_sites(inputs="exact", name="fa3_fp8")
     p_scaled = scaled(E4M3, 448.0)
     std = Policy(inputs="exact", qk_acc="fp32", s="fp16", m="fp16", p="fp16",

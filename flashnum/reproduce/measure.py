@@ -9,6 +9,8 @@ import numpy as np
 import torch
 
 from flashnum.analysis.metrics import max_abs_err, signed_err
+from flashnum.numerics import elementary
+from flashnum.numerics.accumulate import dot, mean, rowsum, std
 from flashnum.numerics.formats import FORMATS
 from flashnum.numerics.policy import SITES, Policy
 from flashnum.reference import plain64
@@ -19,9 +21,9 @@ LN2 = math.log(2.0)
 
 def softmax64(q, k, v, scale: float) -> torch.Tensor:
     q, k, v = (x.to(torch.float64) for x in (q, k, v))
-    s = q @ k.transpose(-1, -2) * scale
-    p = torch.exp(s - s.amax(-1, keepdim=True))
-    return p @ v / p.sum(-1, keepdim=True)
+    s = dot(q, k.transpose(-1, -2), "fp64") * scale
+    p = elementary.exp(s - s.amax(-1, keepdim=True))
+    return dot(p, v, "fp64") / rowsum(p, "fp64")[..., None]
 
 
 
@@ -48,10 +50,10 @@ def head_rmse(out, ref) -> tuple[float, float]:
     method turns se(MSE) into se(RMSE) = se(MSE) / (2 RMSE).
     """
     e2 = (out - ref).pow(2)
-    per_head = e2.mean(dim=(-1, -2)).reshape(-1)
-    mse = float(per_head.mean())
+    per_head = mean(e2, (-1, -2)).reshape(-1)
+    mse = float(mean(per_head))
     n = per_head.numel()
-    se_mse = float(per_head.std(correction=1)) / math.sqrt(n) if n > 1 else math.nan
+    se_mse = float(std(per_head)) / math.sqrt(n) if n > 1 else math.nan
     r = math.sqrt(mse)
     return r, (se_mse / (2 * r) if r > 0 else 0.0)
 
@@ -63,20 +65,20 @@ def head_mean_z(x: torch.Tensor) -> tuple[float, float, float]:
     are not (they share K and V), so the honest sample is one number per head.
     """
     x = x.reshape(-1).to(torch.float64)
-    mean = float(x.mean())
-    se = float(x.std(correction=1)) / math.sqrt(x.numel()) if x.numel() > 1 else math.nan
-    z = mean / se if se > 0 else (0.0 if mean == 0 else math.copysign(math.inf, mean))
-    return mean, se, z
+    m = float(mean(x))
+    se = float(std(x)) / math.sqrt(x.numel()) if x.numel() > 1 else math.nan
+    z = m / se if se > 0 else (0.0 if m == 0 else math.copysign(math.inf, m))
+    return m, se, z
 
 
 def errors(out, ref) -> dict:
     """The measures every reproduction reports, with standard errors over heads."""
     e = out - ref
     r, r_se = head_rmse(out, ref)
-    _, mse_se, _ = head_mean_z(e.pow(2).mean(dim=(-1, -2)))
-    mean, se, z = head_mean_z(e.mean(dim=(-1, -2)))
+    _, mse_se, _ = head_mean_z(mean(e.pow(2), (-1, -2)))
+    m, se, z = head_mean_z(mean(e, (-1, -2)))
     return dict(max_abs_err=max_abs_err(out, ref), rmse=r, rmse_se=r_se, mse=r * r,
-                mse_se=mse_se, mean_signed_err=mean, signed_err_se=se, z_heads=z,
+                mse_se=mse_se, mean_signed_err=m, signed_err_se=se, z_heads=z,
                 z_entries=signed_err(out, ref)["signed_err_z"])
 
 

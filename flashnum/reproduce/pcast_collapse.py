@@ -14,6 +14,8 @@ import pandas as pd
 import torch
 
 from flashnum.engine import attention
+from flashnum.numerics import elementary
+from flashnum.numerics.accumulate import dot
 from flashnum.numerics.formats import FORMATS, get_format
 from flashnum.numerics.policy import make_policy
 from flashnum.reproduce.measure import (
@@ -62,11 +64,11 @@ def pcast_threshold(quick: bool = False, seed: int = 0) -> pd.DataFrame:
         for delta in sz["deltas"]:
             q, k, v = sink_rows(delta, spread, sz["n"], sz["rows"], seed)
             ref = softmax64(q, k, v, 1.0)
-            s = (q @ k.transpose(-1, -2))[..., 1:]
+            s = dot(q, k.transpose(-1, -2), "fp64")[..., 1:]
             for factor in sz["scales"]:
                 cast = get_format(f"fp8_e4m3*{factor:g}") if factor != 1 else e4m3
                 pol = make_policy("fa2", "fp32").with_sites(p_cast=cast, name="fa2_fp32_e4m3")
-                flushed = float((e4m3.round(torch.exp(s - delta) * factor) == 0)
+                flushed = float((e4m3.round(elementary.exp(s - delta) * factor) == 0)
                                 .double().mean())
                 for order in ("forward", "reverse"):
                     res = attention(q, k, v, policy=pol, order=order, scale=1.0, block_n=64)

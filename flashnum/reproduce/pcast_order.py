@@ -13,6 +13,8 @@ import torch
 
 from flashnum.engine import attention
 from flashnum.inputs.distributions import make
+from flashnum.numerics import elementary
+from flashnum.numerics.accumulate import dot
 from flashnum.numerics.blockscaled import scaled
 from flashnum.numerics.policy import Policy, make_policy
 from flashnum.reproduce.measure import (
@@ -39,7 +41,7 @@ def p_cast_underflow(q, k, res, policy: Policy, scale: float, block_m: int, bloc
     inputs, and casts it with the policy's p_cast format. Entries whose exact P is > 0
     and whose cast is 0 count; the sink key itself does not.
     """
-    s = torch.matmul(q.to(torch.float64), k.to(torch.float64).transpose(-1, -2)) * scale
+    s = dot(q.to(torch.float64), k.to(torch.float64).transpose(-1, -2), "fp64") * scale
     nq, nk = s.shape[-2:]
     order = res.trace.order.reshape(-1, *res.trace.order.shape[-2:])[0]  # (n_qb, n_kb)
     step = torch.argsort(order, dim=-1)  # step at which each query block met each key block
@@ -48,7 +50,7 @@ def p_cast_underflow(q, k, res, policy: Policy, scale: float, block_m: int, bloc
     idx = step[qb][:, kb]  # (Nq, Nk) step of (row, key)
     m_steps = res.trace.m.transpose(-1, -2)  # (..., Nq, n_kb)
     m = torch.gather(m_steps, -1, idx.expand(*m_steps.shape[:-1], nk))
-    p = torch.exp(s - m)
+    p = elementary.exp(s - m)
     pc = policy.fmt("p_cast").round(p)
     keep = torch.ones(nk, dtype=torch.bool)
     keep[sink] = False

@@ -14,6 +14,7 @@ import torch
 from flashnum.engine import attention
 from flashnum.engine.variants import VARIANTS, Variant
 from flashnum.inputs.distributions import COMMON, make
+from flashnum.numerics.accumulate import mean
 from flashnum.numerics.policy import make_policy
 from flashnum.reproduce.measure import (
     errors,
@@ -95,15 +96,15 @@ def qiu_yao(quick: bool = False, seed: int = 0, beta: float = 2.0) -> pd.DataFra
                 res = attention(q, k, v, precision="bf16", policy=pol, block_m=512,
                                 block_n=512, variant=variant, beta=beta)
                 e = errors(res.out, ref)
-                head_bias[variant] = (res.out - ref).mean(dim=(-1, -2)).reshape(-1)
+                head_bias[variant] = mean(res.out - ref, (-1, -2)).reshape(-1)
                 z_fix = math.nan
                 fix = "beta" in VARIANTS[variant].params()  # a max adjustment, not plain fa2
                 if fix:
                     # the shrinkage of |mean bias| over the paired standard error (when the
                     # fix keeps the sign: the paired z of the difference, towards 0)
                     _, se_d, _ = head_mean_z(head_bias["fa2"] - head_bias[variant])
-                    shrink = (abs(float(head_bias["fa2"].mean()))
-                              - abs(float(head_bias[variant].mean())))
+                    shrink = (abs(float(mean(head_bias["fa2"])))
+                              - abs(float(mean(head_bias[variant]))))
                     z_fix = shrink / se_d if se_d > 0 else math.nan
                 frac_neg = float((v < 0).double().mean())
                 rows.append(dict(
