@@ -296,7 +296,7 @@ def synthetic_tree(root: Path, skip=()) -> Path:
     # the exhaustive exp-site check (values made up): 3 and 4 hard inputs, 0 and 1 misses
     _save(root, "exp_exhaustive", [
         dict(case_id=f"e{i:015x}", check=fn, inputs=2_000_000_000 + i,
-             hard_inputs=json.dumps([0.5] * (3 + i)), torch_float64_misses=json.dumps([0.5] * i))
+             hard_inputs=json.dumps([0.5] * (3 + i)), float64_misses=json.dumps([0.5] * i))
         for i, fn in enumerate(("exp", "exp2"))])
     models = root.parent / "models"  # the trained model's description (values made up)
     models.mkdir(exist_ok=True)

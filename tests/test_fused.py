@@ -2,9 +2,11 @@
 claims, and hands every other call to the torch path.
 
 The oracle is the torch path itself (flashnum.engine.fast and recurrence, torch ops and
-torch.matmul), run on the same case with the fused path switched off: the fused path
-shares none of its loop, only native.c's exp (checked on every float32 input by
-the experiment exp_exhaustive). Cases are drawn from every shipped forward experiment's grid.
+flashnum.numerics.accumulate's dots and sums), run on the same case with the fused path
+switched off: the fused path shares none of its loop, only native.c's exp (checked on
+every float32 input by the experiment exp_exhaustive) and accumulate.c's chains (checked
+against exact rational arithmetic by tests/test_accumulate.py). Cases are drawn from
+every shipped forward experiment's grid.
 """
 
 import random
@@ -92,17 +94,6 @@ def test_cases_drawn_from_each_grid_are_bit_identical_with_the_fused_path_on_and
                "trained_model"}
     if name in uses_it:
         assert claimed >= 5
-
-
-@pytest.mark.parametrize("n", [1, 5, 8, 13, 16, 31, 32, 64, 100, 128, 256, 511, 512, 4096,
-                               70000])
-def test_the_row_sum_is_torch_s_float_sum_in_its_order(n):
-    # values spread over 2^+-12 so that any other order of the additions shows
-    g = torch.Generator().manual_seed(n)
-    x = torch.randn(7, n, generator=g) * torch.exp(6 * torch.randn(7, n, generator=g))
-    out = torch.empty(7)
-    native.library().fn_torch_rowsum(x.data_ptr(), out.data_ptr(), 7, n)
-    assert torch.equal(out, x.sum(-1))
 
 
 @pytest.mark.parametrize("kw,why", [
@@ -196,20 +187,28 @@ def test_the_narrow_exp_site_is_the_torch_path_s_on_every_input_of_its_format(pr
     assert fused._exp_agrees(fused.SITES[precision], base2)
 
 
-@pytest.mark.parametrize("precision,policy", [("bf16", "lowp"), ("tf32", "fa2"), ("p6", "fa2")])
-def test_the_library_sgemm_path_gives_the_same_bits(monkeypatch, precision, policy):
-    # the loop without its own GEMMs (CPUs without AVX-512) rounds at the same sites
+@pytest.mark.parametrize("isa", ["avx2", "scalar"])
+@pytest.mark.parametrize("precision,policy", [("bf16", "lowp"), ("tf32", "fa2"), ("p6", "fa2"),
+                                              ("fp16", "fa2")])
+def test_the_avx2_and_scalar_loops_give_the_avx512_bits(monkeypatch, isa, precision, policy):
+    # a CPU without AVX-512 runs fn_fused_forward with accumulate.c's AVX2 or scalar
+    # chains (the GEMMs through memory): the same values as the AVX-512 panels and as
+    # the torch path; tiles wider than 128 keys and an odd head dim included
+    from flashnum.numerics import accumulate
+
     g = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(1, 3, 130, 32, generator=g) * 4 for _ in range(3))
-    kw = dict(precision=precision, policy=policy, block_m=32, block_n=32, trace=True)
-    want = flashnum.attention(q, k, v, **kw)
-    monkeypatch.setattr(fused, "_own_gemm", lambda bn, dv: False)
-    fused.set_enabled(False)
-    try:
-        off = flashnum.attention(q, k, v, **kw)
-    finally:
-        fused.set_enabled(True)
-    lib = flashnum.attention(q, k, v, **kw)
-    for f in ("out", "m", "l", "n_rescales"):
-        assert same_bits(getattr(want, f), getattr(off, f)), f
-        assert same_bits(getattr(lib, f), getattr(off, f)), f
+    q, k, v = (torch.randn(1, 3, 330, 40, generator=g) * 4 for _ in range(3))
+    for bn in (32, 160):
+        kw = dict(precision=precision, policy=policy, block_m=32, block_n=bn, trace=True)
+        want = flashnum.attention(q, k, v, **kw)
+        with monkeypatch.context() as mp:
+            mp.setattr(accumulate, "isa", lambda: isa)
+            other = flashnum.attention(q, k, v, **kw)
+            fused.set_enabled(False)
+            try:
+                off = flashnum.attention(q, k, v, **kw)
+            finally:
+                fused.set_enabled(True)
+        for f in ("out", "m", "l", "n_rescales"):
+            assert same_bits(getattr(want, f), getattr(other, f)), (bn, f)
+            assert same_bits(getattr(want, f), getattr(off, f)), (bn, f)

@@ -380,7 +380,7 @@ QUANTITIES = {
         "boundary (same)", _exp(lambda x: len(x["hard_inputs"]))),
     "ExpFloatMisses": Quantity(
         "arguments a float64 evaluation alone rounds wrongly (same)",
-        _exp(lambda x: len(x["torch_float64_misses"]))),
+        _exp(lambda x: len(x["float64_misses"]))),
     **{f"RefCert{k}{b}": Quantity(f"bench_reference: certified, one head N = 4096, d = 64, "
                                   f"{bits} bits, {w}", _ref(lambda r, f=f: r[f], bits),
                                   md=fixed(1), paper=False)

@@ -1,18 +1,19 @@
-"""Exhaustive check of the exp site: every float32 argument, native kernel against torch;
+"""Exhaustive check of the exp site: every float32 argument, native kernel against the torch path;
 the table of the experiment exp_exhaustive (conf/table/exp_exhaustive.yaml; README and
 docs/engine.md quote it through flashnum.figures.quantities and flashnum.figures.docs).
 
     python -m flashnum.run experiment=exp_exhaustive      # every argument, minutes
 
 The engine rounds exp(x) (and exp2(x), the exp2 variant) into fp32 from a float64
-evaluation. It has two implementations: torch (MKL's float64 exp, then a cast) and
-flashnum.engine.native (one fused C pass, its own float64 exp). For every float32 x in the
+evaluation. It has two implementations: the torch path (flashnum.numerics.elementary's
+correctly rounded float64 exp, then a cast) and flashnum.engine.native (one fused C pass,
+its own float64 exp). For every float32 x in the
 range where the fp32 result is neither 0 nor inf ([-104, 89] for exp, [-151, 129]
 for exp2; outside it both give 0 or inf), the rows `exp` and `exp2`
 
 1. compare the two fp32 results, and the bf16 cast of P the kernel also makes against
    torch's cast: the count of differences must be 0;
-2. prove both correctly rounded: an input is "hard" when torch's float64 value lies
+2. prove both correctly rounded: an input is "hard" when the correctly rounded float64 value lies
    within 4 float64 ulps of an fp32 rounding boundary (a midpoint between two fp32
    values); every other input rounds correctly for any float64 evaluation with an error
    under 2 ulps, and the hard ones are checked against mpmath at 200 bits (their exact
@@ -35,12 +36,13 @@ import pandas as pd
 import torch
 
 from flashnum.engine import native
+from flashnum.numerics import elementary
 
 RANGES = {"exp": (-104.0, 89.0), "exp2": (-151.0, 129.0)}
 WINDOW = 4  # float64 ulps around an fp32 midpoint that make an input "hard"
 CHUNK = 1 << 24
 LISTS = ("hard_inputs", "hard_boundary_distance_ulps", "hard_not_correctly_rounded",
-         "torch_float64_misses")
+         "float64_misses")
 COUNTS = ("step", "inputs", "p_differences", "bf16_cast_differences", "differences", "threads")
 
 
@@ -91,9 +93,9 @@ def check(fn: str, step: int) -> dict:
     hard = []
     t0 = time.perf_counter()
     for x in inputs(lo, hi, step):
-        y = torch.exp2(x.double()) if base2 else torch.exp(x.double())
+        y = elementary.exp2(x.double()) if base2 else elementary.exp(x.double())
         ref = y.float()
-        native.fix_torch(x, ref, base2)  # the engine's torch path, as Arith.exp runs it
+        native.fix_float64(x, ref, base2)  # the engine's torch path, as Arith.exp runs it
         p, pc = torch.empty_like(x), torch.empty_like(x)
         if not native.exp_rows(x, None, p, pc, "bf16", base2):
             raise RuntimeError(f"native kernel unavailable: {native.status()}")
@@ -110,7 +112,7 @@ def check(fn: str, step: int) -> dict:
             "hard_boundary_distance_ulps": [boundary_distance(h[0], base2) for h in hard],
             "hard_inputs_known": sorted(h[0] for h in hard) == sorted(native.HARD[fn]),
             "hard_not_correctly_rounded": [w[0] for w in wrong],
-            "torch_float64_misses": [h for h, _ in native.torch_fixes(base2)],
+            "float64_misses": [h for h, _ in native.float64_fixes(base2)],
             "seconds": time.perf_counter() - t0}
 
 

@@ -35,6 +35,7 @@ import torch
 
 from flashnum.engine import attention
 from flashnum.inputs.distributions import make
+from flashnum.numerics.accumulate import dot
 
 CASES = [  # (distribution, params, N, d, causal)
     ("gaussian", {}, 1024, 64, False),
@@ -88,7 +89,8 @@ def qiu_yao_agreement_table(path: str) -> pd.DataFrame:
     for name, params, n, d, causal in CASES:
         inp = make(name, batch=1, heads=4, seq_len_q=n, head_dim=d, seed=0, **params)
         q, k, v = (x.to(torch.bfloat16) for x in (inp.q, inp.k, inp.v))
-        row_max = float((q.double() @ k.double().transpose(-1, -2) / d**0.5).amax(-1).median())
+        row_max = float((dot(q.double(), k.double().transpose(-1, -2), "fp64") / d**0.5)
+                        .amax(-1).median())
         refs = {}
         for stable, variant in PAIRS:
             if stable not in refs:

@@ -2,6 +2,10 @@
 for them, so that changes to its evaluation can be checked bit for bit against stored values.
 
     python tests/data/make_bound_backward_fixture.py      (run once, before such a change)
+
+The inputs are kept from the file when it exists (only the values are computed again):
+they were drawn once, and the values are a function of them alone on every machine
+(flashnum.numerics.accumulate and elementary fix every sum's order and every exp).
 """
 
 from __future__ import annotations
@@ -37,15 +41,17 @@ def case_values(case, inputs):
 
 
 def main():
+    path = Path(__file__).with_name("bound_backward_fixture.pt")
+    kept = {tuple(e["case"]): e["inputs"] for e in torch.load(path)} if path.exists() else {}
     gen = torch.Generator().manual_seed(13)
     out = []
     for case in CASES:
         _, _, _, _, h, nq, nk, d, _ = case
         q, do = (torch.randn(h, nq, d, generator=gen) for _ in range(2))
         k, v = (torch.randn(h, nk, d, generator=gen) for _ in range(2))
-        inputs = (q, k, v, do)
+        inputs = kept.get(tuple(case), (q, k, v, do))
         out.append(dict(case=case, inputs=inputs, values=case_values(case, inputs)))
-    torch.save(out, Path(__file__).with_name("bound_backward_fixture.pt"))
+    torch.save(out, path)
 
 
 if __name__ == "__main__":

@@ -35,12 +35,12 @@ def exp_claims(F):
     fs = ("exp", "exp2")
     hard = sum(len(e[f]["hard_inputs"]) for f in fs)
     exact = sum(d < 4 for f in fs for d in e[f]["hard_boundary_distance_ulps"])
-    misses = sum(len(e[f]["torch_float64_misses"]) for f in fs)
+    misses = sum(len(e[f]["float64_misses"]) for f in fs)
     dist = dict(zip(e["exp2"]["hard_inputs"], e["exp2"]["hard_boundary_distance_ulps"],
                     strict=True))
     nonzero = {x: d for x, d in dist.items() if d > 0}
     closest = min(nonzero, key=nonzero.get)
-    miss = [x for x in e["exp2"]["torch_float64_misses"] if x < 0][0]
+    miss = [x for x in e["exp2"]["float64_misses"] if x < 0][0]
     n = sum(e[f]["inputs"] for f in fs)
     return [f"over all {n / 1e9:.1f}e9 float32 arguments of exp and exp2",
             f"{hard} have a float64 value (torch's) within 4 float64 ulps of an fp32 "
@@ -56,13 +56,13 @@ def exp_claims(F):
 def engine_docs(F):
     e = exp_summary(table(F, "exp_exhaustive"))
     rows = [f"| {f} | {thousands(e[f]['inputs'])} | {e[f]['p_differences']} differences | "
-            f"{len(e[f]['hard_inputs'])} | {len(e[f]['torch_float64_misses'])}"
+            f"{len(e[f]['hard_inputs'])} | {len(e[f]['float64_misses'])}"
             for f in ("exp", "exp2")]
     x2 = e["exp2"]
     dist = dict(zip(x2["hard_inputs"], x2["hard_boundary_distance_ulps"], strict=True))
     nonzero = {x: d for x, d in dist.items() if d > 0}
     closest = min(nonzero, key=nonzero.get)
-    lo, hi = sorted(x2["torch_float64_misses"])
+    lo, hi = sorted(x2["float64_misses"])
     s = bench(F, "engine")["speed"]
     return rows + [
         f"exp2({closest!r}), {nonzero[closest]:.3f} float64 ulp away",
