@@ -1,6 +1,7 @@
 """A run into a scratch store compared with a stored table: identical rows say so, and any
 value that differs (by one ulp) is listed; the timings are not compared."""
 
+import json
 import math
 
 import numpy as np
@@ -9,7 +10,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from flashnum.harness import store
-from flashnum.harness.compare import differences, report
+from flashnum.harness.compare import against, differences, report
+from flashnum.harness.manifest import cpu_class
 from flashnum.harness.config import check
 from flashnum.harness.paths import CONF
 from flashnum.harness.run import run
@@ -82,3 +84,39 @@ def test_a_run_into_a_scratch_store_compares_what_it_computed_with_the_stored_ro
 def test_compare_with_the_store_being_written_is_refused():
     with pytest.raises(ValueError, match="compare_with=experiments is the store this run"):
         check(cfg_of("compare_with=experiments"))
+
+
+def _stored_on(tmp_path, name, cls, df):
+    d = tmp_path / name
+    d.mkdir()
+    store.write_part(d, df.to_dict("records"), None)
+    store.compact(d)
+    (d / store.MANIFEST).write_text(json.dumps(
+        {"experiment": name, "runs": [{"run_id": "r", "machine": {"cpu_class": cls}}]}))
+    return d
+
+
+def test_a_kernel_table_stored_on_another_cpu_class_is_not_compared_and_says_so(tmp_path):
+    here = cpu_class()
+    now = table()
+    other = table().assign(max_abs_err=[9.0, 9.0, 9.0])
+    text, same = against(now, _stored_on(tmp_path, "kernel_table", "AuthenticAMD x", other))
+    assert same and "measures a real kernel" in text and "AuthenticAMD x" in text
+    assert here in text and "compared only on its CPU class" in text
+    text, same = against(now, _stored_on(tmp_path, "kernel_audit", here, other))
+    assert not same and "max_abs_err: 3 rows differ" in text  # same class: compared
+
+
+def test_torch_s_own_columns_and_triton_rows_are_compared_on_their_cpu_class_only(tmp_path):
+    now = table().assign(torch_err_dq=[1.0, 2.0, 3.0], backend=["emulate", "triton", "emulate"])
+    stored = now.copy()
+    stored["torch_err_dq"] = [1.5, 2.5, 3.5]  # torch's autograd on another CPU
+    stored.loc[1, "max_abs_err"] = 7.0  # a Triton row: the interpreter's numpy matmul
+    text, same = against(now, _stored_on(tmp_path, "bwd_sweep", "AuthenticAMD x", stored))
+    assert same and "torch_err_dq, 1 Triton row(s)" in text
+    stored.loc[0, "max_abs_err"] = 5.0  # an emulated row differs: always a difference
+    text, same = against(now, _stored_on(tmp_path, "bwd_sweep2", "AuthenticAMD x", stored))
+    assert not same and "max_abs_err: 1 rows differ" in text
+    text, same = against(now, _stored_on(tmp_path, "bwd_sweep3", cpu_class(), now.assign(
+        torch_err_dq=[1.5, 2.0, 3.0])))
+    assert not same and "torch_err_dq: 1 rows differ" in text  # same class: compared

@@ -125,10 +125,36 @@ def versions() -> dict:
     return out
 
 
+def cpu_class() -> str:
+    """The CPU as the libraries' kernel choice sees it: vendor, machine, vector width and the
+    extensions torch's CPU kernels (oneDNN, MKL) dispatch on, e.g. "GenuineIntel x86_64
+    avx512 bf16 fp16 amx". A table that follows the machine (flashnum.harness.compare)
+    reproduces on a CPU of its class."""
+    info = {}
+    try:
+        for line in open("/proc/cpuinfo").read().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("vendor_id", "flags", "Features") and key not in info:
+                info[key] = value.split()
+            if not line.strip() and info:
+                break
+    except OSError:
+        pass
+    flags = set(info.get("flags", info.get("Features", [])))
+    width = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else (
+        "sve" if "sve" in flags else "neon" if {"asimd", "neon"} & flags else "scalar")
+    extra = [name for flag, name in (("avx512_bf16", "bf16"), ("avx512_fp16", "fp16"),
+                                     ("amx_tile", "amx")) if flag in flags]
+    vendor = " ".join(info.get("vendor_id", [platform.processor() or "unknown"]))
+    return " ".join([vendor, platform.machine(), width, *extra])
+
+
 def machine() -> dict:
     """The machine a result was computed on."""
     out = dict(node=platform.node(), platform=platform.platform(),
-               processor=platform.processor() or platform.machine(), cpus=os.cpu_count())
+               processor=platform.processor() or platform.machine(), cpus=os.cpu_count(),
+               cpu_class=cpu_class())
     try:
         import torch
 
