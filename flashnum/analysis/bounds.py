@@ -66,612 +66,23 @@ tf32 operand casts, round-to-nearest steps of a stochastic run) are kept determi
 
 from __future__ import annotations
 
-import functools
 import math
-from dataclasses import dataclass
 
-import mpmath
 import torch
 
+from flashnum.analysis.bound_data import block_data, row_data
+from flashnum.analysis.bound_params import Param, params_of, scale_error
+from flashnum.analysis.bound_terms import evaluate, overflow_check, prob_std
 from flashnum.analysis.memo import kept
-from flashnum.engine.arith import carrier, wider
 from flashnum.engine.variants import FA2, Variant, variant_of
 from flashnum.engine.variants import VARIANTS as VARIANT_CLASSES
-from flashnum.numerics import elementary
-from flashnum.numerics.accumulate import dot as _dot
-from flashnum.numerics.accumulate import rowsum as _rowsum
-from flashnum.numerics.constants import LOG2E
-from flashnum.numerics.formats import EXACT, FORMATS, Exact, Format
-from flashnum.numerics.policy import SITES, Policy, make_policy
-from flashnum.numerics.tiling import check_causal, visible_count
+from flashnum.numerics.formats import Format
+from flashnum.numerics.policy import SITES, make_policy
+from flashnum.numerics.tiling import check_causal
 
-
-def dot(a, b):
-    """a @ b in float64, in flashnum's order (flashnum.numerics.accumulate): a bound's
-    bits do not depend on the machine."""
-    return _dot(a, b, "fp64")
-
-
-def rowsum(x):
-    """The float64 sum over the last dim, in flashnum's order."""
-    return _rowsum(x, "fp64")
-
-U64 = 2.0**-53  # unit roundoff of the float64 carrier
-ETA64 = 2.0**-1075  # half of float64's smallest subnormal
-EXP64 = 2.0**-52  # torch's float64 exp / exp2: within 1 ulp
 T_SCALE = 2.0**-12  # the small t of B(t u) / t (first-order parts of the majorant)
 EVAL_SLACK = 2.0**-30  # relative slack for the float64 evaluation of the bound itself
 VARIANTS = tuple(n for n, cls in VARIANT_CLASSES.items() if cls.bounded)
-
-
-# ---------------------------------------------------------------------------
-# the small parameters: one unit roundoff (random or deterministic part) or eta per
-# rounding kind, each charged to the site whose format it uses
-
-
-
-@dataclass(frozen=True)
-class Param:
-    value: float
-    site: str
-    kind: str  # "rand": a rounding error delta (mean zero under the model); "det": the rest
-
-
-
-
-def _is_fp32(f) -> bool:
-    return isinstance(f, Format) and f.p == 24 and f.emin == -126
-
-
-def _rounding(f, *, op: bool, carrier, sr: bool, from64: bool = False):
-    """(u_rand, u_det, eta) of one rounding into format f, as flashnum.engine.arith.Arith does it.
-
-    op: the value is the result of an arithmetic operation in the carrier (else it is a
-    stored value being cast). from64: a float64 value cast on a float32 carrier (the
-    inputs), which Arith casts through torch: float64 -> fp32 -> f, two roundings.
-    sr: this rounding is stochastic (error < 2u, mean zero given the past).
-    """
-    exact = f is EXACT or isinstance(f, Exact) or f.p >= 53
-    f32car = carrier is torch.float32
-    if exact:
-        if not op:
-            return 0.0, 0.0, 0.0
-        # a float64 operation, round to nearest: random under the model, but not under sr
-        return (0.0, U64, ETA64) if sr else (U64, 0.0, ETA64)
-    u, eta = f.u, f.min_subnormal / 2
-    if f32car and _is_fp32(f):
-        # fp32 arithmetic on the fp32 carrier is one round to nearest; a cast is a no-op
-        # (except a float64 input, cast by .to(float32): one rounding)
-        if not op and not from64:
-            return 0.0, 0.0, 0.0
-        return (0.0, u, eta) if sr else (u, 0.0, eta)
-    extra = 0.0  # a carrier rounding before the rounding into f (double rounding)
-    if f32car and (from64 or (op and f.p > 11)):
-        extra = 2.0**-24
-    if not f32car and op and f.p > 25:
-        extra = U64
-    if sr:
-        return 2 * u, extra, 2 * eta
-    return u, extra, eta
-
-
-def _dot_rounding(f, carrier, sr: bool):
-    """(u_rand, u_det, eta, tf32_u, tf32_eta) of one accumulation step of a dot in f."""
-    exact = f is EXACT or isinstance(f, Exact) or f.p >= 53
-    if exact:  # float64 matmul
-        return (0.0, U64, ETA64, 0.0, 0.0) if sr else (U64, 0.0, ETA64, 0.0, 0.0)
-    if f.name in ("fp32", "tf32"):  # torch fp32 matmul: round to nearest, never stochastic
-        u32, eta32 = 2.0**-24, 2.0**-150
-        tf = (FORMATS["tf32"].u, FORMATS["tf32"].min_subnormal / 2) if f.name == "tf32" else (0, 0)
-        base = (0.0, u32, eta32) if sr else (u32, 0.0, eta32)
-        return (*base, *tf)
-    ur, ud, eta = _rounding(f, op=True, carrier=carrier, sr=sr)
-    return ur, ud, eta, 0.0, 0.0
-
-
-def _params(pol: Policy, rounding: str, on_grid=(False, False, False)) -> dict[str, Param]:
-    """The small parameters of a policy, the larger of their values on the two carriers.
-
-    on_grid: whether q, k, v are already numbers of the inputs' format (their cast is then
-    exact: u = eta = 0). Both carriers: a caller may bound a run with a policy that differs
-    from the engine's only at sites that are exact on this data (inputs already in the
-    format), which can change the engine's carrier; the maximum covers either.
-    """
-    one = [_params_on(pol, rounding, on_grid, car) for car in (torch.float32, torch.float64)]
-    return {name: Param(max(a.value, b.value), a.site, a.kind)
-            for (name, a), b in zip(one[0].items(), one[1].values(), strict=True)}
-
-
-def _params_on(pol: Policy, rounding: str, on_grid, car) -> dict[str, Param]:
-    sr = rounding == "stochastic"
-    F = pol.fmt
-    out: dict[str, Param] = {}
-
-    def put(name, site, f, kind="rand", **kw):
-        ur, ud, eta = _rounding(f, carrier=car, **kw)
-        out["u_" + name] = Param(ur, site, kind)
-        out["ud_" + name] = Param(ud, site, "det")
-        out["eta_" + name] = Param(eta, site, "det")
-
-    def put_dot(name, site, f):
-        ur, ud, eta, tfu, tfeta = _dot_rounding(f, car, sr)
-        out["u_" + name] = Param(ur, site, "rand")
-        out["ud_" + name] = Param(ud, site, "det")
-        out["eta_" + name] = Param(eta, site, "det")
-        out["u_" + name + "tf"] = Param(0.0, site, "rand")
-        out["ud_" + name + "tf"] = Param(tfu, site, "det")  # tf32 operand casts
-        out["eta_" + name + "tf"] = Param(tfeta, site, "det")
-
-    for name, exact_cast in zip(("inq", "ink", "inv"), on_grid, strict=True):
-        # the inputs' cast is always to nearest; a number of the format is kept exactly
-        put(name, "inputs", EXACT if exact_cast else F("inputs"), op=False, sr=False,
-            from64=True)
-    put_dot("qk", "qk_acc", F("qk_acc"))
-    put("sc", "s", F("s"), op=False, sr=sr)  # S from the accumulator into the logits' format
-    put("sp", "s", F("s"), op=True, sr=sr)  # times the scale
-    f_diff = wider(F("s"), F("m"))
-    put("diff", "s", f_diff, op=True, sr=sr)  # s - m, in the wider of the two
-    # the block max into m's format: a shift that cancels between l and o, so it has
-    # no first-order effect (it only moves magnitudes): deterministic
-    put("mc", "m", F("m"), kind="det", op=False, sr=sr)
-    put("m", "m", F("m"), op=True, sr=sr)  # m_old - m_new, and beta * m (qiu_yao)
-    # exp: float64 exp (or exp2), then one rounding into p's format
-    fp = F("p")
-    if fp is EXACT or isinstance(fp, Exact) or fp.p >= 53:
-        ur, ud, eta = 0.0, 0.0, 0.0
-    else:
-        # Arith.exp rounds the float64 value once (stochastically under sr)
-        ur, ud, eta = (2 * fp.u, 0.0, fp.min_subnormal) if sr else (
-            fp.u, 0.0, fp.min_subnormal / 2)
-    out["u_p"], out["ud_p"], out["eta_p"] = Param(ur, "p", "rand"), Param(ud, "p", "det"), Param(
-        eta, "p", "det")
-    out["exp64"] = Param(EXP64, "p", "det")
-    put("pc", "p_cast", F("p_cast"), op=False, sr=sr)
-    put_dot("pv", "pv_acc", F("pv_acc"))
-    fl = F("l_acc")
-    if fl is EXACT or isinstance(fl, Exact) or fl.p >= 53 or fl.name in ("fp32", "tf32"):
-        ur, ud, eta, _, _ = _dot_rounding(fl if fl.name != "tf32" else FORMATS["fp32"], car, sr)
-    else:
-        ur, ud, eta = _rounding(fl, op=True, carrier=car, sr=sr)
-    out["u_lacc"], out["ud_lacc"] = Param(ur, "l_acc", "rand"), Param(ud, "l_acc", "det")
-    put("l", "l", F("l"), op=True, sr=sr)
-    put("o", "o", F("o"), op=True, sr=sr)
-    put("div", "div", F("div"), op=True, sr=sr)
-    put("out", "out", F("out"), op=False, sr=sr)
-    out["sigma"] = Param(0.0, "s", "det")  # set by _scale_error
-    return out
-
-
-
-
-@functools.lru_cache(maxsize=256)  # mpmath at 200 bits: a sweep asks for few distinct ones
-def _scale_error(pol: Policy, d: int, scale, base2: bool, rounding: str) -> tuple[float, float]:
-    """(scale_exact as float, sigma): |scale_s / scale_exact - 1| for the engine's scale_s.
-
-    The engine holds the scale in the logits' format: scale_s = rnd_s(scale (* log2 e))
-    on its carrier. For round to nearest we reproduce it and measure its relative error
-    exactly (mpmath); for stochastic rounding we bound it.
-    """
-    from flashnum.engine.arith import Arith  # the engine's own rounding of the scale
-
-    ctx = mpmath.MPContext()
-    ctx.prec = 200
-    exact = 1 / ctx.sqrt(d) if scale is None else ctx.mpf(float(scale))
-    if base2:
-        exact = exact / ctx.ln2
-    s64 = (1.0 / math.sqrt(d) if scale is None else float(scale)) * (LOG2E if base2 else 1.0)
-    car = carrier(pol)
-    fs = pol.fmt("s")
-    if rounding == "stochastic" and not (fs is EXACT or isinstance(fs, Exact) or fs.p >= 53):
-        rel64 = abs(ctx.mpf(s64) / exact - 1)
-        uc = 2.0**-24 if car is torch.float32 else 0.0
-        sigma = (1 + float(rel64) * (1 + 2**-40)) * (1 + uc) * (1 + 2 * fs.u) - 1
-        return float(exact), sigma
-    # the larger of the errors on both carriers: a caller may bound a run with a policy that
-    # differs from the engine's only at exact-on-this-data sites (e.g. inputs already in
-    # the format), which can change the carrier and so the double rounding of the scale
-    sigma = 0.0
-    for c in (car, torch.float64 if car is torch.float32 else torch.float32):
-        if c is torch.float32 and (fs is EXACT or isinstance(fs, Exact) or fs.p > 24):
-            continue  # no fp32 carrier with this logits format
-        scale_s = float(Arith(pol, "nearest", 0, c).rnd(torch.tensor(s64, dtype=c), fs))
-        sigma = max(sigma, float(abs(ctx.mpf(scale_s) / exact - 1)) * (1 + 2**-40) + 2.0**-200)
-    return float(exact), sigma
-
-
-# ---------------------------------------------------------------------------
-# data: the exact quantities of each row the bound is stated in
-
-
-def _visible_counts(nq: int, nk: int, causal) -> torch.Tensor:
-    return visible_count(nq, nk, causal)
-
-
-def _v_extremes(v3, n, causal):
-    """Per row and column, the max, min and max |.| of V over the keys the row sees (a
-    prefix of n[i] keys under the causal mask): (B, Nq, dv) each."""
-    B, nq, dv = v3.shape[0], n.shape[0], v3.shape[-1]
-    if causal:
-        vmax_pref = torch.cummax(v3, dim=1).values
-        vmin_pref = torch.cummin(v3, dim=1).values
-        vabs_pref = torch.cummax(v3.abs(), dim=1).values
-        idx = torch.clamp(n - 1, min=0)
-        return vmax_pref[:, idx], vmin_pref[:, idx], vabs_pref[:, idx]
-    return (v3.amax(1, keepdim=True).expand(B, nq, dv),
-            v3.amin(1, keepdim=True).expand(B, nq, dv),
-            v3.abs().amax(1, keepdim=True).expand(B, nq, dv))
-
-
-def _prob_terms(pi, y, qc, S, Sv, Av, Msafe, v3, V2, K2, scale, shift0) -> dict:
-    """The probabilistic bound's weighted variances of some rows (softmax pi, output y,
-    logits S and their masked forms Sv, Av), as _row_data stores them."""
-    out = {"var": torch.clamp(dot(pi, V2) - y * y, min=0)}
-    pi2 = pi * pi
-
-    def wsq(W):
-        # sum_j W_j (v_jc - y_c)^2, W >= 0
-        return torch.clamp(dot(W, V2) - 2 * y * dot(W, v3) + y * y * rowsum(W)[..., None], min=0)
-
-    out["Wv"] = dot(pi2, V2)
-    out["W1"] = wsq(pi2)
-    out["Ws2"] = wsq(pi2 * Sv * Sv)
-    out["WA2"] = wsq(pi2 * Av * Av)
-    qk2 = scale * scale * dot(qc * qc, K2.transpose(-1, -2))
-    # pi = 0 on masked keys, so the weights need no masking
-    out["Wk"] = wsq(pi2 * qk2)
-    ms0, tau0 = shift0(Msafe)
-    g0 = (ms0 + tau0)[..., None] - S
-    out["Wg"] = wsq(pi2 * g0 * g0)
-    out["Qterm"] = scale * scale * rowsum((qc * qc) * dot(pi, K2))
-    return out
-
-
-def _row_data(q, k, v, *, causal, scale, prob, shift0):
-    """Per row (B, Nq) and per entry (B, Nq, dv) quantities of the exact problem, in float64,
-    but those of the key blocks (_block_data).
-
-    shift0(M) -> (Mshift0, tau0): the exact-arithmetic shift of the variant (for the
-    probabilistic bound's exponent-argument term).
-    """
-    q3 = q.detach().to("cpu", torch.float64).reshape(-1, *q.shape[-2:])
-    k3 = k.detach().to("cpu", torch.float64).reshape(-1, *k.shape[-2:])
-    v3 = v.detach().to("cpu", torch.float64).reshape(-1, *v.shape[-2:])
-    B, nq, d = q3.shape
-    nk, dv = k3.shape[1], v3.shape[-1]
-    n = _visible_counts(nq, nk, causal)  # (nq,)
-    vmax, vmin, vabs = _v_extremes(v3, n, causal)
-    kabs, qabs = k3.abs(), q3.abs()
-    k_l1 = rowsum(kabs)  # (B, nk)
-    V2 = v3 * v3
-    K2 = k3 * k3
-    rows = _chunk_rows(B, nq, nk)
-    names_r = ("M", "smin", "Ms", "Sbar", "Sstar", "Abar", "Astar", "L1bar", "L1star", "Qterm")
-    names_c = ("y", "nu", "var", "Wv", "W1", "Ws2", "WA2", "Wk", "Wg")
-    R = {x: torch.zeros(B, nq, dtype=torch.float64) for x in names_r}
-    C = {x: torch.zeros(B, nq, dv, dtype=torch.float64) for x in names_c}
-    for r0 in range(0, nq, rows):
-        r1 = min(nq, r0 + rows)
-        qc = q3[:, r0:r1]
-        S = scale * dot(qc, k3.transpose(-1, -2))  # (B, r, nk)
-        A = scale * dot(qabs[:, r0:r1], kabs.transpose(-1, -2))
-        q_l1 = rowsum(qabs[:, r0:r1])
-        ninf = torch.full_like(S, -math.inf)
-        if causal:
-            vis = (torch.arange(nk)[None, :] < n[r0:r1, None]).expand(B, -1, -1)
-            any_vis = vis.any(-1)
-            zero = torch.zeros_like(S)
-            Sm = torch.where(vis, S, ninf)
-            Sv, Av = torch.where(vis, S, zero), torch.where(vis, A, zero)
-            smin = torch.where(vis, S, -ninf).amin(-1)
-            kl1 = torch.where(vis, k_l1[:, None, :].expand_as(S), zero)
-        else:  # every key visible: no masking passes
-            vis, any_vis = None, torch.ones(B, r1 - r0, dtype=torch.bool)
-            Sm = Sv = S
-            Av = A
-            smin = S.amin(-1)
-            kl1 = k_l1[:, None, :]
-        M = Sm.amax(-1)
-        Msafe = torch.where(any_vis, M, torch.zeros_like(M))
-        e = elementary.exp(Sm - Msafe[..., None])  # exp(-inf) = 0 where masked
-        pi = e / torch.where(any_vis, rowsum(e), torch.ones_like(M))[..., None]
-        R["M"][:, r0:r1] = Msafe
-        R["smin"][:, r0:r1] = torch.where(any_vis, smin, Msafe)
-        R["Ms"][:, r0:r1] = rowsum(pi * Sv)
-        Sabs = Sv.abs()
-        R["Sbar"][:, r0:r1] = rowsum(pi * Sabs)
-        R["Sstar"][:, r0:r1] = Sabs.amax(-1)
-        R["Abar"][:, r0:r1] = rowsum(pi * Av)
-        R["Astar"][:, r0:r1] = Av.amax(-1)
-        # L1_j = ||q||_1 + ||k_j||_1 over the visible keys
-        R["L1bar"][:, r0:r1] = q_l1 * rowsum(pi) + rowsum(pi * kl1)
-        R["L1star"][:, r0:r1] = torch.where(any_vis, q_l1 + kl1.amax(-1), torch.zeros_like(M))
-        y = dot(pi, v3)
-        C["y"][:, r0:r1] = y
-        C["nu"][:, r0:r1] = dot(pi, v3.abs())
-        if prob:
-            for name, x in _prob_terms(pi, y, qc, S, Sv, Av, Msafe, v3, V2, K2, scale,
-                                       shift0).items():
-                (R if name == "Qterm" else C)[name][:, r0:r1] = x
-    vis_rows = (n > 0).expand(B, nq)
-    yv = C["y"]
-    delta = torch.maximum(vmax - yv, yv - vmin)
-    # evaluation slack: y and the extremes are float64 values of exact quantities
-    delta = delta + 2.0**-40 * vabs
-    data = dict(
-        B=B, nq=nq, nk=nk, d=d, dv=dv,
-        n=n.to(torch.float64).expand(B, nq).clone(),
-        vis_rows=vis_rows, vabs=vabs, delta=delta,
-        qmax=float(q3.abs().max()) if q3.numel() else 0.0,
-        kmax=float(k3.abs().max()) if k3.numel() else 0.0,
-        vmax_all=float(v3.abs().max()) if v3.numel() else 0.0,
-        **R, **C,
-    )
-    return data
-
-
-def _chunk_rows(B: int, nq: int, nk: int) -> int:
-    """Query rows per pass of _row_data and _block_data: ~2^21 logits at once."""
-    return max(1, min(nq, (1 << 21) // max(1, B * nk)))
-
-
-def _block_data(q, k, *, causal, scale, block_n):
-    """What the bound needs of the key blocks: block_n, n_kb, T (key blocks each row
-    visits) and Bmin (per row, the min over the visible key blocks of the block max: the
-    first m of any order), from the logits formed as _row_data forms them."""
-    q3 = q.detach().to("cpu", torch.float64).reshape(-1, *q.shape[-2:])
-    k3 = k.detach().to("cpu", torch.float64).reshape(-1, *k.shape[-2:])
-    B, nq, nk = q3.shape[0], q3.shape[1], k3.shape[1]
-    n = _visible_counts(nq, nk, causal)
-    bn = block_n
-    n_kb = max(1, math.ceil(nk / bn))
-    Bmin = torch.zeros(B, nq, dtype=torch.float64)
-    rows = _chunk_rows(B, nq, nk)
-    for r0 in range(0, nq, rows):
-        r1 = min(nq, r0 + rows)
-        S = scale * dot(q3[:, r0:r1], k3.transpose(-1, -2))  # (B, r, nk)
-        ninf = torch.full_like(S, -math.inf)
-        if causal:
-            vis = (torch.arange(nk)[None, :] < n[r0:r1, None]).expand(B, -1, -1)
-            any_vis = vis.any(-1)
-            Sm = torch.where(vis, S, ninf)
-        else:
-            any_vis, Sm = torch.ones(B, r1 - r0, dtype=torch.bool), S
-        M = Sm.amax(-1)
-        Msafe = torch.where(any_vis, M, torch.zeros_like(M))
-        pad = n_kb * bn - nk
-        Sp = torch.cat([Sm, ninf[..., :1].expand(*Sm.shape[:-1], pad)], -1) if pad else Sm
-        bmax = Sp.reshape(B, r1 - r0, n_kb, bn).amax(-1)
-        bmax = torch.where(torch.isfinite(bmax), bmax, torch.full_like(bmax, math.inf))
-        Bmin[:, r0:r1] = torch.where(any_vis, bmax.amin(-1), Msafe)
-    return dict(bn=bn, n_kb=n_kb, Bmin=Bmin,
-                T=torch.ceil(n.to(torch.float64) / bn).expand(B, nq).clone())
-
-
-# ---------------------------------------------------------------------------
-# the bound as a function of the small parameters
-
-
-def _x(a, b):
-    """(1 + a)(1 + b) - 1 without forming 1 + a (excess arithmetic keeps u ~ 1e-20 exact)."""
-    return a + b + a * b
-
-
-def _pw(e, k):
-    """(1 + e)^k - 1."""
-    if isinstance(e, torch.Tensor) or isinstance(k, torch.Tensor):
-        e = torch.as_tensor(e, dtype=torch.float64)
-        return elementary.expm1(k * elementary.log1p(e))
-    return math.expm1(k * math.log1p(e))
-
-
-def _logit_errors(P: dict, D: dict, U, scale: float, d: int):
-    """Step A of _evaluate: (Ebar, Estar), the softmax-weighted and the largest error of a
-    row's computed logits (input rounding of Q, K; tf32 operands; the dot; s's roundings);
-    U(name) is _evaluate's one-rounding excess."""
-    sigma = P["sigma"]
-    # -- step A: logits (input rounding of Q, K; tf32 operands; accumulation; s roundings) --
-    # |q~_t k~_t - q_t k_t| <= ((1 + rho_q)(1 + rho_k) - 1)|q_t k_t| + alp (1 + rho)(|q_t|
-    # + |k_t|) + alp^2, q~ = tf32(in(q)): rho, alp the larger of q's and k's
-    rho_q, rho_k = _x(U("inq"), U("qktf")), _x(U("ink"), U("qktf"))
-    alp_q = P["eta_inq"] * (1 + U("qktf")) + P["eta_qktf"]
-    alp_k = P["eta_ink"] * (1 + U("qktf")) + P["eta_qktf"]
-    rho, alp = rho_q + rho_k, alp_q + alp_k  # majorants of the larger of the two
-    cA_dot = _x(rho_q, rho_k)
-    cL_dot = scale * alp * (1 + rho)
-    c0_dot = scale * d * alp**2
-    Fm1 = _x(_x(sigma, U("sc")), U("sp"))  # F - 1
-    F = 1 + Fm1
-    cqk = _pw(U("qk"), d)
-    a_A = cA_dot * F * (1 + cqk) + F * cqk
-    a_L = cL_dot * F * (1 + cqk)
-    a_s = Fm1
-    a_0 = (c0_dot * F * (1 + cqk) + F * scale * d * P["eta_qk"]
-           + scale * (1 + sigma) * (1 + U("sp")) * P["eta_sc"] + P["eta_sp"])
-    Ebar = a_A * D["Abar"] + a_s * D["Sbar"] + a_L * D["L1bar"] + a_0
-    Estar = a_A * D["Astar"] + a_s * D["Sstar"] + a_L * D["L1star"] + a_0
-    return Ebar, Estar
-
-
-def _standard_terms(P: dict, U, n, bn_eff, tf_pv, vabsA, eta_key, M):
-    """Step B's terms for the standard structure (S, softmax and P V each rounded once):
-    (Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin), as _evaluate combines them."""
-    def pw(name, k):
-        return _pw(U(name), k)
-
-    def row(x):
-        return x[..., None]
-
-    Ostar = _x(_x(_x(U("div"), U("pc")), pw("pv", bn_eff)), tf_pv)
-    Lstar = _x(pw("lacc", bn_eff), U("l"))
-    H = n * P["eta_p"]
-    A_N = torch.zeros_like(M)[..., None]
-    A_D = torch.zeros_like(M)
-    # p = rnd_pc(rnd_div(e / l)): their eta are absolute errors of normalised weights
-    A_out = row(n * (1 + pw("pv", bn_eff)) * (1 + tf_pv)) * (
-        (P["eta_div"] * (1 + U("pc")) + P["eta_pc"]) * vabsA + eta_key)
-    return Ostar, Lstar, H, A_N, A_D, A_out, U("out"), P["eta_out"]
-
-
-def _flash_terms(P: dict, U, variant: Variant, n, T, r, bn, tf_pv, vabsA, eta_key, M, Xc,
-                 wide, pc_common: bool, fno):
-    """Step B's terms for the flash structure (the blocked recurrence; fa1's normalised
-    steps included): (Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin) for _evaluate."""
-    def pw(name, k):
-        return _pw(U(name), k)
-
-    def row(x):
-        return x[..., None]
-
-    # +1: a key's P @ V tile and row sum are rounded into o's and l's formats once,
-    # before they are added (flashnum.engine.recurrence; a no-op when o and l are fp32)
-    k_o = (3 * T + 1) if variant.normalised else (T + r + 1)
-    k_l = (2 * T + 1) if variant.normalised else (T + r + 1)
-    Ostar = _x(_x(_x(fno, pw("pv", bn)), tf_pv), pw("o", k_o))
-    if variant.normalised:
-        Ostar = _x(Ostar, pw("div", T))
-    Lstar = _x(pw("lacc", bn), pw("l", k_l))
-    H = n * P["eta_p"] * Xc + (r * n) * P["eta_p"] * wide
-    if pc_common:
-        H = H + n * P["eta_pc"] * Xc
-    eta_pc_n = 0.0 if pc_common else P["eta_pc"]
-    # o * alpha, l * alpha may underflow: eta_o, eta_l, times the later rescales (<= Xc)
-    A_N = row(1 + Ostar) * (row(n * Xc) * (eta_pc_n * vabsA + eta_key)
-                             + row((r + T) * P["eta_o"] * Xc))
-    A_D = (r + T) * P["eta_l"] * (1 + Lstar) * Xc
-    if variant.normalised:
-        H = H + (T * bn) * P["eta_p"] * wide
-        L_hi = n * wide * (1 + Lstar)
-        A_N = A_N + row((1 + Ostar) * Xc * (4 * T * P["eta_o"] + T * P["eta_div"] * L_hi))
-        A_D = 3 * T * P["eta_l"] * (1 + Lstar) * Xc
-        Fin_m1 = U("out")
-    else:
-        Fin_m1 = _x(U("div"), U("out"))
-    A_out = torch.zeros_like(M)[..., None]
-    eta_fin = P["eta_div"] * (1 + U("out")) + P["eta_out"]
-    return Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin
-
-
-def _evaluate(P: dict, D: dict, *, structure: str, variant: Variant, scale: float,
-              l_from: str, r: torch.Tensor, base2: bool, check=None):
-    """The deterministic bound per output entry (B, Nq, dv) for parameter values P.
-
-    Factors 1 + e are carried as their excess e (_x, _pw, expm1) so that the bound stays
-    accurate for unit roundoffs far below float64's (the t-scaled evaluations).
-    """
-    def U(name):  # one rounding: (1 + delta_rand)(1 + delta_det) - 1
-        return _x(P["u_" + name], P["ud_" + name])
-
-    def pw(name, k):  # k roundings
-        return _pw(U(name), k)
-
-    d, bn = D["d"], D["bn"]
-    n, T = D["n"], D["T"]
-    if structure == "standard":
-        bn_eff, T, r = n, torch.ones_like(n), torch.zeros_like(n)
-    elif variant.normalised:
-        bn_eff, T = bn, torch.full_like(n, float(D["n_kb"]))  # fa1 rounds o at every block
-    else:
-        bn_eff = bn
-    Ebar, Estar = _logit_errors(P, D, U, scale, d)
-    KE = elementary.exp(Estar + Ebar)
-    row = lambda x: x[..., None]  # noqa: E731  (B, Nq) -> (B, Nq, 1)
-    nu, y, delta, vabs = D["nu"], D["y"].abs(), D["delta"], D["vabs"]
-    u_v, eta_v = U("inv"), P["eta_inv"]
-    bA = row(KE) * (u_v * nu + delta * row(Ebar)) + eta_v
-    # -- step B: the recurrence on the computed logits and values --
-    M = D["M"]
-    tau_m = U("mc") * (D["Sstar"] + Estar) + P["eta_mc"]
-    dM = variant.bound_dM(M, Estar + tau_m, U("m"), P["eta_m"])
-    tau_eff = tau_m + variant.bound_tau()
-    gbar = (M - D["Ms"]) + dM + Ebar + tau_eff
-    gstar = (M - D["smin"]) + dM + Estar + tau_eff
-    Rm = (M - D["Bmin"]) + dM + Estar + tau_m
-    ue = _x(U("p"), P["exp64"])
-    pc_common = l_from == "p_cast" and structure != "standard"
-    fpc = U("pc") if pc_common else 0.0
-    if structure == "standard":
-        Xc_m1 = ue * torch.ones_like(M)
-    else:
-        k_exp = (2 + r) if variant.normalised else (1 + r)
-        Xc_m1 = _x(_x(elementary.expm1(U("m") * Rm), _pw(ue, k_exp)), fpc)
-    Xc = 1 + Xc_m1
-    ud = U("diff")
-    Cbar = KE * (Xc * elementary.exp(ud * gstar) * ud * gbar + Xc_m1)
-    Dinv = elementary.exp(dM + Estar)  # 1 / (a lower bound of D = sum_j exp(s^_j - m^_T))
-    nuA = row(KE) * (1 + u_v) * nu + eta_v
-    yA = y + bA
-    vabsA = (1 + u_v) * vabs + eta_v
-    deltaA = delta + u_v * vabs + eta_v + bA
-    tf_pv = _pw(U("pvtf"), 2)
-    p_hi = elementary.exp(tau_eff) * (1 + ue) + P["eta_p"]
-    fno = 0.0 if pc_common else U("pc")
-    wide = elementary.exp(tau_eff * (1 + ud)) * (1 + ue) * Xc  # a key's weight before rescales
-    # per key: the P @ V products' eta and the tf32 operand casts' eta
-    eta_key = (row(P["eta_pv"] + P["eta_pvtf"] * (1 + U("pvtf")) * p_hi + P["eta_pvtf"] ** 2)
-               + P["eta_pvtf"] * (1 + U("pvtf")) * vabsA)
-    if structure == "standard":
-        Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin = _standard_terms(
-            P, U, n, bn_eff, tf_pv, vabsA, eta_key, M)
-    else:
-        Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin = _flash_terms(
-            P, U, variant, n, T, r, bn, tf_pv, vabsA, eta_key, M, Xc, wide, pc_common, fno)
-    Hd, AD = H * Dinv, A_D * Dinv
-    AN = A_N * row(Dinv)
-    Cb, Ls, Hr = row(Cbar), row(Lstar), row(Hd)
-    num = (deltaA * (Cb + Hr) + row(Ostar) * (nuA + vabsA * Cb + Hr * vabsA)
-           + Ls * yA * (1 + Cb + Hr) + AN + yA * row(AD))
-    den = (1 - Cbar - Hd) * (1 - Lstar) - AD
-    ok = den > 0
-    ratio = num / row(torch.where(ok, den, torch.ones_like(den)))
-    bB = (1 + Fin_m1) * (ratio + A_out) + Fin_m1 * yA + eta_fin
-    b = bA + bB
-    b = torch.where(row(ok), b, torch.full_like(b, math.inf))
-    if check is not None:
-        b = torch.where(check(P, D, Estar, tau_eff, ue, Xc, Ostar, Lstar, Hd, yA + b, vabsA,
-                              dM, T, r), b, torch.full_like(b, math.inf))
-    return torch.where(row(D["vis_rows"]), b, torch.zeros_like(b))
-
-
-def _overflow_check(pol: Policy, structure: str, variant: Variant, base2: bool, scale: float):
-    """A function returning (B, Nq, dv) bool: True where no site can overflow (else the
-    bound is inf: the model fl(x) = x (1 + delta) + eta fails past the largest number).
-
-    Each magnitude is an upper bound of a value *before* its rounding (or of an input
-    before its cast); a value <= max rounds to a finite number (and e4m3 does not
-    saturate), so `mag <= max` is the condition.
-    """
-    def fmax(site):
-        f = wider(pol.fmt("s"), pol.fmt("m")) if site == "diff" else pol.fmt(site)
-        return math.inf if f is EXACT or isinstance(f, Exact) or f.p >= 53 else f.max
-
-    def check(P, D, Estar, tau_eff, ue, Xc, Ostar, Lstar, Hd, out_mag, vabsA, dM, T, r):
-        row = lambda x: x[..., None]  # noqa: E731
-        n = D["n"]
-        s_mag = (D["Sstar"] + Estar + dM) * (LOG2E if base2 else 1.0)
-        p_mag = elementary.exp(tau_eff) * (1 + ue)
-        l_mag = n * p_mag * Xc * (1 + Lstar) * (1 + Hd)
-        o_mag = row(n * p_mag * Xc * (1 + Ostar) * (1 + Hd)) * vabsA
-        if variant.normalised and structure != "standard":
-            o_mag = o_mag + row(l_mag) * (1 + row(Ostar)) * out_mag  # l * o before / l
-        # every partial sum of the unscaled dot q~.k~ (a narrow accumulator rounds each
-        # one), and the dot itself, which the engine stores in the logits' format before
-        # the scale multiplies it: (A + E) / scale bounds them (Lemma 1 without F)
-        dot_mag = (D["Astar"] + Estar) / scale
-        # s - m and m_old - m_new: both operands lie in [-(S* + E*), S* + E* + dM]
-        gap_mag = (2 * (D["Sstar"] + Estar) + dM) * (LOG2E if base2 else 1.0)
-        in_mag = max(D["qmax"], D["kmax"], D["vmax_all"])
-        ok = torch.ones_like(out_mag, dtype=torch.bool) & (in_mag <= fmax("inputs"))
-        for mag, site in ((dot_mag, "qk_acc"), (dot_mag, "s"), (s_mag, "s"), (s_mag, "m"),
-                          (gap_mag, "diff"), (gap_mag, "m"), (p_mag, "p"), (p_mag, "p_cast"),
-                          (l_mag, "l_acc"), (l_mag, "l")):
-            ok = ok & row(mag <= fmax(site))
-        for site in ("pv_acc", "o"):
-            ok = ok & (o_mag <= fmax(site))
-        for site in ("div", "out"):
-            ok = ok & (out_mag <= fmax(site))
-        return ok
-
-    return check
 
 
 # ---------------------------------------------------------------------------
@@ -764,8 +175,8 @@ def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = Fals
     on_grid = kept(rows, (q, k, v), ("on_grid", fin), lambda: tuple(
         isinstance(fin, Format) and fin.p < 53 and fin.representable(x.detach().cpu())
         for x in (q, k, v)))
-    params = _params(pol, rounding, on_grid)
-    scale_exact, sigma = _scale_error(pol, d, None if scale is None else float(scale), base2,
+    params = params_of(pol, rounding, on_grid)
+    scale_exact, sigma = scale_error(pol, d, None if scale is None else float(scale), base2,
                                       rounding)
     params["sigma"] = Param(sigma, "s", "det")
     scale_nat = scale_exact / (1 / math.log(2) if base2 else 1.0)  # natural-unit scale
@@ -775,20 +186,20 @@ def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = Fals
 
     # what depends on the inputs alone, then on the key blocks (rows= keeps both)
     D = {**kept(rows, (q, k, v), ("bound", causal, scale_nat, prob, rec),
-                lambda: _row_data(q, k, v, causal=causal, scale=scale_nat, prob=prob,
+                lambda: row_data(q, k, v, causal=causal, scale=scale_nat, prob=prob,
                                   shift0=shift0)),
          **kept(rows, (q, k, v), ("bound_blocks", causal, scale_nat, block_n),
-                lambda: _block_data(q, k, causal=causal, scale=scale_nat, block_n=block_n))}
+                lambda: block_data(q, k, causal=causal, scale=scale_nat, block_n=block_n))}
     r = _rescales(n_rescales, D["T"], D["B"], D["nq"])
     if rec.normalised:
         r = torch.clamp(r, max=float(D["n_kb"]))
     kw = dict(structure=structure, variant=rec, scale=scale_nat, l_from=pol.l_from, r=r,
               base2=base2)
-    check = _overflow_check(pol, structure, rec, base2, scale_nat)
+    check = overflow_check(pol, structure, rec, base2, scale_nat)
     full = {name: p.value for name, p in params.items()}
-    Bfull = _evaluate(full, D, check=check, **kw)
+    Bfull = evaluate(full, D, check=check, **kw)
     t = T_SCALE
-    Bt = _evaluate(_scaled(params, t), D, **kw) / t  # >= the first-order part B1
+    Bt = evaluate(_scaled(params, t), D, **kw) / t  # >= the first-order part B1
     lead = q.shape[:-2]
     nq, dv = D["nq"], D["dv"]
     finite = torch.isfinite(Bfull)
@@ -797,7 +208,7 @@ def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = Fals
     total = float(flat.max()) * (1 + EVAL_SLACK) if flat.numel() else 0.0
     terms = {}
     for site in SITES:
-        Bs = _evaluate(_scaled(params, t, lambda name, p, s=site: p.site == s), D, **kw) / t
+        Bs = evaluate(_scaled(params, t, lambda name, p, s=site: p.site == s), D, **kw) / t
         terms[site] = float(Bs.reshape(-1)[worst]) if flat.numel() else 0.0
     dominant = max(terms, key=terms.get) if any(terms.values()) else "none"
     first = float(Bt.reshape(-1)[worst]) if flat.numel() else 0.0
@@ -816,9 +227,9 @@ def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = Fals
     if prob:
         K = int(D["vis_rows"].sum()) * dv
         lam = math.sqrt(2 * math.log(2 * max(K, 1) / delta))
-        G = _prob_std(params, D, structure=structure, variant=rec, r=r, l_from=pol.l_from)
-        B1r = _evaluate(_scaled(params, t, lambda name, p: p.kind == "rand"), D, **kw) / t
-        B1d = _evaluate(_scaled(params, t, lambda name, p: p.kind == "det"), D, **kw) / t
+        G = prob_std(params, D, structure=structure, variant=rec, r=r, l_from=pol.l_from)
+        B1r = evaluate(_scaled(params, t, lambda name, p: p.kind == "rand"), D, **kw) / t
+        B1d = evaluate(_scaled(params, t, lambda name, p: p.kind == "det"), D, **kw) / t
         rem = torch.clamp((1 + t) * Bfull - Bt, min=0)  # >= |R|: see the module docstring
         bp = torch.minimum(Bfull, torch.minimum(lam * G, B1r) + B1d + rem)
         bp = torch.where(D["vis_rows"][..., None], bp, torch.zeros_like(bp))
@@ -826,39 +237,6 @@ def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = Fals
         out["lambda"] = lam
         out["bound_prob_rows"] = (bp.amax(-1) * (1 + EVAL_SLACK)).reshape(*lead, nq)
     return out
-
-
-def _prob_std(params, D, *, structure, variant: Variant, r, l_from):
-    """sqrt(sum_k a_k^2 u_k^2) over the random roundings, per output entry: the scale of
-    the linear error term that Azuma-Hoeffding bounds (see the module docstring)."""
-    u = {name[2:]: p.value for name, p in params.items() if name.startswith("u_")}
-    row = lambda x: x[..., None]  # noqa: E731
-    n, T, bn, d = D["n"], D["T"], D["bn"], D["d"]
-    y2, nu2, delta2 = D["y"] ** 2, D["nu"] ** 2, D["delta"] ** 2
-    W1, Wv = D["W1"], D["Wv"]
-    M = D["M"]
-    Rm0 = torch.clamp(variant.bound_shift(M) + variant.bound_tau() - D["Bmin"], min=0)
-    g = u["inv"] ** 2 * Wv + u["inq"] ** 2 * row(D["Qterm"]) * D["var"] + u["ink"] ** 2 * D["Wk"]
-    g = g + u["qk"] ** 2 * d * D["WA2"]
-    g = g + (u["sc"] ** 2 + u["sp"] ** 2) * D["Ws2"] + u["diff"] ** 2 * D["Wg"]
-    g = g + u["p"] ** 2 * W1
-    if structure == "standard":
-        g = g + u["pc"] ** 2 * Wv + u["div"] ** 2 * Wv
-        g = g + row(n) * (u["pv"] ** 2 * nu2 + u["lacc"] ** 2 * y2)
-        g = g + u["l"] ** 2 * y2 + u["out"] ** 2 * y2
-        return torch.sqrt(g)
-    n_alpha = (T + r) if variant.normalised else r
-    g = g + row(n_alpha) * u["p"] ** 2 * delta2 + u["m"] ** 2 * row(Rm0**2) * delta2
-    g = g + u["pc"] ** 2 * (W1 if l_from == "p_cast" else Wv)
-    g = g + bn * (u["pv"] ** 2 * nu2 + u["lacc"] ** 2 * y2)
-    if variant.normalised:
-        n_kb = float(D["n_kb"])
-        g = g + 2 * n_kb * u["l"] ** 2 * y2 + 3 * n_kb * u["o"] ** 2 * nu2
-        g = g + n_kb * u["div"] ** 2 * nu2
-    else:
-        g = g + row(T + r) * (u["l"] ** 2 * y2 + u["o"] ** 2 * nu2) + u["div"] ** 2 * y2
-    g = g + u["out"] ** 2 * y2
-    return torch.sqrt(g)
 
 
 # ---------------------------------------------------------------------------

@@ -43,7 +43,7 @@ import math
 
 import torch
 
-from flashnum.analysis.bounds import dot, rowsum
+from flashnum.analysis.bound_data import dot, rowsum
 from flashnum.numerics import elementary
 from flashnum.numerics.constants import gamma
 from flashnum.numerics.formats import EXACT, FORMATS
