@@ -11,8 +11,10 @@ torch path instead of the fused loops, no compiler at all. Shards of the shipped
 experiments rerun that way must equal experiments/ in every column but the timings (and the
 columns that measure the machine's own torch: flashnum.harness.compare).
 
-At 576772c, before flashnum had its own orders, the perturbed run of bf16_sweep's shard
-below differed from the stored table in 10 of its columns (docs/engine.md).
+At 576772c, before flashnum had its own orders, the perturbed runs of the first three shards
+below differed from that commit's stored tables in 15 columns each (every error measure,
+the bound, its terms and the reference's error bound; 19, 11 and 4 of 19, 11 and 4 rows),
+the fp32 sweep's emulated output itself in 10 of its 11 rows (max_abs_err).
 """
 
 import os
