@@ -144,7 +144,7 @@ def save_capture(path: str | Path, calls: list[CapturedCall]) -> Path:
 # -- the header ------------------------------------------------------------------------
 
 def _bad(path, why: str) -> CaptureError:
-    return CaptureError(f"{path} is not a readable flashnum capture ({FORMAT}): {why}")
+    return CaptureError(f"{path} is not a flashnum capture ({FORMAT}, safetensors): {why}")
 
 
 def _regular(path: Path) -> int:
