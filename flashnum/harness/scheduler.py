@@ -4,11 +4,13 @@
     out = execute([(fn, group), ...], (experiment, exp_dir, opts), n_workers, progress)
     out["failures"], out["rows"], out["skipped"]  # summed over the tasks
 
-Cases that share their inputs go into one task (each reference is computed once); big
-groups are split so that every worker has work, and tasks run largest first. Workers
-are spawned processes with one torch thread each, so a result does not depend on how
-many run; each task is `fn(cases, *args)` returning {"n", "rows", "failures", ...}
-(and "skipped": cases another run has in flight).
+Before any worker starts, the engine's C kernels are built (or loaded from the cache:
+flashnum.engine.libraries), so that the workers load one build instead of each compiling
+its own on a first run. Cases that share their inputs go into one task (each reference
+is computed once); big groups are split so that every worker has work, and tasks run
+largest first. Workers are spawned processes with one torch thread each, so a result
+does not depend on how many run; each task is `fn(cases, *args)` returning {"n", "rows",
+"failures", ...} (and "skipped": cases another run has in flight).
 Ctrl-C or SIGTERM (KeyboardInterrupt in the parent, flashnum.harness.cli.Terminated)
 terminates the workers at once and waits for them: a task's rows are written whole or not
 at all, so the store keeps every finished task. Workers die with their parent: a worker
@@ -36,6 +38,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from tqdm import tqdm
 
+from flashnum.engine import libraries
 from flashnum.harness import lifeline
 from flashnum.harness.grid import Case
 
@@ -124,6 +127,8 @@ def execute(tasks, args: tuple, n_workers: int, progress: bool) -> dict:
     Returns {"failures", "rows", "skipped"} summed over the tasks."""
     total = sum(len(t) for _, t in tasks)
     out: dict = dict(failures=[], rows=0, skipped=[])
+    if total:  # the C kernels built once, here, not by every worker (announced if compiled)
+        libraries.build_all()
     # a terminal gets a live bar; a log file one line every 30 s
     bar = tqdm(total=total, unit="case", disable=not progress or total == 0, file=sys.stderr,
                dynamic_ncols=True, smoothing=0.05,
