@@ -110,7 +110,7 @@ def case_bytes(path, call: int, shape: tuple[int, int, int, int, int]) -> int:
 def _captured_case(path, m: dict) -> Case:
     """The audit's case of one call record, its shape from the header (nothing read);
     ValueError when it cannot be computed or would not fit in memory."""
-    from flashnum.engine.checks import available_bytes, human
+    from flashnum.engine import checks
     from flashnum.inputs.capture_file import call_shapes
 
     sh = call_shapes(path, m["index"])
@@ -121,12 +121,12 @@ def _captured_case(path, m: dict) -> Case:
             raise ValueError(f"captured call {m['index']} is top-left causal with Nq = {nq} > "
                              f"Nk = {nk}, which flashnum's bottom-right causal cannot express")
         nk, causal = nq, True
-    need, have = case_bytes(path, m["index"], (b, h, nq, nk, d)), available_bytes()
+    need, have = case_bytes(path, m["index"], (b, h, nq, nk, d)), checks.available_bytes()
     if have is not None and need > have:
         raise ValueError(f"{path}: auditing captured call {m['index']} (q {sh['q']}, Nk {nk}) "
-                         f"needs an estimated {human(need)} of memory and {human(have)} is "
-                         f"available; valid: a capture of fewer rows or heads (flashnum."
-                         f"capture(rows=N, heads=[...]))")
+                         f"needs an estimated {checks.human(need)} of memory and "
+                         f"{checks.human(have)} is available; valid: a capture of fewer rows "
+                         f"or heads (flashnum.capture(rows=N, heads=[...]))")
     return Case("captured", nq, nk, d, bool(causal), b, h,
                 params={"path": str(path), "call": m["index"]})
 

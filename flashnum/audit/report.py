@@ -116,9 +116,9 @@ def _diagnosis_lines(d) -> list[str]:
     shares = d["shares"]
     qty = ", ".join(f"{q} {100 * best[f'{q}_bitwise']:.2f}%" for q in QUANTITIES
                     if f"{q}_bitwise" in best and best[f"{q}_bitwise"] == best[f"{q}_bitwise"])
-    lines = first + [f"  diagnosis: closest flashnum model {best['model']}: equal to the kernel bit for "
-             f"bit on {100 * best['bitwise']:.2f}% of the values ({qty}; {best['cases']} "
-             f"cases)"]
+    lines = first + [f"  diagnosis: closest flashnum model {best['model']}: equal to the kernel "
+                     f"bit for bit on {100 * best['bitwise']:.2f}% of the values ({qty}; "
+                     f"{best['cases']} cases)"]
     others = [f"{r.model} {100 * r.bitwise:.1f}%" for r in shares.itertuples()
               if r.model != best["model"] and r.bitwise == r.bitwise][:6]
     if others:

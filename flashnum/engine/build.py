@@ -14,8 +14,8 @@ another file. The cache is $FLASHNUM_CACHE, else ~/.cache/flashnum.
 
 One build per machine: the builder holds an flock on `.<name>-<key>.lock` in the cache
 while it compiles (and removes it after), and a process that finds it held waits for it
-(saying so once) and then loads what it built, so a sweep's workers, or two terminals, never compile the same
-library twice. The first compilation in a process says so on stderr, once:
+(saying so once) and then loads what it built, so a sweep's workers, or two terminals,
+never compile the same library twice. The first compilation in a process says so on stderr, once:
 "flashnum: compiling flashnum's C kernels (once per machine, ...)". The file is written
 under a temporary name and renamed into place, so a killed builder leaves nothing half
 written. `python -m flashnum.compile` builds every library ahead (flashnum.engine.libraries).

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 import torch
 from scipy.special import stdtrit
 
-from flashnum.engine.checks import available_bytes, human, peak_bytes
+from flashnum.engine import checks as engine_checks  # available_bytes read at each call
 from flashnum.inputs.capture import select_rows
 from flashnum.inputs.capture_file import call_shapes, file_sha256, load_bytes, load_call
 from flashnum.inputs.io import load_inputs
@@ -776,10 +776,11 @@ def check_memory(path, call, head_ids=None, rows=None, *, block_m: int | None = 
     q, k, v, _ = _selected(path, call, head_ids, rows)
     if block_m is not None and block_n is not None:
         meta = [torch.empty(s, device="meta") for s in (q, k, v)]
-        need += peak_bytes(*meta, block_m=clamp_block(block_m, q[2]),
-                           block_n=clamp_block(block_n, k[2]), backward=backward)
-    have = available_bytes()
+        need += engine_checks.peak_bytes(*meta, block_m=clamp_block(block_m, q[2]),
+                                         block_n=clamp_block(block_n, k[2]), backward=backward)
+    have = engine_checks.available_bytes()
     if have is not None and need > have:
+        human = engine_checks.human
         raise ValueError(
             f"{path}: a case of captured call {call} needs an estimated {human(need)} of "
             f"memory (q {q}, k {k}, v {v}, read as float64 and computed) and {human(have)} "

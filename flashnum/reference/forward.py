@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from flashnum.engine.checks import available_bytes, human
+from flashnum.engine import checks as engine_checks  # available_bytes read at each call
 from flashnum.reference.cache import FORWARD
 from flashnum.reference.certified import certified
 from flashnum.reference.fp64 import fp64
@@ -72,9 +72,10 @@ def check_memory(q, k, v) -> None:
     (as flashnum.attention refuses its calls); inputs other than tensors are left to check."""
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         return
-    need, have = peak_bytes(q, k, v), available_bytes()
+    need, have = peak_bytes(q, k, v), engine_checks.available_bytes()
     if have is not None and need > have:
         raise ValueError(
-            f"this reference needs an estimated {human(need)} of memory (q {tuple(q.shape)}, "
-            f"k {tuple(k.shape)}, v {tuple(v.shape)} as float64) and {human(have)} is "
+            f"this reference needs an estimated {engine_checks.human(need)} of memory (q "
+            f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} as float64) and "
+            f"{engine_checks.human(have)} is "
             "available; valid: fewer heads or a shorter sequence")
