@@ -20,8 +20,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import flashnum.stored as store_command
-from flashnum.harness import store
 from flashnum.harness import run as runmod
+from flashnum.harness import store
 from flashnum.harness.paths import CONF
 
 SMOKE = ["experiment=smoke", "grid.0.seed=[0]", "progress=false", "n_jobs=1"]

@@ -42,8 +42,13 @@ What it guarantees (each measured by tests/test_faults*.py and tests/test_store.
   no space keeps the parts (the table stays whole) and says so in one line; a part that
   cannot be written stops the run with one line, its finished cases stored.
 - Corruption: an unreadable file raises StoreError, one line naming it and the command
-  that repairs it (exit status 2 from a command); `repair` moves unreadable files to
-  quarantine/ and recounts, deleting nothing readable. Reading needs no write access.
+  that repairs it (exit status 2 from a command), and so does a file flashnum never
+  writes there (a table without a string case_id, a part that is another table, a
+  manifest or grid.json not of flashnum's layout, the owners' files of owners.foreign);
+  a run checks every table's footer before it computes (tidy). `problems` lists them all,
+  `repair` moves them to quarantine/ and recounts, deleting nothing readable, merging no
+  foreign table, and refuses a folder that is not a store (check_store). Reading needs
+  no write access.
 """
 
 from __future__ import annotations
