@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 import flashnum
@@ -145,3 +147,60 @@ def test_the_runner_refuses_a_bad_capture_in_one_line_exit_2(files, tmp_path, na
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.count("\n") == 1 and path in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "single").exists()
+
+
+# -- fuzz: whatever the header or the index holds, one ValueError or the calls ----------
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 2**40) | st.floats()
+                    | st.text(max_size=8),
+                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c,
+                                                                        max_size=4),
+                    max_leaves=12)
+FIELD = st.sampled_from(["index", "module", "module_type", "is_causal", "causal", "scale",
+                         "scale_given", "mask_kind", "dropout_p", "enable_gqa", "heads", "rows",
+                         "shape", "dtype", "evil"])
+
+
+def _file(path: Path, header: dict) -> Path:
+    h = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(h)) + h)
+    return path
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(record=st.dictionaries(FIELD, JSON, max_size=8), calls=st.one_of(st.none(), JSON))
+def test_fuzzed_call_records_are_read_or_refused_in_one_value_error(tmp_path_factory, record,
+                                                                    calls):
+    d = tmp_path_factory.mktemp("fuzz")
+    for n, index in enumerate(([record], calls)):
+        if index is None:
+            continue
+        meta = {"format": "flashnum.capture/1", "calls": json.dumps(index)}
+        path = _file(d / f"f{n}.safetensors", {"__metadata__": meta})
+        try:
+            out = flashnum.load_capture(path)
+        except ValueError as e:
+            assert str(path) in str(e) and "\n" not in str(e)
+        else:
+            assert out == []  # only an empty index reads: every call needs its q, k, v
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(flips=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), min_size=1,
+                      max_size=6))
+def test_a_capture_with_its_header_bytes_changed_is_read_or_refused_in_one_value_error(
+        tmp_path_factory, flips):
+    d = tmp_path_factory.mktemp("flip")
+    g = torch.Generator().manual_seed(0)
+    with flashnum.capture(d / "c.safetensors") as cap:
+        F.scaled_dot_product_attention(*(torch.randn(1, 1, 4, 4, generator=g) for _ in "qkv"))
+    data = bytearray((d / "c.safetensors").read_bytes())
+    for i, b in flips:
+        data[i % len(data)] = b
+    (d / "c.safetensors").write_bytes(bytes(data))
+    try:
+        calls = flashnum.load_capture(d / "c.safetensors")
+    except ValueError as e:
+        assert "\n" not in str(e)
+    else:  # a change the checks let through left a file that reads whole, as a capture
+        assert len(calls) == 1 and calls[0].q.shape == cap.calls[0].q.shape

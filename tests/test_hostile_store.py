@@ -12,16 +12,19 @@ Oracles: exit statuses and the lines on stderr; the bytes of the moved files; th
 case_ids load() gives before and after (every readable row kept, no foreign row merged).
 """
 
+import json
 import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import flashnum.stored as store_command
+from flashnum.harness import manifest, owners, store
 from flashnum.harness import run as runmod
-from flashnum.harness import store
 from flashnum.harness.paths import CONF
 
 SMOKE = ["experiment=smoke", "grid.0.seed=[0]", "progress=false", "n_jobs=1"]
@@ -157,3 +160,40 @@ def test_a_store_root_where_no_folder_can_be_made_is_one_line(capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and "cannot make the folder /proc/self/smoke" in err, err
     assert "Traceback" not in err
+
+
+# -- fuzz: whatever a manifest or an owner file holds, a record or one StoreError --------
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 99) | st.text(max_size=6),
+                    lambda c: st.lists(c, max_size=4) | st.dictionaries(
+                        st.sampled_from(["runs", "history", "experiment", "repairs", "run_id",
+                                         "counts", "end_time", "git", "x"]), c, max_size=4),
+                    max_leaves=10)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(man=JSON)
+def test_a_fuzzed_manifest_reads_as_runs_of_records_or_is_one_store_error(
+        tmp_path_factory, man):
+    path = tmp_path_factory.mktemp("m") / "manifest.json"
+    path.write_text(json.dumps(man))
+    try:
+        runs = manifest.runs(path)
+    except store.StoreError as e:
+        assert str(path) in str(e) and "\n" not in str(e)
+        return
+    for r in runs:  # what reconcile and the summaries read of a record
+        assert isinstance(r, dict)
+        assert isinstance(r.get("run_id") or "", str) and isinstance(r.get("counts") or {}, dict)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.binary(max_size=40), where=st.sampled_from(["claims", ".runs"]))
+def test_a_fuzzed_owner_file_is_tidied_or_one_store_error(tmp_path_factory, data, where):
+    exp = tmp_path_factory.mktemp("o")
+    (exp / where).mkdir()
+    (exp / where / "abc").write_bytes(data)
+    try:
+        owners.tidy(exp)
+    except store.StoreError as e:
+        assert "abc" in str(e) and "\n" not in str(e)

@@ -177,7 +177,19 @@ def _legacy(old: dict) -> dict:
 
 LEGACY_KEYS = ("history", "argv", "git", "start_time")  # the earlier one-run layout's
 RECORD_TYPES = dict(run_id=str, start_time=str, end_time=str, owner=str, counts=dict,
-                    command=dict, git=dict, config=dict, reconciled=dict)
+                    command=dict, git=dict, config=dict, reconciled=dict, argv=list,
+                    overrides=list)
+
+
+def _record_problem(r, where: str) -> str | None:
+    if not isinstance(r, dict):
+        return f"not a manifest: {where} is {json.dumps(r)[:30]}, not a record"
+    for key, kind in RECORD_TYPES.items():
+        if r.get(key) is not None and not isinstance(r[key], kind):
+            return f"not a manifest: {where}'s {key} is not a {kind.__name__}"
+    if not all(isinstance(a, str) for a in (r.get("argv") or []) + (r.get("overrides") or [])):
+        return f"not a manifest: {where}'s argv or overrides hold more than strings"
+    return None
 
 
 def problem(man) -> str | None:
@@ -191,12 +203,13 @@ def problem(man) -> str | None:
     recs = man.get("runs", man.get("history", []))
     if not isinstance(recs, list):
         return f"not a manifest: runs is a {type(recs).__name__}, not a list"
-    for i, r in enumerate(recs):
-        if not isinstance(r, dict):
-            return f"not a manifest: run {i} is {json.dumps(r)[:30]}, not a record"
-        for key, kind in RECORD_TYPES.items():
-            if r.get(key) is not None and not isinstance(r[key], kind):
-                return f"not a manifest: run {i}'s {key} is not a {kind.__name__}"
+    wheres = [f"run {i}" for i in range(len(recs))]
+    if "runs" not in man:  # the earlier layout: the top level is the latest run's record
+        recs, wheres = [*recs, man], [*wheres, "its top level"]
+    for r, where in zip(recs, wheres, strict=True):
+        why = _record_problem(r, where)
+        if why:
+            return why
     for key, kind in (("experiment", str), ("repairs", list)):
         if man.get(key) is not None and not isinstance(man[key], kind):
             return f"not a manifest: {key} is not a {kind.__name__}"
