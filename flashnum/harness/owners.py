@@ -172,8 +172,8 @@ def locked(exp_dir):
     Path(exp_dir).mkdir(parents=True, exist_ok=True)
     try:  # never through a link, never a folder: a lock is a plain file of the store's own
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    except (IsADirectoryError, OSError) as e:
-        if isinstance(e, IsADirectoryError) or e.errno == errno.ELOOP:
+    except OSError as e:
+        if e.errno in (errno.EISDIR, errno.ELOOP):
             raise unreadable(Path(path), "not a lock file: a folder or a link") from None
         raise
     try:

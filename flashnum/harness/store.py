@@ -149,8 +149,9 @@ def _files(exp_dir: Path) -> list[Path]:
 def _table(f: Path, columns=None) -> pa.Table:
     """One table file; StoreError naming it and the repair when it cannot be read or is
     not a table of flashnum's (foreign)."""
-    if f.is_symlink() or (f.exists() and not f.is_file()):  # pyarrow reads a folder whole
-        raise unreadable(f, "not a table file: a folder or a link")
+    why = _not_a_file(f)
+    if why:
+        raise unreadable(f, why)
     try:
         schema = pq.read_schema(f)
         why = foreign(schema)
@@ -164,6 +165,16 @@ def _table(f: Path, columns=None) -> pa.Table:
     if why:
         raise unreadable(f, why)
     return t
+
+
+def _not_a_file(f: Path) -> str | None:
+    """Why a table's path is not a file to read (pyarrow would read a folder whole as a
+    dataset), or None; a path gone meanwhile (a compaction's) is the reader's business."""
+    if f.is_symlink() and not f.exists():
+        return "not a table file: a link to nothing"
+    if f.exists() and not f.is_file():
+        return "not a table file: a folder or a device"
+    return None
 
 
 def foreign(schema: pa.Schema) -> str | None:
@@ -420,8 +431,9 @@ def _check_schemas(exp_dir: Path) -> None:
     that is not flashnum's or not this store's, from the files' footers alone."""
     files, schemas = [], []
     for f in _files(exp_dir):
-        if f.is_symlink() or not f.is_file():
-            raise unreadable(f, "not a table file: a folder or a link")
+        why = _not_a_file(f)
+        if why:
+            raise unreadable(f, why)
         try:
             sc = pq.read_schema(f)
         except FileNotFoundError:
