@@ -27,6 +27,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(if $(TORCH),$(BIN)/python -m pip install -q "$(TORCH)")
 	$(BIN)/python -m pip install -q -e ".[test,triton,slurm,hf,kernels]"
+	-$(BIN)/python -m flashnum.compile  # the C kernels, once per machine (never fails setup)
 	touch $@
 
 run: setup

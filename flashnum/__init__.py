@@ -14,6 +14,10 @@ Layers: what each holds is in docs/architecture.md; their order is stated once, 
 import-linter contract in pyproject.toml ([tool.importlinter]), which `lint-imports` checks.
 """
 
+# isort: off
+# first of all: a runner's spawned worker ties its life to the runner's (harness.lifeline)
+from flashnum.harness import lifeline as _lifeline  # noqa: F401
+# isort: on
 from flashnum import (
     backends,  # noqa: F401  (puts mp and triton behind attention(backend=))
     reference,  # a callable package: flashnum.reference(q, k, v, ...)

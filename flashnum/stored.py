@@ -13,8 +13,16 @@ from dataclasses import dataclass, field
 
 from flashnum.harness import cli
 from flashnum.harness.config import StoreConf
-from flashnum.harness.files import StoreError, unreadable
-from flashnum.harness.store import compact, done_ids, experiment_dir, load, problems, repair
+from flashnum.harness.files import unreadable
+from flashnum.harness.store import (
+    check_store,
+    compact,
+    done_ids,
+    experiment_dir,
+    load,
+    problems,
+    repair,
+)
 
 
 @dataclass
@@ -22,9 +30,11 @@ class Args:
     """python -m flashnum.stored [check|repair] EXPERIMENT [compact=true] [store.root=DIR]
 
     EXPERIMENT          the table's size and columns (compact=true: merge the parts first)
-    check EXPERIMENT    read every file whole; one line per unreadable one, exit status 2
-    repair EXPERIMENT   move unreadable files to quarantine/ (nothing readable is deleted),
-                        reconcile dead runs' records, compact, and count what is missing
+    check EXPERIMENT    read every file whole; one line per file a run or repair would trip
+                        on (unreadable, or not flashnum's), exit status 2
+    repair EXPERIMENT   move those files to quarantine/ (nothing readable is deleted),
+                        reconcile dead runs' records, compact, and count what is missing;
+                        a folder that is not a flashnum store is refused (one line, exit 2)
     """
 
     experiment: str = ""  # a name under store.root, or a path to the folder
@@ -51,9 +61,8 @@ def _root(a):
 def _run(a) -> int:
     root = _root(a)
     exp_dir = experiment_dir(a.experiment, root)
-    if a.action != "show" and not exp_dir.is_dir():
-        raise StoreError(f"no store at {exp_dir} (valid: the name of a folder under "
-                         f"store.root, or a path to one)")
+    if a.action != "show":
+        check_store(exp_dir)  # never judge or move the files of a folder that is not one
     if a.action == "check":
         bad = problems(exp_dir)
         for f, why in bad:

@@ -11,8 +11,8 @@ from hydra import compose, initialize_config_dir
 
 from flashnum.harness import store
 from flashnum.harness.compare import against, differences, report
-from flashnum.harness.manifest import cpu_class
 from flashnum.harness.config import check
+from flashnum.harness.manifest import cpu_class
 from flashnum.harness.paths import CONF
 from flashnum.harness.run import run
 

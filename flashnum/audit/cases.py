@@ -22,6 +22,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import asdict, dataclass, field
 
+import torch
+
 from flashnum.inputs.distributions import DISTRIBUTIONS, FROM_FILE, Inputs, make
 
 BUDGETS = ("quick", "default", "full")
@@ -89,25 +91,64 @@ def _shape_ok(name: str, nq: int, causal: bool) -> bool:
     return name != "masked"
 
 
+LOGIT_BYTES = 24  # standard attention in the dtype: S, its fp32 copy, the masked copies, P
+
+
+def case_bytes(path, call: int, shape: tuple[int, int, int, int, int]) -> int:
+    """The estimated peak memory of auditing a captured call, from the file's header: the
+    call read as float64 (flashnum.inputs.capture_file.load_bytes), the standard attention
+    in the dtype that judges it (LOGIT_BYTES per logit: it holds every logit at once) and
+    the reference (flashnum.reference.forward.peak_bytes)."""
+    from flashnum.inputs.capture_file import load_bytes
+    from flashnum.reference.forward import peak_bytes
+
+    b, h, nq, nk, d = shape
+    q, k = torch.empty(b, h, nq, d, device="meta"), torch.empty(b, h, nk, d, device="meta")
+    return load_bytes(path, call) + LOGIT_BYTES * b * h * nq * nk + peak_bytes(q, k, k)
+
+
+def _captured_case(path, m: dict) -> Case:
+    """The audit's case of one call record, its shape from the header (nothing read);
+    ValueError when it cannot be computed or would not fit in memory."""
+    from flashnum.engine import checks
+    from flashnum.inputs.capture_file import call_shapes
+
+    sh = call_shapes(path, m["index"])
+    b, h, nq, d = sh["q"]
+    nk, causal = sh["k"][2], m["causal"]
+    if causal == "top_left":  # flashnum's bottom-right causal over the keys a query sees
+        if nq > nk:
+            raise ValueError(f"captured call {m['index']} is top-left causal with Nq = {nq} > "
+                             f"Nk = {nk}, which flashnum's bottom-right causal cannot express")
+        nk, causal = nq, True
+    need, have = case_bytes(path, m["index"], (b, h, nq, nk, d)), checks.available_bytes()
+    if have is not None and need > have:
+        raise ValueError(f"{path}: auditing captured call {m['index']} (q {sh['q']}, Nk {nk}) "
+                         f"needs an estimated {checks.human(need)} of memory and "
+                         f"{checks.human(have)} is available; valid: a capture of fewer rows "
+                         f"or heads (flashnum.capture(rows=N, heads=[...]))")
+    return Case("captured", nq, nk, d, bool(causal), b, h,
+                params={"path": str(path), "call": m["index"]})
+
+
 def captured_cases(path) -> list[Case]:
     """One case per call of a flashnum.capture file, at its own shape, causal flag and scale.
 
-    Calls with an attn_mask other than causal (flashnum computes none) are left out with
-    one warning naming them.
+    The file is checked whole and each case's memory estimated (case_bytes) before any
+    tensor is read: a malformed file or a call too large is one ValueError. Calls with an
+    attn_mask other than causal (flashnum computes none) are left out with one warning
+    naming them.
     """
     import warnings
 
-    from flashnum.inputs.capture import capture_index
+    from flashnum.inputs.capture_file import capture_index
 
     out, masked = [], []
     for m in capture_index(path):
-        if m["mask_kind"] in ("bool", "additive"):
+        if m.get("mask_kind", "none") in ("bool", "additive"):
             masked.append(m["index"])
             continue
-        inp = make("captured", path=str(path), call=m["index"])
-        b, h, nq, d = inp.q.shape
-        out.append(Case("captured", nq, inp.k.shape[-2], d, inp.causal, b, h,
-                        params={"path": str(path), "call": m["index"]}))
+        out.append(_captured_case(path, m))
     if masked:
         warnings.warn(f"{path}: calls {masked} have an attn_mask other than causal, which "
                       f"flashnum's references do not compute; left out of the audit",

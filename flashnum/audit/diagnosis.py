@@ -21,6 +21,11 @@ that errs well beyond its closest model does something no model's rounding does)
 
 The worst case: the row and quantity (out, dq, dk, dv) with the largest error / limit;
 its error and its limit are quoted from that one row.
+
+The causal alignment: the failing causal cases with Nq != Nk (where top-left and
+bottom-right masks differ) judged again under the other alignment (other_alignment):
+when they all pass there, the kernel's mask is the other one, and the summary says so
+and names the alignment= to audit it with.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ import pandas as pd
 import torch
 
 from flashnum.audit import gradients, models
-from flashnum.audit.rules import DTYPES, aligned_reference
+from flashnum.audit.rules import ALIGNMENTS, DTYPES, _bound, _check_out, aligned_reference
+from flashnum.audit.standard import standard_attention
 
 QUANTITIES = {"out": ("err_max", "fa_bound", "std_err_max"),
               **{g: (f"{g}_err_max", f"{g}_bound", f"{g}_std_err_max") for g in gradients.GRADS}}
@@ -184,7 +190,37 @@ def diagnose(kept: dict, table: pd.DataFrame, case_list, *, precision: str, alig
                 site["kernel_err"] = float(err) if _num(err) else None
                 break
     return dict(closest=best, shares=table_, site=site, worst=worst,
-                candidates=[c.label for c in cands])
+                candidates=[c.label for c in cands],
+                alignment=other_alignment(kept, table, case_list, precision=precision,
+                                          alignment=alignment))
+
+
+def other_alignment(kept: dict, table: pd.DataFrame, case_list, *, precision: str,
+                    alignment: str) -> dict | None:
+    """The failing causal cases whose answer depends on the mask's alignment (Nq != Nk),
+    judged again by the same output rules (nonfinite, masked, fa_rule) under the other
+    alignment: its reference and standard attention aligned so. {alignment, cases,
+    passed}: passed == cases says the kernel's mask is the other one. None when no such
+    case failed."""
+    other = next(a for a in ALIGNMENTS if a != alignment)
+    failed = set(table.loc[~table["passed"].astype(bool), "id"])
+    todo = [c for c in case_list if c.id in failed and c.causal and c.nq != c.nk
+            and c.id in kept and kept[c.id][0] is not None]
+    if not todo:
+        return None
+    passed = 0
+    for case in todo:
+        q, k, v, scale, _ = _inputs(case, precision)
+        ref = aligned_reference(q.double(), k.double(), v.double(), causal=True,
+                                alignment=other, scale=scale, method="fp64")
+        masked = ~torch.isfinite(ref.row_max)
+        finite = torch.isfinite(ref.out) & ~masked[..., None].expand_as(ref.out)
+        std = standard_attention(q, k, v, causal=True, alignment=other, scale=scale).double()
+        row, fails = {}, []
+        _, row["fa_bound"] = _bound(std, ref.out, finite)
+        _check_out(row, fails, kept[case.id][0].double(), ref, finite, masked)
+        passed += not fails
+    return dict(alignment=other, given=alignment, cases=len(todo), passed=passed)
 
 
 def _best(rows, key):

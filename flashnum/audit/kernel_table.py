@@ -6,8 +6,9 @@
 conf/audit/kernel_table.yaml names the targets (flashnum.audit.targets), the precisions
 and the budget. For every (target, precision) one row:
 
-  status            ran; or "not installed" (the package and the extra that installs it);
-                    or "unsupported" (every case raised: the message)
+  status            ran; or "missing" (a package not installed here: `install` names it
+                    and the extra that installs it, e.g. triton: pip install
+                    'flashnum[triton]'); or "unsupported" (every case raised: the message)
   cases, kept       the audit's cases and how many kept every rule
   broken_<rule>     how many cases broke each rule (flashnum.audit.rules.RULES)
   worst_ratio       the largest err_max / fa_bound, with worst_case and worst_err: where
@@ -185,15 +186,23 @@ def agreement(o: torch.Tensor, mo: torch.Tensor, dtype) -> tuple[int, int, int]:
     return int(eq.sum()), int(near.sum()), o.numel()
 
 
-def missing(target: str) -> str | None:
-    """The one line naming what a target lacks here, or None when it can run."""
+MISSING = "missing"  # the status of a target whose package is not installed here
+# the packages of the targets outside LIBRARY_TARGETS, and the extra that installs them
+NEEDS = {"flashnum_triton": (("triton",), "triton")}
+
+
+def missing(target: str) -> tuple[str, str] | None:
+    """(status, what installs it) for a target that cannot run here, or None: "missing"
+    and `pip install 'flashnum[EXTRA]'` for a package not installed (every target alike:
+    triton, jax, onnx), "needs a GPU and flash-attn" for flash_attn."""
     from flashnum.audit.targets import EXTRA, LIBRARY_TARGETS
 
     if target == "flash_attn" and importlib.util.find_spec("flash_attn") is None:
-        return "needs a GPU and flash-attn"
-    for pkg in LIBRARY_TARGETS.get(target, (None, ()))[1]:
-        if importlib.util.find_spec(pkg) is None:
-            return f"not installed: {pkg} (pip install 'flashnum[{EXTRA}]')"
+        return "needs a GPU and flash-attn", GPU_COMMAND
+    pkgs, extra = NEEDS.get(target, (LIBRARY_TARGETS.get(target, (None, ()))[1], EXTRA))
+    lacking = [p for p in pkgs if importlib.util.find_spec(p) is None]
+    if lacking:
+        return MISSING, f"{', '.join(lacking)}: pip install 'flashnum[{extra}]'"
     return None
 
 
@@ -336,7 +345,7 @@ def table_row(target: str, precision: str, budget: str,
                budget=budget)
     why = missing(target)
     if why is not None:
-        return dict(row, status=why), None
+        return dict(row, status=why[0], install=why[1]), None
     fn, alignment, _ = resolve(target)
     case_list = cases(budget)
     backward = target not in INFERENCE_ONLY
@@ -412,14 +421,13 @@ def run(cfg) -> int:
     rows, tables = [], []
     for target in spec["targets"]:
         for precision in spec["precisions"]:
-            print(f"{cfg.experiment}: {target} {precision}", flush=True)
             row, t = table_row(target, precision, spec["budget"], cfg.experiment)
             rows.append(row)
             if t is not None:
                 tables.append(t.assign(target=target))
-            print("  " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                   for k, v in row.items() if k != "case_id"), flush=True)
+            print(f"{cfg.experiment}: {target} {precision}: {_verdict(row)}", flush=True)
     df = pd.DataFrame(rows)
+    print(summary_table(df), flush=True)
     rec = manifest.record("flashnum.run", [f"experiment={cfg.experiment}"], config=spec,
                           shard=0, num_shards=1, n_workers=1, start_time=started,
                           end_time=manifest.now(), wall_s=time.perf_counter() - t0,
@@ -432,6 +440,39 @@ def run(cfg) -> int:
             Path(folder) / "cases.parquet")
     ran = df[df.status == "ran"]
     return 0 if len(ran) and bool((ran.kept == ran.cases).all()) else 1
+
+
+def _verdict(row: dict) -> str:
+    """One row in words: ran (kept / cases, the worst ratio), or why not."""
+    if row["status"] != "ran":
+        extra = f" ({row['install']})" if row.get("install") else ""
+        return f"{str(row['status'])[:100]}{extra}"
+    return (f"ran, {row['kept']}/{row['cases']} cases kept every rule, worst error "
+            f"{row['worst_ratio']:.3g} x its limit")
+
+
+SUMMARY = {"target": "target", "precision": "prec", "status": "status", "kept": "kept",
+           "worst_ratio": "worst/limit", "model_bitwise": "model bitwise",
+           "closest": "closest model", "time_s": "time s"}
+
+
+def summary_table(df: pd.DataFrame) -> str:
+    """The table a run prints at its end: per (target, precision) the status (the reason
+    cut short: the stored table holds it whole), cases kept, worst error over its limit,
+    the share equal to the model bit for bit, the closest candidate, the time of a call."""
+    t = pd.DataFrame({name: df[col] if col in df else None for col, name in SUMMARY.items()})
+    if "cases" in df:
+        t["kept"] = [f"{k:.0f}/{c:.0f}" if c == c and k == k else "--"
+                     for k, c in zip(df.get("kept", df["cases"]), df["cases"], strict=True)]
+    t["status"] = [str(x).split(":")[0] for x in t["status"]]
+    t["model bitwise"] = [f"{100 * x:.1f}%" if x == x and x is not None else "--"
+                          for x in t["model bitwise"]]
+    for col, fmt in (("worst/limit", "{:.3g}"), ("time s", "{:.3g}")):
+        t[col] = [fmt.format(x) if isinstance(x, float) and x == x else "--" for x in t[col]]
+    t = t.fillna("--")
+    installs = sorted({str(x) for x in df.get("install", pd.Series(dtype=str)).dropna()})
+    lines = [t.to_string(index=False)] + [f"  to add the missing ones: {x}" for x in installs]
+    return "\n".join(lines)
 
 
 def check(cfg) -> None:

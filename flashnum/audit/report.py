@@ -110,14 +110,15 @@ def _diagnosis_lines(d) -> list[str]:
     if d is None:
         return []
     best = d["closest"]
+    first = _alignment_lines(d.get("alignment"))  # the finding that changes the verdict
     if best is None:
-        return ["  diagnosis: no flashnum model could be run on these cases"]
+        return first + ["  diagnosis: no flashnum model could be run on these cases"]
     shares = d["shares"]
     qty = ", ".join(f"{q} {100 * best[f'{q}_bitwise']:.2f}%" for q in QUANTITIES
                     if f"{q}_bitwise" in best and best[f"{q}_bitwise"] == best[f"{q}_bitwise"])
-    lines = [f"  diagnosis: closest flashnum model {best['model']}: equal to the kernel bit for "
-             f"bit on {100 * best['bitwise']:.2f}% of the values ({qty}; {best['cases']} "
-             f"cases)"]
+    lines = first + [f"  diagnosis: closest flashnum model {best['model']}: equal to the kernel "
+                     f"bit for bit on {100 * best['bitwise']:.2f}% of the values ({qty}; "
+                     f"{best['cases']} cases)"]
     others = [f"{r.model} {100 * r.bitwise:.1f}%" for r in shares.itertuples()
               if r.model != best["model"] and r.bitwise == r.bitwise][:6]
     if others:
@@ -134,6 +135,19 @@ def _diagnosis_lines(d) -> list[str]:
                          f"{kernel / site['total']:.3g}x the model: more than the model's "
                          "roundings explain")
     return lines
+
+
+def _alignment_lines(a) -> list[str]:
+    """What judging the failing causal cases under the other alignment said."""
+    if not a or not a["passed"]:
+        return []
+    if a["passed"] == a["cases"]:
+        return [f"  causal alignment: the {a['cases']} failing causal case(s) with Nq != Nk "
+                f"all keep the rules under {a['alignment']}: the kernel's causal mask is "
+                f"{a['alignment']}-aligned, not {a['given']}; audit it with "
+                f"alignment=\"{a['alignment']}\""]
+    return [f"  causal alignment: {a['passed']} of the {a['cases']} failing causal case(s) "
+            f"with Nq != Nk keep the rules under {a['alignment']}"]
 
 
 def _limit_panel(ax, t: pd.DataFrame, qty: str) -> None:

@@ -14,8 +14,11 @@ names the argument, the value given and what is valid. What is accepted and not 
   shapes   q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv) with any number of leading
            dims, none included: a 2-D tensor is one head, a 3-D tensor is (H, N, d).
            K and V may have fewer heads than Q (dim -3, GQA: Hq a multiple of Hkv).
-  dtypes   any real floating dtypes, mixed too: each value is read exactly and rounded
-           into the policy's inputs format (a bf16 q beside a float64 k means their values).
+  dtypes   float64, float32, bfloat16, float16, mixed too: each value is read exactly and
+           rounded into the policy's inputs format (a bf16 q beside a float64 k means their
+           values). The narrower dtypes (float8_e4m3fn, float8_e5m2, float4_e2m1fn_x2, ...)
+           have no arithmetic on the CPU: a TypeError says to pass x.float() (exact) and
+           name the fp8 format as the precision.
   integers numpy integers wherever an int is asked for (block_m=np.int64(64)).
   blocks   block_m > max(Nq, 16) and block_n > max(Nk, 16) run as max(Nq, 16) and
            max(Nk, 16) (flashnum.numerics.tiling.clamp_block: a block beyond the data holds
@@ -50,6 +53,9 @@ BACKENDS = ("emulate", "triton", "mp")
 KERNEL_POLICIES = ("torch_cpu", "triton_tutorial", *KERNEL_MODELS)
 INPUT_TRANSFORMS = ("none", "smooth_k", "hadamard", "smooth_k+hadamard")
 SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch.Generator.manual_seed takes
+# the float dtypes torch computes with on every device; the narrower ones (float8_*,
+# float4) have no arithmetic on the CPU: refused in one line that says how to pass them
+WIDE = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
 def check_tensors(q, k, v, do=None, *, gqa: bool = False) -> None:
@@ -61,7 +67,12 @@ def check_tensors(q, k, v, do=None, *, gqa: bool = False) -> None:
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if not x.is_floating_point():
             raise TypeError(f"{name} must be floating point, got {x.dtype}; valid: a real "
-                            "floating dtype (float64, float32, bfloat16, float16, ...)")
+                            "floating dtype (float64, float32, bfloat16, float16)")
+        if x.dtype not in WIDE:
+            raise TypeError(
+                f"{name} has dtype {x.dtype}, which torch cannot compute with here; valid: "
+                f"float64, float32, bfloat16, float16 ({name}.float() holds every fp8 value "
+                f"exactly; precision='fp8_e4m3' or 'fp8_e5m2' rounds the inputs to fp8)")
         if x.is_meta:
             raise ValueError(f"{name} is a meta tensor (a shape without values); valid: a "
                              "tensor holding values (cpu or cuda)")
@@ -267,9 +278,20 @@ def check_options(q, k, v, *, precision, policy, block_m, block_n, order, causal
                    seed=seed, scale=scale, variant=variant)
 
 
+def _takes(variant) -> tuple[str, ...] | None:
+    """The shorthand parameters a variant named by `variant` takes (None: not a name)."""
+    if isinstance(variant, str) and variant in VARIANT_CLASSES:
+        return tuple(VARIANT_CLASSES[variant].params())
+    return None
+
+
 def check_variant(variant, backend: str = "emulate", **params) -> Variant:
     """The Variant a name or object stands for (flashnum.engine.variants.variant_of), its
-    shorthand parameters checked as numbers, refused where `backend` does not run it."""
+    shorthand parameters checked as numbers, refused where `backend` does not run it. A
+    parameter the named variant does not take (tau with fa2) is ignored, as documented,
+    whatever its value."""
+    takes = _takes(variant)
+    params = {n: x for n, x in params.items() if takes is None or n in takes}
     for name, lo in (("tau", 0.0), ("beta", None)):
         if params.get(name) is not None:
             check_number(name, params[name], lo=lo)

@@ -79,7 +79,7 @@ def _build() -> ctypes.CDLL:
     with native's flags and native's corrections for the hard exp inputs (found by
     native._probe_fixes on the exp part alone, whose build native's own has cached)."""
     torch_lib = Path(torch.__file__).parent / "lib"
-    how = dict(libs=[f"-Wl,-rpath,{torch_lib}"], extra=(str(torch_lib), repr(native.HARD)))
+    how = dict(libs=[f"-Wl,-rpath,{torch_lib}"], extra=(torch.__version__, repr(native.HARD)))
     flag_sets = [native._GCC_TUNE + native._FLAGS, native._FLAGS]
     fixes = native._probe_fixes(flag_sets, how)
     lib = native._open(build.shared_library("fused_backward",

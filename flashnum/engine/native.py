@@ -200,7 +200,7 @@ def _build() -> ctypes.CDLL:
     corrections for the hard inputs exp_round misses (_probe_fixes), then check them."""
     torch_lib = Path(torch.__file__).parent / "lib"
     # rpath to torch's lib: its libgomp (already loaded) serves our OpenMP loops
-    how = dict(libs=[f"-Wl,-rpath,{torch_lib}"], extra=(str(torch_lib), repr(HARD)))
+    how = dict(libs=[f"-Wl,-rpath,{torch_lib}"], extra=(torch.__version__, repr(HARD)))
     flag_sets = [_GCC_TUNE + _FLAGS, _FLAGS]  # GCC's tuning, else the compiler's own
     # accumulate.c first: the fused loops' dots and sums are its chains and cascade
     text = accumulate.source() + source(_probe_fixes(flag_sets, how))

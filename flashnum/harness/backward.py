@@ -125,7 +125,8 @@ def _captured(case: dict) -> None:
         raise ValueError(f"distribution captured needs capture: {{path: FILE, call: i}}, got "
                          f"{cap!r}")
     params, shape = captured_case(json.loads(cap) if isinstance(cap, str) else dict(cap),
-                                  case["seed"])
+                                  case["seed"], block_m=int(case["block"]),
+                                  block_n=int(case["block"]), backward=True)
     case.update(capture=json.dumps(params, sort_keys=True), seq_len=shape["seq_len_q"],
                 head_dim=shape["head_dim"], causal=bool(case["causal"] or shape["causal"]))
 

@@ -16,11 +16,13 @@ check_root raises it for a store.root that cannot be a store (every command chec
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
 
 from flashnum.harness import faults, owners
+from flashnum.harness.errors import StoreError, unreadable  # noqa: F401  (named here too)
 
 # a store's files (flashnum.harness.store): the table, its parts, the manifest
 RESULTS = "results.parquet"
@@ -28,31 +30,23 @@ PARTS = "parts"
 MANIFEST = "manifest.json"
 
 
-class StoreError(Exception):
-    """A store file that cannot be read or written; str() is one line for the user,
-    .path the file and .why what is wrong with it (when one file is to blame)."""
-
-    def __init__(self, msg: str, path: Path | None = None, why: str | None = None):
-        super().__init__(msg)
-        self.path, self.why = path, why
-
-
-def unreadable(path: Path, why) -> StoreError:
-    """The error of an unreadable store file: one line naming it, why, and the command
-    that repairs the store (python -m flashnum.stored repair)."""
-    path = Path(path)
-    exp_dir = path.parent.parent if path.parent.name == "parts" else path.parent
-    why = why if isinstance(why, str) else f"{type(why).__name__}: {why}".splitlines()[0]
-    return StoreError(f"{path} is unreadable ({why}); repair the store with: python -m "
-                      f"flashnum.stored repair {exp_dir.name} store.root={exp_dir.parent}",
-                      path, why)
+def make_dir(d: Path) -> None:
+    """mkdir -p d; a folder that cannot be made for any reason but a read-only or full
+    device (which the commands' own line reports) is a StoreError naming it."""
+    try:
+        Path(d).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise StoreError(f"cannot make the folder {d} ({e.strerror or e}); valid: a folder "
+                         f"that can hold a store, e.g. store.root=experiments", Path(d)) from None
 
 
 def atomic_write(path: Path, write, point: str | None = None) -> None:
     """write(tmp_path), fsync, then rename over `path`. point: its name for
     flashnum.harness.faults (the tests stop a process there)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     tmp = path.parent / f".tmp-{owners.tag()}-{path.name}"
     try:
         write(tmp)

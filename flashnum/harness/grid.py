@@ -183,7 +183,8 @@ def canonical(d: dict, base: dict, conf_dir: Path = CONF, search: dict | None = 
         params = {**distribution_params(dist_name, conf_dir),
                   **(d["distribution"].get("params") or {})}
     if dist_name == "captured":  # the file names the case by content, and sets its shape
-        params, shape = captured_case(params, int(d["seed"]))
+        params, shape = captured_case(params, int(d["seed"]), block_m=int(d["block_m"]),
+                                      block_n=int(d["block_n"]))
         d.update(shape, causal=bool(d["causal"] or shape["causal"]))
     if d["seq_len_k"] is None:
         d["seq_len_k"] = d["seq_len_q"]

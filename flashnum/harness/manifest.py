@@ -201,19 +201,61 @@ def _legacy(old: dict) -> dict:
     return dict(experiment=old.get("experiment"), runs=runs + [last])
 
 
+LEGACY_KEYS = ("history", "argv", "git", "start_time")  # the earlier one-run layout's
+RECORD_TYPES = dict(run_id=str, start_time=str, end_time=str, owner=str, counts=dict,
+                    command=dict, git=dict, config=dict, reconciled=dict, argv=list,
+                    overrides=list)
+
+
+def _record_problem(r, where: str) -> str | None:
+    if not isinstance(r, dict):
+        return f"not a manifest: {where} is {json.dumps(r)[:30]}, not a record"
+    for key, kind in RECORD_TYPES.items():
+        if r.get(key) is not None and not isinstance(r[key], kind):
+            return f"not a manifest: {where}'s {key} is not a {kind.__name__}"
+    if not all(isinstance(a, str) for a in (r.get("argv") or []) + (r.get("overrides") or [])):
+        return f"not a manifest: {where}'s argv or overrides hold more than strings"
+    return None
+
+
+def problem(man) -> str | None:
+    """What keeps `man` (parsed JSON) from being a manifest of flashnum's, or None: an
+    object with "runs", a list of run records (objects whose known fields have their
+    types: run_id a string, counts an object, ...), or the earlier layout's object."""
+    if not isinstance(man, dict):
+        return f"not a manifest: a JSON {type(man).__name__}, not an object"
+    if "runs" not in man and not any(k in man for k in LEGACY_KEYS):
+        return "not a flashnum manifest: no runs"
+    recs = man.get("runs", man.get("history", []))
+    if not isinstance(recs, list):
+        return f"not a manifest: runs is a {type(recs).__name__}, not a list"
+    wheres = [f"run {i}" for i in range(len(recs))]
+    if "runs" not in man:  # the earlier layout: the top level is the latest run's record
+        recs, wheres = [*recs, man], [*wheres, "its top level"]
+    for r, where in zip(recs, wheres, strict=True):
+        why = _record_problem(r, where)
+        if why:
+            return why
+    for key, kind in (("experiment", str), ("repairs", list)):
+        if man.get(key) is not None and not isinstance(man[key], kind):
+            return f"not a manifest: {key} is not a {kind.__name__}"
+    return None
+
+
 def load(path) -> dict:
     """The manifest at `path` as {experiment, runs}; {} when there is none.
-    StoreError (one line naming the file and the repair) when it cannot be read."""
+    StoreError (one line naming the file and the repair) when it cannot be read or is not
+    a manifest of flashnum's (problem)."""
     path = Path(path)
     try:
         man = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise unreadable(path, e) from None
-    if not isinstance(man, dict) or not isinstance(man.get("runs", man.get("history", [])),
-                                                   list):
-        raise unreadable(path, "not a manifest")
+    why = problem(man)
+    if why:
+        raise unreadable(path, why)
     return _legacy(man) if "runs" not in man else man
 
 

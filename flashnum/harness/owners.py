@@ -31,11 +31,14 @@ import fcntl
 import hashlib
 import os
 import socket
+import stat
 import threading
 import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
+
+from flashnum.harness.errors import unreadable
 
 LOCK = ".lock"
 OLD_LOCK = ".compact.lock"
@@ -54,10 +57,10 @@ def host() -> str:
 def _start_time(pid: int) -> str:
     """The process's start time (clock ticks after boot), or "0" where /proc has none."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return "0"
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22, counted after the command name
+    return text.rsplit(")", 1)[1].split()[19]  # field 22, counted after the command name
 
 
 def me(run_id: str = "-") -> str:
@@ -98,6 +101,60 @@ def alive(owner: str, exp_dir: Path | None = None) -> bool:
         return False
 
 
+def _owner_line(text: str) -> bool:
+    """Whether text is an owner as some flashnum wrote it: 'host pid [start [run_id]]'."""
+    f = text.split()
+    return 2 <= len(f) <= 4 and f[1].isdigit() and (len(f) < 3 or f[2].isdigit())
+
+
+def read_owner(path: Path) -> str | None:
+    """The owner a claim or run mark names; None when it is gone. StoreError (one line, the
+    repair) for what flashnum never writes there: not a regular file, not UTF-8 text, not
+    an owner line (flashnum writes them whole, with link(2))."""
+    path = Path(path)
+    try:
+        st = path.lstat()
+        if not stat.S_ISREG(st.st_mode):
+            raise unreadable(path, "not a file flashnum writes: "
+                             + ("a folder" if stat.S_ISDIR(st.st_mode) else "a link or device"))
+        text = path.read_bytes().decode("utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except UnicodeDecodeError:
+        raise unreadable(path, "not an owner: not UTF-8 text") from None
+    except OSError as e:
+        raise unreadable(path, f"{type(e).__name__}: {e.strerror}") from None
+    if not _owner_line(text):
+        raise unreadable(path, f"not an owner (host pid start run_id): {text[:40]!r}")
+    return text
+
+
+def foreign(exp_dir) -> list[tuple[Path, str]]:
+    """What the owners' files hold that flashnum never writes, with why: a lock that is not
+    a regular file, claims/ or .runs/ that are not folders, entries of them that read_owner
+    refuses. `python -m flashnum.stored check` lists them, `repair` quarantines them, and
+    a run refuses to start on them (tidy)."""
+    exp_dir = Path(exp_dir)
+    out = []
+    for lock in (exp_dir / LOCK, exp_dir / OLD_LOCK):
+        if lock.is_symlink() or (lock.exists() and not lock.is_file()):
+            out.append((lock, "not a lock file: " + ("a link" if lock.is_symlink() else
+                                                       "a folder or device")))
+    for d in (exp_dir / CLAIMS, exp_dir / RUNS):
+        if d.is_symlink() or (d.exists() and not d.is_dir()):
+            out.append((d, "not a folder"))
+            continue
+        if d.is_dir():
+            for f in sorted(d.iterdir()):
+                if f.name.startswith("."):
+                    continue
+                try:
+                    read_owner(f)
+                except Exception as e:  # StoreError: its why
+                    out.append((f, getattr(e, "why", None) or str(e)))
+    return out
+
+
 # -- the lock ------------------------------------------------------------------------
 
 
@@ -113,7 +170,12 @@ def locked(exp_dir):
             _held[path][1] -= 1
         return
     Path(exp_dir).mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:  # never through a link, never a folder: a lock is a plain file of the store's own
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        if e.errno in (errno.EISDIR, errno.ELOOP):
+            raise unreadable(Path(path), "not a lock file: a folder or a link") from None
+        raise
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -173,10 +235,7 @@ def unregister(exp_dir, run_id: str, stop: threading.Event | None = None) -> Non
 
 
 def run_owner(exp_dir, run_id: str) -> str | None:
-    try:
-        return (Path(exp_dir) / RUNS / run_id).read_text()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+    return read_owner(Path(exp_dir) / RUNS / run_id)
 
 
 def run_alive(exp_dir, run_id: str) -> bool:
@@ -211,9 +270,8 @@ def claim(exp_dir, case_ids, run_id: str) -> list[str]:
             if _write_new(path, owner):
                 mine.append(cid)
                 break
-            try:
-                held = path.read_text()
-            except FileNotFoundError:
+            held = read_owner(path)
+            if held is None:
                 continue  # released meanwhile: try again
             if alive(held, exp_dir):
                 break
@@ -228,7 +286,7 @@ def _take_stale(path: Path, held: str) -> None:
         os.rename(path, aside)
     except FileNotFoundError:
         return
-    if aside.read_text() != held:  # not the file judged stale: put it back
+    if aside.read_bytes() != held.encode():  # not the file judged stale: put it back
         try:
             os.link(aside, path)
         except FileExistsError:
@@ -277,21 +335,18 @@ def stale(exp_dir) -> list[tuple[Path, str | None]]:
     exp_dir = Path(exp_dir)
     now, out = time.time(), []
     for d in (exp_dir, exp_dir / "parts", exp_dir / CLAIMS, exp_dir / RUNS):
-        if d.is_dir():
-            out += [(f, None) for f in d.glob(".tmp-*") if _tmp_stale(f, now)]
-            out += [(f, None) for f in d.glob(".stale-*") if _age(f, now) > 60]
+        if d.is_dir():  # only plain files: nothing of flashnum's is a folder named so
+            out += [(f, None) for f in d.glob(".tmp-*") if _plain(f) and _tmp_stale(f, now)]
+            out += [(f, None) for f in d.glob(".stale-*") if _plain(f) and _age(f, now) > 60]
     for d in (exp_dir / CLAIMS, exp_dir / RUNS):
         if d.is_dir():
             for f in d.iterdir():
                 if not f.name.startswith("."):
-                    try:
-                        held = f.read_text()
-                    except FileNotFoundError:
-                        continue
-                    if not alive(held, exp_dir):
+                    held = read_owner(f)
+                    if held is not None and not alive(held, exp_dir):
                         out.append((f, held))
     old = exp_dir / OLD_LOCK
-    if old.exists():
+    if _plain(old):
         try:
             h, pid = old.read_text().split()
             dead = h == host() and not _pid_alive(int(pid), "0")
@@ -302,8 +357,16 @@ def stale(exp_dir) -> list[tuple[Path, str | None]]:
     return out
 
 
+def _plain(f: Path) -> bool:
+    return f.is_file() and not f.is_symlink()
+
+
 def tidy(exp_dir) -> list[Path]:
-    """Remove what `stale` finds; returns what was removed (nothing on a read-only store)."""
+    """Remove what `stale` finds; returns what was removed (nothing on a read-only store).
+    StoreError (one line, the repair) first if the owners' files hold anything `foreign`."""
+    bad = foreign(exp_dir)
+    if bad:
+        raise unreadable(*bad[0])
     removed = []
     for f, held in stale(exp_dir):
         try:

@@ -4,22 +4,25 @@
     out = execute([(fn, group), ...], (experiment, exp_dir, opts), n_workers, progress)
     out["failures"], out["rows"], out["skipped"]  # summed over the tasks
 
-Cases that share their inputs go into one task (each reference is computed once); big
-groups are split so that every worker has work, and tasks run largest first. Workers
-are spawned processes with one torch thread each, so a result does not depend on how
-many run; each task is `fn(cases, *args)` returning {"n", "rows", "failures", ...}
-(and "skipped": cases another run has in flight).
+Before any worker starts, the engine's C kernels are built (or loaded from the cache:
+flashnum.engine.libraries), so that the workers load one build instead of each compiling
+its own on a first run. Cases that share their inputs go into one task (each reference
+is computed once); big groups are split so that every worker has work, and tasks run
+largest first. Workers are spawned processes with one torch thread each, so a result
+does not depend on how many run; each task is `fn(cases, *args)` returning {"n", "rows",
+"failures", ...} (and "skipped": cases another run has in flight).
 Ctrl-C or SIGTERM (KeyboardInterrupt in the parent, flashnum.harness.cli.Terminated)
 terminates the workers at once and waits for them: a task's rows are written whole or not
 at all, so the store keeps every finished task. Workers die with their parent: a worker
-asks the kernel for SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG, Linux) and
-watches its parent's pid besides (elsewhere, or a parent that died before the prctl), so
-a runner killed by SIGKILL or the OOM killer leaves no worker computing or writing.
+asks the kernel for SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG, Linux) as soon
+as its interpreter imports flashnum, before torch (flashnum.harness.lifeline), dies at
+once if its parent is gone already, and watches its parent's pid besides (elsewhere), so a
+runner killed by SIGKILL or the OOM killer, even while its workers start, leaves no worker
+running.
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
 import multiprocessing
 import os
@@ -29,11 +32,14 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 
 import torch
 from hydra.core.hydra_config import HydraConfig
 from tqdm import tqdm
 
+from flashnum.engine import libraries
+from flashnum.harness import lifeline
 from flashnum.harness.grid import Case
 
 
@@ -75,25 +81,17 @@ def n_workers(cfg) -> int:
     return n
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
 def _die_with(parent: int) -> None:
-    """SIGKILL this process when `parent` dies: the kernel's parent-death signal, and a
-    thread that polls the parent's pid every 0.5 s (other systems; a parent gone before)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
+    """SIGKILL this process when `parent` dies (lifeline.die_with, done already when the
+    worker imported flashnum), and a thread that polls the parent's pid every 0.5 s (other
+    systems than Linux)."""
+    lifeline.die_with(parent)
 
     def watch():
         while os.getppid() == parent:
             time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGKILL)  # no clean-up: nothing may be written now
 
-    if os.getppid() != parent:
-        os.kill(os.getpid(), signal.SIGKILL)
     threading.Thread(target=watch, daemon=True, name="flashnum-parent-watch").start()
 
 
@@ -109,11 +107,28 @@ def _add(out: dict, r: dict) -> None:
     out["skipped"] += r.get("skipped", [])
 
 
+@contextmanager
+def _workers_tied():
+    """While inside, a spawned process is told it is this runner's worker (lifeline.ENV):
+    it ties itself to the runner the moment it imports flashnum."""
+    old = os.environ.get(lifeline.ENV)
+    os.environ[lifeline.ENV] = str(os.getpid())
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(lifeline.ENV, None)
+        else:
+            os.environ[lifeline.ENV] = old
+
+
 def execute(tasks, args: tuple, n_workers: int, progress: bool) -> dict:
     """Run (fn, cases) tasks as fn(cases, *args) on n_workers processes.
     Returns {"failures", "rows", "skipped"} summed over the tasks."""
     total = sum(len(t) for _, t in tasks)
     out: dict = dict(failures=[], rows=0, skipped=[])
+    if total:  # the C kernels built once, here, not by every worker (announced if compiled)
+        libraries.build_all()
     # a terminal gets a live bar; a log file one line every 30 s
     bar = tqdm(total=total, unit="case", disable=not progress or total == 0, file=sys.stderr,
                dynamic_ncols=True, smoothing=0.05,
@@ -136,7 +151,8 @@ def execute(tasks, args: tuple, n_workers: int, progress: bool) -> dict:
                                initargs=(os.getpid(),))
     finished = False
     try:
-        futures = [pool.submit(fn, t, *args) for fn, t in tasks]
+        with _workers_tied():  # the workers spawn during the submits
+            futures = [pool.submit(fn, t, *args) for fn, t in tasks]
         for f in as_completed(futures):
             r = f.result()
             _add(out, r)

@@ -42,8 +42,13 @@ What it guarantees (each measured by tests/test_faults*.py and tests/test_store.
   no space keeps the parts (the table stays whole) and says so in one line; a part that
   cannot be written stops the run with one line, its finished cases stored.
 - Corruption: an unreadable file raises StoreError, one line naming it and the command
-  that repairs it (exit status 2 from a command); `repair` moves unreadable files to
-  quarantine/ and recounts, deleting nothing readable. Reading needs no write access.
+  that repairs it (exit status 2 from a command), and so does a file flashnum never
+  writes there (a table without a string case_id, a part that is another table, a
+  manifest or grid.json not of flashnum's layout, the owners' files of owners.foreign);
+  a run checks every table's footer before it computes (tidy). `problems` lists them all,
+  `repair` moves them to quarantine/ and recounts, deleting nothing readable, merging no
+  foreign table, and refuses a folder that is not a store (check_store). Reading needs
+  no write access.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -141,13 +147,47 @@ def _files(exp_dir: Path) -> list[Path]:
 
 
 def _table(f: Path, columns=None) -> pa.Table:
-    """One table file; StoreError naming it and the repair when it cannot be read."""
+    """One table file; StoreError naming it and the repair when it cannot be read or is
+    not a table of flashnum's (foreign)."""
+    why = _not_a_file(f)
+    if why:
+        raise unreadable(f, why)
     try:
-        return pq.read_table(f, columns=columns)
+        schema = pq.read_schema(f)
+        why = foreign(schema)
+        t = None if why else pq.read_table(f, columns=columns if schema.names else None)
     except FileNotFoundError:
         raise
     except (pa.ArrowException, OSError, ValueError) as e:
         raise unreadable(f, e) from None
+    if not why and schema.names and t.column("case_id").null_count:
+        why = f"not a flashnum table: {t.column('case_id').null_count} rows have no case_id"
+    if why:
+        raise unreadable(f, why)
+    return t
+
+
+def _not_a_file(f: Path) -> str | None:
+    """Why a table's path is not a file to read (pyarrow would read a folder whole as a
+    dataset), or None; a path gone meanwhile (a compaction's) is the reader's business."""
+    if f.is_symlink() and not f.exists():
+        return "not a table file: a link to nothing"
+    if f.exists() and not f.is_file():
+        return "not a table file: a folder or a device"
+    return None
+
+
+def foreign(schema: pa.Schema) -> str | None:
+    """Why a parquet file is not a table of flashnum's (every row names its case by a
+    string case_id; a table of no rows may have no column at all), or None."""
+    if not schema.names:
+        return None
+    if "case_id" not in schema.names:
+        return "not a flashnum table: no case_id column"
+    kind = schema.field("case_id").type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        return f"not a flashnum table: its case_id column holds {kind}, not strings"
+    return None
 
 
 def _again(read, attempts: int = 60):
@@ -185,15 +225,33 @@ def done_ids(name_or_path, root=None) -> set[str]:
             if key not in _IDS:
                 if len(_IDS) > 10_000:
                     _IDS.clear()
-                _IDS[key] = _table(f, ["case_id"]).column("case_id").to_pylist()
+                t = _table(f, ["case_id"])
+                _IDS[key] = t.column("case_id").to_pylist() if t.num_columns else []
             ids.update(_IDS[key])
         return ids
 
     return _again(read)
 
 
+def _strangers(files: list[Path], schemas: list[pa.Schema]) -> list[tuple[Path, str]]:
+    """The parts that share no column but case_id with the store's other table files: a
+    table of something else dropped into parts/, never merged into this one."""
+    cols = [set(sc.names) - {"case_id"} for sc in schemas]
+    out = []
+    for i, f in enumerate(files):
+        others = set().union(*(c for j, c in enumerate(cols) if j != i))
+        if f.parent.name == PARTS and cols[i] and others and not cols[i] & others:
+            out.append((f, "not a table of this store: no column but case_id in common "
+                           "with its other tables"))
+    return out
+
+
 def _read(files: list[Path]) -> pd.DataFrame:
-    frames = [_table(f).to_pandas() for f in files]
+    tables = [_table(f) for f in files]
+    bad = _strangers(files, [t.schema for t in tables]) if len(files) > 1 else []
+    if bad:
+        raise unreadable(*bad[0])
+    frames = [t.to_pandas() for t in tables]
     frames = [f for f in frames if len(f)]
     if not frames:
         return pd.DataFrame()
@@ -216,13 +274,20 @@ def write_grid(exp_dir, case_ids: list[str]) -> None:
 
 
 def grid_ids(name_or_path, root=None) -> set[str] | None:
+    """The case_ids of grid.json; None without one; StoreError when it is not flashnum's
+    ({"n": count, "case_ids": [strings]})."""
     f = experiment_dir(name_or_path, root) / GRID
     try:
-        return set(json.loads(f.read_text())["case_ids"])
+        obj = json.loads(f.read_text())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise unreadable(f, e) from None
+    ids = obj.get("case_ids") if isinstance(obj, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids) or \
+            obj.get("n") != len(ids):
+        raise unreadable(f, "not a grid.json: no n and list of case_ids")
+    return set(ids)
 
 
 def load(name_or_path, root=None, grid: bool = False,
@@ -355,9 +420,34 @@ def tidy(exp_dir) -> list[str]:
     if not exp_dir.is_dir():
         return []
     owners.tidy(exp_dir)
+    _check_schemas(exp_dir)
     return [f"{exp_dir.name}: run {r['run_id']} ({r.get('start_time')}) ended without "
             f"completing its record; reconciled: {r['reconciled']['rows_on_disk']} rows on disk"
             for r in reconcile(exp_dir)]
+
+
+def _check_schemas(exp_dir: Path) -> None:
+    """Before a run computes anything: StoreError (one line, the repair) for a table file
+    that is not flashnum's or not this store's, from the files' footers alone."""
+    files, schemas = [], []
+    for f in _files(exp_dir):
+        why = _not_a_file(f)
+        if why:
+            raise unreadable(f, why)
+        try:
+            sc = pq.read_schema(f)
+        except FileNotFoundError:
+            continue
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise unreadable(f, e) from None
+        why = foreign(sc)
+        if why:
+            raise unreadable(f, why)
+        files.append(f)
+        schemas.append(sc)
+    bad = _strangers(files, schemas)
+    if bad:
+        raise unreadable(*bad[0])
 
 
 def _rows(res: Path) -> int:
@@ -438,17 +528,74 @@ def replace(name_or_path, df: pd.DataFrame, record: dict | None = None, root=Non
 # check and repair
 
 
-def problems(exp_dir) -> list[tuple[Path, str]]:
-    """Every store file that cannot be read whole, with the reason (reads every byte)."""
+PART_NAME = re.compile(r"part-\d{20}-\d+-[^-/]+-[0-9a-f]{8}\.parquet")
+
+
+def _recognised(exp_dir: Path) -> bool:
+    """Whether the folder holds a file only flashnum writes: a manifest, grid.json, a table
+    with its case_id column (its footer alone read), a part by its name, a run mark."""
+    for m in _manifests(exp_dir):
+        try:
+            if manifest.load(m):
+                return True
+        except StoreError:
+            pass
+    for f in _files(exp_dir):
+        if f.parent.name == PARTS and PART_NAME.fullmatch(f.name):
+            return True
+        try:
+            if f.is_file() and foreign(pq.read_schema(f)) is None:
+                return True
+        except (pa.ArrowException, OSError, ValueError):
+            pass
+    try:
+        if grid_ids(exp_dir) is not None:
+            return True
+    except StoreError:
+        pass
+    runs = exp_dir / owners.RUNS
+    return runs.is_dir() and any(_owner_ok(f) for f in runs.iterdir())
+
+
+def _owner_ok(f: Path) -> bool:
+    try:
+        return owners.read_owner(f) is not None
+    except StoreError:
+        return False
+
+
+def check_store(exp_dir) -> None:
+    """StoreError (one line) unless exp_dir is a flashnum store (_recognised): `check` and
+    `repair` never judge, move or rewrite the files of a folder that is not one."""
     exp_dir = Path(exp_dir)
-    out = []
+    if not exp_dir.is_dir():
+        raise StoreError(f"no store at {exp_dir} (valid: the name of a folder under "
+                         f"store.root, or a path to one)", exp_dir)
+    if not _recognised(exp_dir):
+        raise StoreError(f"{exp_dir} is not a flashnum store: it holds no table, manifest, "
+                         f"grid.json or run mark that flashnum wrote, so nothing in it is "
+                         f"checked or moved (valid: an experiment's folder)", exp_dir)
+
+
+def problems(exp_dir) -> list[tuple[Path, str]]:
+    """Every store file a run, `load` or `repair` would trip on, with the reason (reads
+    every byte): tables that cannot be read or are not flashnum's (no case_id; a part with
+    no column in common with the rest), manifests and grid.json that are not flashnum's,
+    the owners' files flashnum never writes (owners.foreign)."""
+    exp_dir = Path(exp_dir)
+    out = list(owners.foreign(exp_dir))
+    if (exp_dir / PARTS).exists() and not (exp_dir / PARTS).is_dir():
+        out.append((exp_dir / PARTS, "not a folder"))
+    good, schemas = [], []
     for f in _files(exp_dir):
         try:
-            _table(f)
+            schemas.append(_table(f).schema)
+            good.append(f)
         except FileNotFoundError:
             continue
         except StoreError as e:
             out.append((f, e.why))
+    out += _strangers(good, schemas) if len(good) > 1 else []
     for f in _manifests(exp_dir):
         try:
             manifest.load(f)
@@ -456,29 +603,40 @@ def problems(exp_dir) -> list[tuple[Path, str]]:
             out.append((f, e.why))
     try:
         grid_ids(exp_dir)
-    except StoreError:
-        out.append((exp_dir / GRID, "not a grid.json"))
+    except StoreError as e:
+        out.append((exp_dir / GRID, e.why))
     return out
 
 
+def _quarantine(exp_dir: Path, f: Path, why: str) -> dict:
+    """Move f (a file, a folder, a link) into quarantine/, byte for byte; its record."""
+    q = exp_dir / QUARANTINE
+    if q.exists() and not q.is_dir():
+        q = exp_dir / f"{QUARANTINE}-{time.time_ns()}"
+    q.mkdir(exist_ok=True)
+    rel = f.relative_to(exp_dir)
+    name = f.name if len(rel.parts) == 1 or rel.parts[0] == PARTS else \
+        f"{rel.parts[0].lstrip('.')}-{f.name}"
+    dest = q / name
+    if dest.exists() or dest.is_symlink():
+        dest = q / f"{name}.{time.time_ns()}"
+    shutil.move(str(f), dest)
+    return dict(file=str(rel), to=str(dest.relative_to(exp_dir)), why=why)
+
+
 def repair(exp_dir) -> dict:
-    """Move every unreadable file to quarantine/ (deleting nothing), then remove what dead
-    processes left, reconcile their records and compact the readable rows.
+    """Move every file `problems` finds to quarantine/ (deleting nothing), then remove what
+    dead processes left, reconcile their records and compact the readable rows.
+    StoreError (one line) for a folder that is not a flashnum store (check_store).
     Returns {quarantined: [paths], rows, grid, missing}: missing = cases of the grid
     with no row (the next run computes them)."""
     exp_dir = Path(exp_dir)
-    moved = []
+    check_store(exp_dir)
+    # a lock that is not a plain file cannot be taken: aside first (no one can hold it)
+    moved = [_quarantine(exp_dir, f, why) for f, why in owners.foreign(exp_dir)
+             if f.name in (LOCK, owners.OLD_LOCK)]
     with owners.locked(exp_dir):
-        bad = problems(exp_dir)
-        q = exp_dir / QUARANTINE
-        for f, why in bad:
-            q.mkdir(exist_ok=True)
-            dest = q / f.name
-            if dest.exists():
-                dest = q / f"{f.name}.{time.time_ns()}"
-            shutil.move(str(f), dest)
-            moved.append(dict(file=str(f.relative_to(exp_dir)), to=str(dest.relative_to(exp_dir)),
-                              why=why))
+        moved += [_quarantine(exp_dir, f, why) for f, why in problems(exp_dir)]
         if moved:
             path = exp_dir / MANIFEST
             man = manifest.load(path) or dict(experiment=exp_dir.name, runs=[])

@@ -56,67 +56,34 @@ Limits, to keep a large model's capture bounded (applied in this order):
 
 The file is safetensors: tensors "<n>.q", "<n>.k", "<n>.v", "<n>.do", "<n>.mask" for the
 n-th kept call, and the metadata "format" (FORMAT) and "calls" (a JSON list of each call's
-fields but the tensors). load_capture reads it without pickle; another format is one
-ValueError.
+fields but the tensors). load_capture reads it without pickle, after checking the whole
+file's layout and every call's fields (flashnum.inputs.capture_file): a file of another
+format, or a malformed one, is one ValueError naming the file and what is wrong.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-FORMAT = "flashnum.capture/1"
+from flashnum.inputs.capture_file import (  # noqa: F401  (the file's API, named here too)
+    FORMAT,
+    CapturedCall,
+    CaptureError,
+    capture_index,
+    file_sha256,
+    load_call,
+    load_capture,
+    save_capture,
+)
+
 _SDPA = torch._C._nn.scaled_dot_product_attention  # F.scaled_dot_product_attention is this
-_TENSORS = ("q", "k", "v", "do", "mask")
-
-
-@dataclass(eq=False)  # tensors have no single truth value: compare fields, meta() or values
-class CapturedCall:
-    """One recorded scaled_dot_product_attention call (see the module docstring)."""
-
-    index: int  # order among every SDPA call made inside the capture, from 0
-    module: str  # dotted name of the innermost module running the call ("" the outermost)
-    module_type: str  # its class name, "" outside any module
-    q: torch.Tensor  # (batch, heads, Nq, d), the dtype it was called with
-    k: torch.Tensor  # (batch, heads, Nk, d)
-    v: torch.Tensor  # (batch, heads, Nk, dv)
-    is_causal: bool  # torch's flag as passed (top-left causal mask)
-    causal: bool | str  # flashnum's: False, True (bottom-right) or "top_left"
-    scale: float  # the softmax scale torch used
-    scale_given: float | None = None  # the scale argument as passed
-    do: torch.Tensor | None = None  # (batch, heads, Nq, dv): gradient reaching the output
-    mask: torch.Tensor | None = None  # (batch, heads, Nq, Nk) attn_mask, see mask_kind
-    mask_kind: str = "none"  # none, causal (a mask equal to the causal one), bool, additive
-    dropout_p: float = 0.0
-    enable_gqa: bool = False
-    heads: list[int] | None = None  # q's head indices kept (None: all)
-    rows: list[int] | None = None  # query row indices kept (None: all)
-    shape: dict = field(default_factory=dict)  # the shapes as called: q, k, v, mask
-    dtype: str = ""
-
-    @property
-    def qkv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.q, self.k, self.v
-
-    def meta(self) -> dict:
-        """Every field but the tensors, JSON-able (the file's index entry)."""
-        return {f: getattr(self, f) for f in self.__dataclass_fields__ if f not in _TENSORS}
-
-    def check_plain(self) -> None:
-        """ValueError when flashnum's engine cannot compute this call as recorded."""
-        if self.mask is not None:
-            raise ValueError(
-                f"captured call {self.index} ({self.module or 'no module'}) has a "
-                f"{self.mask_kind} attn_mask that is not causal; flashnum computes causal "
-                f"or unmasked attention only (valid: calls with mask_kind none or causal)")
 
 
 # -- shapes ---------------------------------------------------------------------------
@@ -430,108 +397,3 @@ class capture:
         if self.path is not None:
             save_capture(self.path, self.calls)
         return False
-
-
-# -- the file -------------------------------------------------------------------------
-
-def save_capture(path: str | Path, calls: list[CapturedCall]) -> Path:
-    """Write calls to a safetensors file (module docstring); returns path."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    for n, c in enumerate(calls):
-        for name in _TENSORS:
-            t = getattr(c, name)
-            if t is not None:
-                tensors[f"{n}.{name}"] = t.contiguous()
-    index = [c.meta() for c in calls]
-    save_file(tensors, str(path), metadata={"format": FORMAT, "calls": json.dumps(index)})
-    return path
-
-
-def _open(path: str | Path):
-    """safe_open of a capture file, its format checked: one clear error for any other file."""
-    from safetensors import safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no capture file at {path}")
-    try:
-        f = safe_open(str(path), framework="pt")
-        meta = f.metadata() or {}
-    except Exception as e:  # not a safetensors file at all
-        raise ValueError(f"{path} is not a flashnum capture ({FORMAT}, safetensors): "
-                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path} is a capture of format {meta.get('format')!r}; this flashnum "
-                         f"reads {FORMAT!r} (capture it again with this version)")
-    return f, json.loads(meta["calls"])
-
-
-def capture_index(path: str | Path) -> list[dict]:
-    """The index of a capture file (every call's fields but its tensors), tensors unread."""
-    return _open(path)[1]
-
-
-def load_capture(path: str | Path, calls=None) -> list[CapturedCall]:
-    """The calls of a capture file, as cap.calls had them; `calls`: indices to read (None: all).
-
-    Read by safetensors (no pickle). ValueError for a file of another format.
-    """
-    f, index = _open(path)
-    want = None if calls is None else {int(i) for i in calls}
-    out = []
-    names = set(f.keys())
-    for n, m in enumerate(index):
-        if want is not None and m["index"] not in want:
-            continue
-        t = {name: f.get_tensor(f"{n}.{name}") if f"{n}.{name}" in names else None
-             for name in _TENSORS}
-        out.append(CapturedCall(**m, **t))
-    return out
-
-
-def load_call(path: str | Path, call: int) -> CapturedCall:
-    """The call of a capture file whose index is `call`; ValueError naming those it holds."""
-    found = load_capture(path, calls=[call])
-    if not found:
-        have = [m["index"] for m in capture_index(path)]
-        if not have:
-            raise ValueError(f"{path} holds no attention calls")
-        raise ValueError(f"{path} holds no call {call!r}; valid: {_ranges(have)}")
-    return found[0]
-
-
-def _ranges(xs: list[int]) -> str:
-    """1, 2, 3, 5 -> '1-3, 5'."""
-    out, xs = [], sorted(xs)
-    i = 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ", ".join(out)
-
-
-def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes: what names a capture's content in a case id.
-
-    Remembered per (path, size, modification time): a grid hashes one file once.
-    """
-    st = Path(path).stat()
-    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _SHA256:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        _SHA256[key] = h.hexdigest()
-    return _SHA256[key]
-
-
-_SHA256: dict = {}
-

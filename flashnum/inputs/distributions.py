@@ -52,11 +52,13 @@ from dataclasses import dataclass, field
 import torch
 from scipy.special import stdtrit
 
-from flashnum.inputs.capture import file_sha256, load_call, select_rows
+from flashnum.engine import checks as engine_checks  # available_bytes read at each call
+from flashnum.inputs.capture import select_rows
+from flashnum.inputs.capture_file import call_shapes, file_sha256, load_bytes, load_call
 from flashnum.inputs.io import load_inputs
 from flashnum.numerics.accumulate import dot
 from flashnum.numerics.formats import FORMATS, Format
-from flashnum.numerics.tiling import causal_visible
+from flashnum.numerics.tiling import causal_visible, clamp_block
 
 # every number of this format is a bf16 number and an fp16 number
 COMMON = Format("common", 8, -14, 15)
@@ -706,6 +708,7 @@ def captured(g, sh: Shape, *, path: str = "", call: int = 0, head_ids: list | No
     recorded (capture(backward=True)), Inputs.do holds it, selected like Q.
     """
     _check(bool(path), "captured needs path=<file written by flashnum.capture>")
+    check_memory(path, call, head_ids, rows)  # the file checked and its cost, before reading
     if sha256 and file_sha256(path) != sha256:
         raise ValueError(f"{path} has changed: its sha256 is no longer {sha256}")
     c = load_call(path, call)
@@ -752,14 +755,55 @@ DISTRIBUTIONS = {
 }
 
 
-def captured_case(params: dict, seed: int) -> tuple[dict, dict]:
+def _selected(path, call, head_ids, rows) -> tuple:
+    """The shapes (q, k, v, do or None) a case reads of the call, its heads and rows kept:
+    what it costs, from the file's header alone (from above: a causal call's rows keep at
+    most every key)."""
+    sh = call_shapes(path, call)
+    b, h, nq, d = sh["q"]
+    nk, dv = sh["k"][2], sh["v"][3]
+    h = len(head_ids) if isinstance(head_ids, (list, tuple)) and head_ids else h
+    nq = min(nq, rows) if isinstance(rows, int) and not isinstance(rows, bool) else nq
+    return (b, h, nq, d), (b, h, nk, d), (b, h, nk, dv), (b, h, nq, dv) if "do" in sh else None
+
+
+def check_memory(path, call, head_ids=None, rows=None, *, block_m: int | None = None,
+                 block_n: int | None = None, backward: bool = False) -> int:
+    """The estimated peak memory of a case of captured call `call` (the call read as
+    float64, and with blocks given the engine's estimate, flashnum.engine.checks.peak_bytes,
+    at the kept shape); ValueError naming it when more than the machine has available,
+    before a byte of a tensor is read. Returns the estimate."""
+    need = load_bytes(path, call)
+    q, k, v, _ = _selected(path, call, head_ids, rows)
+    if block_m is not None and block_n is not None:
+        meta = [torch.empty(s, device="meta") for s in (q, k, v)]
+        need += engine_checks.peak_bytes(*meta, block_m=clamp_block(block_m, q[2]),
+                                         block_n=clamp_block(block_n, k[2]), backward=backward)
+    have = engine_checks.available_bytes()
+    if have is not None and need > have:
+        human = engine_checks.human
+        raise ValueError(
+            f"{path}: a case of captured call {call} needs an estimated {human(need)} of "
+            f"memory (q {q}, k {k}, v {v}, read as float64 and computed) and {human(have)} "
+            f"is available; valid: fewer rows (rows=N), fewer heads (head_ids=[...]) or a "
+            f"smaller call")
+    return need
+
+
+def captured_case(params: dict, seed: int, *, block_m: int | None = None,
+                  block_n: int | None = None, backward: bool = False) -> tuple[dict, dict]:
     """(params with the file's sha256, the shape and causal flag its inputs have).
 
-    What the harness needs to name a captured case: its content, not just its path.
+    What the harness needs to name a captured case: its content, not just its path. The
+    file is checked (flashnum.inputs.capture_file) and the case's memory estimated
+    (check_memory, with the case's blocks) before the file is hashed or read: a bad file
+    or a case too large for the machine is one ValueError.
     """
     p = {**params}
     _check(bool(p.get("path")), "distribution captured needs path=<file written by "
            "flashnum.capture> (distribution.path=FILE)")
+    check_memory(p["path"], p.get("call", 0), p.get("head_ids"), p.get("rows"),
+                 block_m=block_m, block_n=block_n, backward=backward)
     digest = file_sha256(p["path"])
     if p.get("sha256") and p["sha256"] != digest:
         raise ValueError(f"{p['path']} has changed: its sha256 is no longer {p['sha256']}")

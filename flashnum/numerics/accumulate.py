@@ -76,9 +76,10 @@ def _open(path: Path) -> ctypes.CDLL:
 
 def torch_openmp() -> dict:
     """build.shared_library's link arguments that make a library share torch's OpenMP
-    runtime (its libgomp, already loaded): one thread pool for both."""
+    runtime (its libgomp, already loaded): one thread pool for both. The cache key takes
+    torch's version, not its folder, so that every environment shares one build."""
     torch_lib = Path(torch.__file__).parent / "lib"
-    return dict(libs=[f"-Wl,-rpath,{torch_lib}"], extra=(str(torch_lib),))
+    return dict(libs=[f"-Wl,-rpath,{torch_lib}"], extra=(torch.__version__,))
 
 
 def library() -> ctypes.CDLL | None:

@@ -7,10 +7,18 @@ a line saying what was loaded or why not.
 
 A library is compiled once per cache key: the source text, the flags, the compiler (its
 path and `--version`), the CPU (model and feature flags) and any text the caller adds
-(torch's lib folder, say). So different nodes of a cluster that share a home folder never
-load each other's -march=native build: a node with other CPU flags gets another file.
-The cache is $FLASHNUM_CACHE, else ~/.cache/flashnum; a file is written under a temporary
-name and renamed into place, so concurrent builders (a sweep's workers) agree on it.
+(torch's version, say; never a path of one environment, so that every virtual environment
+on the machine shares one build). So different nodes of a cluster that share a home
+folder never load each other's -march=native build: a node with other CPU flags gets
+another file. The cache is $FLASHNUM_CACHE, else ~/.cache/flashnum.
+
+One build per machine: the builder holds an flock on `.<name>-<key>.lock` in the cache
+while it compiles (and removes it after), and a process that finds it held waits for it
+(saying so once) and then loads what it built, so a sweep's workers, or two terminals,
+never compile the same library twice. The first compilation in a process says so on stderr, once:
+"flashnum: compiling flashnum's C kernels (once per machine, ...)". The file is written
+under a temporary name and renamed into place, so a killed builder leaves nothing half
+written. `python -m flashnum.compile` builds every library ahead (flashnum.engine.libraries).
 
 `flag_sets` lists alternatives tried in order (GCC-only tuning first, say): the first that
 compiles is kept. When none does, BuildError carries the compiler's own message, and the
@@ -20,15 +28,21 @@ FLASHNUM_NATIVE=0 turns every native library off.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 _REPORT: dict[str, str] = {}
+_SAID: set[str] = set()  # the lines this process has printed (each once)
+ANNOUNCE = ("flashnum: compiling flashnum's C kernels (once per machine, about 2 minutes "
+            "on 2 cores; `python -m flashnum.compile` does it ahead) into {cache}")
 
 
 class BuildError(OSError):
@@ -91,7 +105,20 @@ def shared_library(name: str, src: str, flag_sets: list[list[str]], *,
     if so.exists():
         _REPORT[name] = f"cached: {so}"
         return so
-    so.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        so.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _failed(name, f"cannot make the cache {so.parent}: {e.strerror}") from None
+    with _one_builder(so.parent / f".{so.stem}.lock"):
+        if so.exists():  # another process built it while this one waited
+            _REPORT[name] = f"cached: {so}"
+            return so
+        say(ANNOUNCE.format(cache=so.parent))
+        return _compile(name, src, flag_sets, cc, libs, so)
+
+
+def _compile(name, src, flag_sets, cc, libs, so: Path) -> Path:
+    """Try each flag set in turn; the first that compiles is renamed into place as so."""
     with tempfile.TemporaryDirectory(dir=so.parent, prefix=f".{name}-") as tmp:
         c_file, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
         c_file.write_text(src)
@@ -100,12 +127,49 @@ def shared_library(name: str, src: str, flag_sets: list[list[str]], *,
             r = subprocess.run([cc, *flags, str(c_file), "-o", str(out), *libs],
                                capture_output=True, text=True)
             if r.returncode == 0:
-                os.replace(out, so)  # atomic: concurrent builders agree on the file
+                os.replace(out, so)  # atomic: a reader sees the whole file or none
                 _REPORT[name] = f"built: {so}"
                 return so
             why = (r.stderr or r.stdout).strip()
     lines = why.splitlines()
     raise _failed(name, f"{cc} failed: " + " | ".join(lines[-3:] if lines else ["no output"]))
+
+
+@contextmanager
+def _one_builder(path: Path):
+    """Hold an flock on path while inside: one builder of a library per machine; another
+    process asking for it waits (saying so, once) and then finds it built. Where the file
+    system has no locks, builders still agree on the file (the atomic rename)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("flashnum: waiting for another process compiling flashnum's C kernels")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass  # no flock here (some network file systems)
+        yield
+    finally:
+        # removed while held, after the library's rename: a process that locks a new file
+        # of this name afterwards finds the library built (a waiter on this one does too)
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:  # ours, not a later builder's
+                os.unlink(path)
+        except OSError:
+            pass
+        os.close(fd)  # closing drops the lock
+
+
+def say(line: str) -> None:
+    """Print line on stderr once per process (the build's announcements)."""
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line, file=sys.stderr, flush=True)
 
 
 def _failed(name: str, why: str) -> BuildError:
@@ -118,4 +182,5 @@ def report() -> dict[str, str]:
     return dict(_REPORT)
 
 
-__all__ = ["BuildError", "cache_dir", "compiler", "cpu", "key", "report", "shared_library"]
+__all__ = ["BuildError", "cache_dir", "compiler", "cpu", "key", "report", "say",
+           "shared_library"]
