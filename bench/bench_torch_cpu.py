@@ -3,7 +3,7 @@
     python bench/bench_torch_cpu.py            # writes bench/results/torch_cpu.json
     python bench/bench_torch_cpu.py --quick    # fewer shapes
 
-It times flashnum.attention(..., policy="torch_cpu") and
+It times flashnum.attention(..., model="torch_cpu") and
 torch.nn.functional.scaled_dot_product_attention (best of 3, interleaved, wall and process
 CPU time) on a set of bf16 shapes, causal or not. How exactly the two agree is the
 experiment torch_cpu_forward (python -m flashnum.run experiment=torch_cpu_forward). The
@@ -39,7 +39,7 @@ def speed(shape, causal, reps=3):
     q, k, v = [torch.randn(b, h, n, d, generator=g).bfloat16() for n in (nq, nk, nk)]
     calls = {
         "torch": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-        "model": lambda: flashnum.attention(q, k, v, precision="bf16", policy="torch_cpu",
+        "model": lambda: flashnum.attention(q, k, v, precision="bf16", model="torch_cpu",
                                             causal="top_left" if causal else False),
     }
     t = timing.interleaved(calls, reps)

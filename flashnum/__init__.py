@@ -18,12 +18,8 @@ import-linter contract in pyproject.toml ([tool.importlinter]), which `lint-impo
 # first of all: a runner's spawned worker ties its life to the runner's (harness.lifeline)
 from flashnum.harness import lifeline as _lifeline  # noqa: F401
 # isort: on
-from flashnum import (
-    backends,  # noqa: F401  (puts mp and triton behind attention(backend=))
-    reference,  # a callable package: flashnum.reference(q, k, v, ...)
-)
-from flashnum.engine import attention
-from flashnum.engine.backward import attention_backward
+from flashnum import reference  # a callable package: flashnum.reference(q, k, v, ...)
+from flashnum.api import attention, attention_backward
 from flashnum.inputs.capture import CapturedCall, capture, load_capture
 from flashnum.numerics.formats import FORMATS, get_format
 from flashnum.numerics.policy import SITES, Policy, make_policy

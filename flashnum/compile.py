@@ -19,8 +19,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from flashnum.engine import libraries
 from flashnum.harness import cli
+from flashnum.models import libraries
 from flashnum.numerics import build
 
 

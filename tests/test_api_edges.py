@@ -18,7 +18,9 @@ import torch.nn.functional as F
 import flashnum
 import flashnum.engine.checks
 from flashnum import attention, attention_backward, make_policy
-from flashnum.engine.api import attention_splitkv
+from flashnum.api import attention_splitkv
+from flashnum.engine.call import call_of
+from flashnum.engine.emulate import emulate
 from flashnum.engine.splitkv import split_attention
 from flashnum.reference import reference, reference_backward
 
@@ -96,8 +98,8 @@ REFUSED = [
                   "backend 'emulate'"]),
     ("precision mp with num_splits=2", fwd(precision="mp", num_splits=2), ValueError,
      ["split-KV (num_splits=2) is not supported", "precision 'mp'", "backend 'emulate'"]),
-    ("policy torch_cpu with num_splits=2", fwd(policy="torch_cpu", num_splits=2), ValueError,
-     ["split-KV (num_splits=2) is not supported", "policy 'torch_cpu'"]),
+    ("model torch_cpu with num_splits=2", fwd(model="torch_cpu", num_splits=2), ValueError,
+     ["model 'torch_cpu' is a model of one kernel", "num_splits=1"]),
     ("a bad dq_order", bwd(block_n=4, dq_order=[0, 0]), ValueError,
      ["dq_order [0, 0] is not a permutation of range(2)"]),
     ("causal 'yes'", fwd(causal="yes"), ValueError,
@@ -108,8 +110,8 @@ REFUSED = [
     ("top_left in the triton backward", triton_bwd(precision="fp16", causal="top_left"),
      ValueError, ["causal='top_left' is not supported by backend 'triton'"]),
     ("torch_cpu bottom-right with Nq != Nk",
-     lambda: attention(Q, K[..., :5, :], V[..., :5, :], policy="torch_cpu", causal=True),
-     ValueError, ["policy 'torch_cpu'", "top-left", "causal='top_left'"]),
+     lambda: attention(Q, K[..., :5, :], V[..., :5, :], model="torch_cpu", causal=True),
+     ValueError, ["model 'torch_cpu'", "top-left", "causal='top_left'"]),
     ("input_transform unknown", fwd(input_transform="rotate"), ValueError,
      ["unknown input_transform 'rotate'", "smooth_k"]),
 ]
@@ -173,7 +175,7 @@ def test_splits_beyond_the_key_blocks_run_as_one_per_key_block():
     kw = dict(precision="bf16", policy="fa2", block_m=4, block_n=64, order="forward",
               variant="fa2", scale=None, rounding="nearest", seed=0, backend="emulate",
               mp_bits=256, tau=8.0, beta=2.0)
-    eight = split_attention(q, k, v, num_splits=8, **kw)
+    eight = split_attention(call_of(q, k, v, num_splits=8, **kw), emulate)
     assert torch.equal(eight.out, three.out) and torch.equal(eight.lse, three.lse)
 
 

@@ -7,7 +7,7 @@ import torch
 
 from flashnum.analysis.attribution import attribute, dominant_site, rounded_sites, rss
 from flashnum.analysis.metrics import signed_err
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.inputs.distributions import make
 from flashnum.numerics.policy import Policy, make_policy
 from flashnum.reference import reference

@@ -16,6 +16,7 @@ import flashnum.audit as fa
 from flashnum.audit import Case, models
 from flashnum.audit.diagnosis import worst_case
 from flashnum.audit.ports import CHUNK, bf16_port, forgets_to_rescale_l
+from flashnum.models import MODELS
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +86,9 @@ def test_the_candidates_come_from_one_list_and_join_when_flashnum_runs_them():
         try:
             import flashnum
 
-            flashnum.attention(q, q, q, precision="bf16", policy=c.policy, variant=c.variant,
-                               causal=True)
+            kind = (dict(model=c.policy) if c.policy in MODELS
+                    else dict(policy=c.policy, variant=c.variant))
+            flashnum.attention(q, q, q, precision="bf16", causal=True, **kind)
             runs = True
         except (ValueError, TypeError, NotImplementedError, KeyError):
             runs = False

@@ -154,8 +154,8 @@ def test_torch_maths_split_scale_breaks_the_rule_in_fp32_on_large_logits():
     power of two, two extra roundings per logit). On late_max (logits up to ~7) its fp32
     error exceeds flash-attn's bound; the same operations with the scale applied once to
     S stay within it, so the split is the cause. The model torch_math repeats it exactly."""
+    from flashnum.api import attention
     from flashnum.audit.rules import aligned_reference
-    from flashnum.engine import attention
 
     case = Case("late_max", 77, 77, 128, True, 2, 1)
     inp = case.inputs()
@@ -169,7 +169,7 @@ def test_torch_maths_split_scale_breaks_the_rule_in_fp32_on_large_logits():
     once = torch.softmax(((q @ k.transpose(-1, -2)) * torch.tensor(128**-0.5))
                          .masked_fill(~torch.ones(77, 77, dtype=torch.bool).tril(),
                                       -math.inf), -1) @ v
-    model = attention(q, k, v, precision="fp32", policy="torch_math", causal="top_left").out
+    model = attention(q, k, v, precision="fp32", model="torch_math", causal="top_left").out
     assert err(kernel) > bound >= err(once)
     assert torch.equal(kernel.double(), model)
 

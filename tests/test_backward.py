@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from flashnum.engine.backward import attention_backward
+from flashnum.api import attention_backward
 from flashnum.reference import reference_backward
 
 PRESETS = ("fa2", "naive", "lowp", "exact")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flashnum.analysis.attribution_backward import attribute_backward, rounded_backward_sites
-from flashnum.engine.backward import attention_backward
+from flashnum.api import attention_backward
 from flashnum.numerics.policy import BackwardPolicy, Policy, make_backward_policy
 from flashnum.reference import reference_backward
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from flashnum.analysis.bounds_backward import GROUPS, bound_backward
-from flashnum.engine.backward import attention_backward
+from flashnum.api import attention_backward
 from flashnum.reference import reference_backward
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scipy.stats import binom
 
 from flashnum.analysis.bounds import bound
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.inputs.distributions import DISTRIBUTIONS, FROM_FILE, make
 from flashnum.reference import reference
 

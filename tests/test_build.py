@@ -78,7 +78,7 @@ def test_both_native_libraries_fall_back_saying_what_the_compiler_said(tmp_path)
     cc = tmp_path / "cc"
     cc.write_text('#!/bin/sh\necho "cc: error: this compiler refuses" >&2\nexit 1\n')
     cc.chmod(0o755)
-    code = ("from flashnum.engine import native, torch_cpu\n"
+    code = ("from flashnum.engine import native\nfrom flashnum.models import torch_cpu\n"
             "print(torch_cpu.why()); print(native.status())")
     env = {**os.environ, "CC": str(cc), "FLASHNUM_CACHE": str(tmp_path / "cache")}
     env.pop("FLASHNUM_NATIVE", None)

@@ -12,7 +12,7 @@ fp4 K with a channel offset; FA3's outlier inputs) and asserted per seed.
 import pytest
 import torch
 
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.inputs.distributions import make
 from flashnum.numerics.blockscaled import TRANSFORMS, transform_inputs
 from flashnum.numerics.policy import make_policy

@@ -34,10 +34,10 @@ def test_lint_imports_keeps_every_contract():
 
 
 def test_imports_inside_functions_are_in_the_graph_the_contract_reads(graph):
-    # flashnum.backends imports flashnum.backends.mp inside a function only
-    lines = graph.get_import_details(importer="flashnum.backends", imported="flashnum.backends.mp")
+    # flashnum.api imports flashnum.backends.mp inside a function only
+    lines = graph.get_import_details(importer="flashnum.api", imported="flashnum.backends.mp")
     assert lines and all(d["line_contents"].startswith("from ") for d in lines)
-    src = (PKG / "backends" / "__init__.py").read_text().splitlines()
+    src = (PKG / "api.py").read_text().splitlines()
     assert all(src[d["line_number"] - 1].startswith("    ") for d in lines)  # indented
 
 

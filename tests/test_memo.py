@@ -11,7 +11,7 @@ import torch
 from flashnum.analysis.bounds import bound
 from flashnum.analysis.invariants import invariants
 from flashnum.analysis.memo import kept
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.harness.grid import Case
 from flashnum.harness.run import policy_of
 from flashnum.reference import reference

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import flashnum
-from flashnum.engine.api import attention_splitkv
+from flashnum.api import attention_splitkv
 from flashnum.engine.splitkv import split_bounds
 from flashnum.numerics.policy import Policy
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import flashnum
-from flashnum.engine import torch_cpu
+from flashnum.models import torch_cpu
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
@@ -43,7 +43,7 @@ def test_the_model_equals_torch_sdpa_bit_for_bit(precision, nq, nk, d, causal):
     want, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, is_causal=causal)[:2]
     assert _same_bits(want, F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-    res = flashnum.attention(q, k, v, precision=precision, policy="torch_cpu",
+    res = flashnum.attention(q, k, v, precision=precision, model="torch_cpu",
                              causal="top_left" if causal else False)  # torch's is_causal
     assert _same_bits(res.out.to(dtype), want)
     assert _same_bits(res.lse.float(), lse)
@@ -69,14 +69,14 @@ def test_the_splits_follow_the_query_length_as_the_kernel_dispatches():
 def test_an_explicit_scale_is_used_as_the_kernel_uses_it():
     q, k, v = _inputs(1, 1, 33, 70, 48, torch.bfloat16, seed=5)
     want = F.scaled_dot_product_attention(q, k, v, scale=1.3)
-    res = flashnum.attention(q, k, v, precision="bf16", policy="torch_cpu", scale=1.3)
+    res = flashnum.attention(q, k, v, precision="bf16", model="torch_cpu", scale=1.3)
     assert _same_bits(res.out.to(torch.bfloat16), want)
 
 
 def test_a_precision_the_kernel_does_not_run_is_rejected_in_one_line():
     q, k, v = _inputs(1, 1, 4, 4, 8, torch.float32)
-    with pytest.raises(ValueError, match="fp32, bf16 or fp16"):
-        flashnum.attention(q, k, v, precision="fp8_e4m3", policy="torch_cpu")
+    with pytest.raises(ValueError, match="valid: fp32, bf16, fp16"):
+        flashnum.attention(q, k, v, precision="fp8_e4m3", model="torch_cpu")
 
 
 @pytest.mark.parametrize("nq,nk,d,causal", [(100, 100, 80, False), (300, 300, 80, True),
@@ -91,7 +91,7 @@ def test_the_packed_bf16_path_equals_torch_where_the_machine_packs(nq, nk, d, ca
     q, k, v = _inputs(1, 2, nq, nk, d, torch.bfloat16, seed=1)
     want, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, is_causal=causal)[:2]
-    res = flashnum.attention(q, k, v, precision="bf16", policy="torch_cpu",
+    res = flashnum.attention(q, k, v, precision="bf16", model="torch_cpu",
                              causal="top_left" if causal else False)  # torch's is_causal
     assert _same_bits(res.out.to(torch.bfloat16), want)
     assert _same_bits(res.lse.float(), lse)

@@ -1,4 +1,4 @@
-"""attention_backward(policy="torch_cpu") is torch's CPU SDPA backward, bit for bit.
+"""attention_backward(model="torch_cpu") is torch's CPU SDPA backward, bit for bit.
 
 The oracle is torch itself: autograd through torch.nn.functional.scaled_dot_product_attention
 (ATen's cpu_flash_attention_backward), run in a fresh interpreter with torch's default
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import flashnum
-from flashnum.engine import torch_cpu_backward as tcb
+from flashnum.models import torch_cpu_backward as tcb
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # (B, H, Nq, Nk, d, causal): one block; ragged query blocks with the causal diagonal;
@@ -91,11 +91,11 @@ def test_each_gradient_equals_torch_autograd_bit_for_bit(torch_grads, precision,
 
 
 def test_the_public_api_with_its_own_forward_equals_torch(torch_grads):
-    """flashnum.attention_backward(policy="torch_cpu") runs flashnum's torch_cpu forward
+    """flashnum.attention_backward(model="torch_cpu") runs flashnum's torch_cpu forward
     (O, LSE) and this backward: torch's gradients bit for bit, causal as torch's."""
     t = torch_grads["cases"][repr(("bf16", 1, 2, 200, 200, 64, True, 0))]
     g = flashnum.attention_backward(t["q"], t["k"], t["v"], t["do"], precision="bf16",
-                                    policy="torch_cpu", causal=True)
+                                    model="torch_cpu", causal=True)
     assert torch.equal(g.out.to(torch.bfloat16), t["out"]) and torch.equal(g.lse.float(),
                                                                            t["lse"])
     for name in ("dq", "dk", "dv"):
@@ -165,20 +165,20 @@ def test_bad_arguments_get_one_clear_error():
     q = torch.randn(1, 1, 5, 8)
     k = torch.randn(1, 1, 7, 8)
     with pytest.raises(ValueError, match="top-left"):
-        flashnum.attention_backward(q, k, k, q, precision="bf16", policy="torch_cpu",
+        flashnum.attention_backward(q, k, k, q, precision="bf16", model="torch_cpu",
                                     causal="bottom_right")
     with pytest.raises(ValueError, match="causal must be True or False"):
-        flashnum.attention_backward(q, k, k, q, precision="bf16", policy="torch_cpu",
+        flashnum.attention_backward(q, k, k, q, precision="bf16", model="torch_cpu",
                                     causal="diagonal")
-    with pytest.raises(ValueError, match="fp32, bf16 or fp16"):
-        flashnum.attention_backward(q, k, k, q, precision="fp64", policy="torch_cpu")
+    with pytest.raises(ValueError, match="valid: fp32, bf16, fp16"):
+        flashnum.attention_backward(q, k, k, q, precision="fp64", model="torch_cpu")
     with pytest.raises(ValueError, match="exp2"):
-        flashnum.attention_backward(q, k, k, q, precision="bf16", policy="torch_cpu",
+        flashnum.attention_backward(q, k, k, q, precision="bf16", model="torch_cpu",
                                     exp2=True)
     # True is bottom-right for every policy: with Nq != Nk torch's mask is named
     with pytest.raises(ValueError, match="causal='top_left'"):
-        flashnum.attention_backward(q, k, k, q, precision="bf16", policy="torch_cpu",
+        flashnum.attention_backward(q, k, k, q, precision="bf16", model="torch_cpu",
                                     causal=True)
-    a = flashnum.attention_backward(q, k, k, q, precision="bf16", policy="torch_cpu",
+    a = flashnum.attention_backward(q, k, k, q, precision="bf16", model="torch_cpu",
                                     causal="top_left")
     assert math.isfinite(float(a.dq.abs().sum()))

@@ -1,4 +1,4 @@
-"""policy="triton_tutorial": the Triton tutorial's fused-attention kernels, forward and backward.
+"""model="triton_tutorial": the Triton tutorial's fused-attention kernels, forward and backward.
 
 The oracles: (1) the tutorial's arithmetic written out here again in plain torch, loop for
 loop as the kernels run it (a tile at a time, fp32 tensors, fp16 casts by torch, exp2 and
@@ -135,12 +135,12 @@ def tutorial_backward(q, k, v, do, o, M, causal, sm_scale):
 @pytest.mark.parametrize("sm_scale", [0.5, 1.3])
 def test_forward_is_the_tutorials_arithmetic_bit_for_bit(causal, sm_scale):
     q, k, v, _ = qkv_do(256)
-    res = flashnum.attention(q, k, v, precision="fp16", policy="triton_tutorial",
+    res = flashnum.attention(q, k, v, precision="fp16", model="triton_tutorial",
                              causal=causal, scale=sm_scale)
     o, M = tutorial_forward(q, k, v, causal, sm_scale)
     assert torch.equal(res.out.float().reshape(o.shape), o)
     g = flashnum.attention_backward(q, k, v, torch.ones_like(q), precision="fp16",
-                                    policy="triton_tutorial", causal=causal, scale=sm_scale)
+                                    model="triton_tutorial", causal=causal, scale=sm_scale)
     assert torch.equal(g.lse.float().reshape(M.shape), M), "M = m + log2 l, log2 units"
 
 
@@ -148,7 +148,7 @@ def test_forward_is_the_tutorials_arithmetic_bit_for_bit(causal, sm_scale):
 def test_backward_is_the_tutorials_arithmetic_bit_for_bit(causal):
     """N = 384: three key blocks for dK/dV, the diagonal and 0-2 blocks left of it for dQ."""
     q, k, v, do = qkv_do(384, heads=1, seed=1)
-    g = flashnum.attention_backward(q, k, v, do, precision="fp16", policy="triton_tutorial",
+    g = flashnum.attention_backward(q, k, v, do, precision="fp16", model="triton_tutorial",
                                     causal=causal, scale=0.5)
     o, M = tutorial_forward(q, k, v, causal, 0.5)
     want = tutorial_backward(q, k, v, do, o.half(), M, causal, 0.5)
@@ -197,7 +197,7 @@ def test_gradients_keep_flash_attns_rule_against_exact_ones(nq, nk, causal):
     g = torch.Generator().manual_seed(2)
     q, do = (torch.randn(1, 2, nq, 64, generator=g).half() for _ in range(2))
     k, v = (torch.randn(1, 2, nk, 64, generator=g).half() for _ in range(2))
-    res = flashnum.attention_backward(q, k, v, do, precision="fp16", policy="triton_tutorial",
+    res = flashnum.attention_backward(q, k, v, do, precision="fp16", model="triton_tutorial",
                                       causal=causal)
     scale = 1 / math.sqrt(64)
     c = scale * RCP_LN2
@@ -232,7 +232,7 @@ def bare_rule_ratio(dq, q, k, v, do):
 def test_the_bare_2x_rule_is_not_enough_for_a_folded_k():
     """Why the rule above has its second term: on this input dQ breaks the bare 2x rule."""
     q, k, v, do = folded_k_case()
-    g = flashnum.attention_backward(q, k, v, do, precision="fp16", policy="triton_tutorial",
+    g = flashnum.attention_backward(q, k, v, do, precision="fp16", model="triton_tutorial",
                                     causal=True)
     assert bare_rule_ratio(g.dq, q, k, v, do) > 1
 
@@ -241,7 +241,7 @@ def test_k_carries_the_scale_in_fp16():
     """The fold into K is visible: a scale whose sm_scale * log2(e) * K rounds differently
     in fp16 than the logits would changes dQ against fa2's exp2 model, which keeps K."""
     q, k, v, do = qkv_do(128, heads=1, seed=3)
-    g = flashnum.attention_backward(q, k, v, do, precision="fp16", policy="triton_tutorial",
+    g = flashnum.attention_backward(q, k, v, do, precision="fp16", model="triton_tutorial",
                                     scale=1.3)
     f = flashnum.attention_backward(q, k, v, do, precision="fp16", policy="fa2", exp2=True,
                                     block_m=128, block_n=32, scale=1.3)
@@ -250,15 +250,15 @@ def test_k_carries_the_scale_in_fp16():
 
 @pytest.mark.parametrize("call, match", [
     (lambda q, k, v, do: flashnum.attention(q, k, v, precision="bf16",
-                                            policy="triton_tutorial"), "valid: fp16"),
+                                            model="triton_tutorial"), "valid: fp16"),
     (lambda q, k, v, do: flashnum.attention_backward(q, k[..., :64, :], v[..., :64, :], do,
                                                      precision="fp16", causal="top_left",
-                                                     policy="triton_tutorial"), "Nq == Nk"),
+                                                     model="triton_tutorial"), "Nq == Nk"),
     (lambda q, k, v, do: flashnum.attention_backward(q, k, v, do, precision="fp16",
-                                                     policy="triton_tutorial", scale=-1.0),
+                                                     model="triton_tutorial", scale=-1.0),
      "scale > 0"),
     (lambda q, k, v, do: flashnum.attention_backward(q, k, v, do, precision="fp16",
-                                                     policy="triton_tutorial", out=q,
+                                                     model="triton_tutorial", out=q,
                                                      lse=q[..., 0]), "own forward"),
 ])
 def test_what_the_kernel_cannot_take_is_refused_in_one_line(call, match):
@@ -280,7 +280,7 @@ def test_equals_the_tutorials_kernels_on_the_interpreter(monkeypatch):
 
     mod = bench.load(TUTORIAL)
     q, k, v, do = qkv_do(256)
-    g = flashnum.attention_backward(q, k, v, do, precision="fp16", policy="triton_tutorial",
+    g = flashnum.attention_backward(q, k, v, do, precision="fp16", model="triton_tutorial",
                                     causal=True, scale=0.5)
     for parts, least in (((), 0.99), (("exp2", "log2", "sum"), 1.0)):
         with bench.engine_arithmetic(parts):

@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 
 from flashnum.analysis.metrics import max_abs_err, rmse, signed_err
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.numerics.formats import EXACT, Exact
 from flashnum.numerics.policy import SITES, make_policy
 

@@ -35,7 +35,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from flashnum.engine.backward import attention_backward
+from flashnum.api import attention_backward
 from flashnum.numerics.accumulate import rowsum
 from flashnum.numerics.policy import BWD_SITES, SITES, Policy, make_backward_policy
 

@@ -52,44 +52,19 @@ from flashnum.audit.gradients import GRADS
 from flashnum.audit.models import backward_kw
 from flashnum.audit.rules import DTYPES, RULES
 from flashnum.audit.standard import visible
-from flashnum.engine.kernel_models import KERNEL_MODELS, attention_kernel_model
+from flashnum.audit.targets import GPU_COMMAND, TARGETS
 from flashnum.engine.variants import FA2, variant_of
+from flashnum.models import MODELS as REGISTERED
 
-# the flashnum model of each target: a policy, or a policy with variant and block_n
-MODELS = {
-    "torch_sdpa": "torch_cpu", "torch_flash_cpu": "torch_cpu", "flashnum_triton": "fa2",
-    "flash_attn": "fa2", "torch_math": "torch_math", "hf_eager": "naive",
-    "jax_xla": "jax_xla", "jax_pallas": "fa2:exp2:128", "ort_attention": "ort_cpu",
-    "ort_mha": "torch_math",
-}
-# the model of each kernel's gradients (flashnum.attention_backward; the kernel models of
-# flashnum.engine.kernel_models have no backward), and the candidates beside it
-GRAD_MODELS = {"torch_sdpa": "torch_cpu", "torch_flash_cpu": "torch_cpu",
-               "flashnum_triton": "fa2", "flash_attn": "fa2", "torch_math": "naive@fp32",
-               "hf_eager": "naive", "jax_xla": "naive", "jax_pallas": "fa2:exp2:32x32"}
+# every target's model, gradient model, packages and flags: flashnum.audit.targets.TARGETS
 GRAD_CANDIDATES = ("naive", "naive@fp32", "fa2", "fa2:exp2", "fa2:fa2:32x32",
                    "fa2:exp2:32x32", "fa2:exp2:128x128", "lowp", "torch_cpu")
-INFERENCE_ONLY = ("ort_attention", "ort_mha")  # ONNX Runtime's kernels: no gradient
 # the candidates a kernel is compared with; "policy[:variant[:block_n]]"
 CANDIDATES = ("naive", "fa2", "fa2:fa2:128", "fa2:exp2", "fa2:exp2:128", "lowp", "torch_cpu",
               "jax_xla", "torch_math", "ort_cpu")
 # packages whose versions the manifest records beside flashnum.harness.manifest.versions()
 PACKAGES = ("jax", "jaxlib", "onnx", "onnxruntime", "transformers", "ml_dtypes", "triton",
             "flash_attn")
-GPU_COMMAND = "python bench/audit_gpu.py"
-# kernels that need a CUDA GPU: the table lists each with the command that adds it
-GPU_ONLY = {
-    "flash_attn": ("flash-attn 2 (flash_attn_func)", GPU_COMMAND),
-    "cudnn": ("cuDNN SDPA (SDPBackend.CUDNN_ATTENTION)", GPU_COMMAND),
-    "fa3": ("FlashAttention-3 fp8 (flash_attn_interface, Hopper)", GPU_COMMAND),
-    "fa4": ("FlashAttention-4 (flash_attn.cute, Blackwell)",
-            "python -m flashnum.audit target=MODULE:FUNCTION (a wrapper with the signature "
-            "fn(q, k, v, causal, scale); no named target yet)"),
-    "sage": ("SageAttention (sageattention.sageattn)",
-             "python -m flashnum.audit target=MODULE:FUNCTION (a wrapper; no named target yet)"),
-}
-
-
 def model_kwargs(spec: str) -> dict:
     """flashnum.attention keyword arguments of a model spec
     'policy[:variant[:block_n or block_mxblock_n]][@precision]' (@fp32: the model computes
@@ -97,7 +72,7 @@ def model_kwargs(spec: str) -> dict:
     math backend widens bf16 and fp16 inputs; the key "compute" holds it)."""
     spec, _, compute = spec.partition("@")
     policy, *rest = spec.split(":")
-    kw = dict(policy=policy)
+    kw = dict(model=policy) if policy in REGISTERED else dict(policy=policy)
     if rest:
         kw["variant"] = rest[0]
     if len(rest) > 1:
@@ -113,7 +88,7 @@ def model_kwargs(spec: str) -> dict:
 def model_label(spec: str) -> str:
     """'fa2:exp2:128' -> 'fa2, variant exp2, block_n 128'."""
     kw = model_kwargs(spec)
-    out = kw["policy"]
+    out = kw.get("model") or kw["policy"]
     if variant_of(kw.get("variant", FA2.name)) != FA2():
         out += f", variant {kw['variant']}"
     if "block_m" in kw:
@@ -137,11 +112,11 @@ def model_grads(spec, q, k, v, do, *, precision, causal, alignment, scale):
     """The model's (dq, dk, dv) (float64) by flashnum.attention_backward under the kernel's
     causal alignment, or None for a model without a backward. Variant exp2 recomputes P
     in base 2 (exp2=True)."""
-    from flashnum.engine.backward import attention_backward
+    from flashnum.api import attention_backward
 
     kw = model_kwargs(spec)
-    if kw["policy"] in KERNEL_MODELS:
-        return None  # no backward of these models
+    if "model" in kw and REGISTERED[kw["model"]].backward is None:
+        return None  # a model of a kernel with no backward
     kw.update(backward_kw(kw.get("variant", FA2.name)))
     dtype = DTYPES[precision]
     prec, (q, k, v, do) = _computed(kw, precision, (q, k, v, do))
@@ -155,12 +130,9 @@ def model_grads(spec, q, k, v, do, *, precision, causal, alignment, scale):
 def model_out(spec, q, k, v, *, precision, causal, alignment, scale):
     """The model's output (float64) under the kernel's causal alignment (flashnum takes
     either by name; a model that cannot, torch_cpu bottom-right, raises ValueError)."""
-    from flashnum.engine import attention
+    from flashnum.api import attention
 
     kw = model_kwargs(spec)
-    if kw["policy"] in KERNEL_MODELS:  # these take either alignment
-        return attention_kernel_model(q, k, v, kw["policy"], precision=precision,
-                                      causal=alignment if causal else False, scale=scale).out
     dtype = DTYPES[precision]
     prec, (q, k, v) = _computed(kw, precision, (q, k, v))
     out = attention(q, k, v, precision=prec, causal=alignment if causal else False,
@@ -187,22 +159,18 @@ def agreement(o: torch.Tensor, mo: torch.Tensor, dtype) -> tuple[int, int, int]:
 
 
 MISSING = "missing"  # the status of a target whose package is not installed here
-# the packages of the targets outside LIBRARY_TARGETS, and the extra that installs them
-NEEDS = {"flashnum_triton": (("triton",), "triton")}
 
 
 def missing(target: str) -> tuple[str, str] | None:
     """(status, what installs it) for a target that cannot run here, or None: "missing"
-    and `pip install 'flashnum[EXTRA]'` for a package not installed (every target alike:
+    and the target's install command for a package not installed (every target alike:
     triton, jax, onnx), "needs a GPU and flash-attn" for flash_attn."""
-    from flashnum.audit.targets import EXTRA, LIBRARY_TARGETS
-
-    if target == "flash_attn" and importlib.util.find_spec("flash_attn") is None:
+    t = TARGETS[target]
+    lacking = [p for p in t.packages if importlib.util.find_spec(p) is None]
+    if t.gpu_only and lacking:
         return "needs a GPU and flash-attn", GPU_COMMAND
-    pkgs, extra = NEEDS.get(target, (LIBRARY_TARGETS.get(target, (None, ()))[1], EXTRA))
-    lacking = [p for p in pkgs if importlib.util.find_spec(p) is None]
     if lacking:
-        return MISSING, f"{', '.join(lacking)}: pip install 'flashnum[{extra}]'"
+        return MISSING, f"{', '.join(lacking)}: {t.install}"
     return None
 
 
@@ -348,7 +316,7 @@ def table_row(target: str, precision: str, budget: str,
         return dict(row, status=why[0], install=why[1]), None
     fn, alignment, _ = resolve(target)
     case_list = cases(budget)
-    backward = target not in INFERENCE_ONLY
+    backward = not TARGETS[target].inference
     t0 = time.perf_counter()
     rep = audit(fn, precision=precision, alignment=alignment, budget=budget,
                 model=None, case_list=case_list,
@@ -372,7 +340,7 @@ def table_row(target: str, precision: str, budget: str,
                lse_checked=bool("lse_err_max" in t and t["lse_err_max"].notna().any()))
     if backward:
         row.update(_grad_columns(t))
-        gmodel = GRAD_MODELS.get(target)
+        gmodel = TARGETS[target].grad_model
         gspecs = tuple(dict.fromkeys(((gmodel,) if gmodel else ()) + GRAD_CANDIDATES))
         gagree = _grad_agreements(fn, case_list, precision, alignment, gspecs)
         pooled = {s: tuple(sum(d[g][i] for g in GRADS) for i in range(3))
@@ -388,7 +356,7 @@ def table_row(target: str, precision: str, budget: str,
             row.update(grad_model=model_label(gmodel),
                        grad_model_bitwise=_share(pooled[gmodel]),
                        grad_model_ulp1=pooled[gmodel][1] / pooled[gmodel][2])
-    model = MODELS.get(target)
+    model = TARGETS[target].model
     specs = tuple(dict.fromkeys(((model,) if model else ()) + CANDIDATES))
     agree = _agreements(fn, case_list, precision, alignment, specs)
     if model:

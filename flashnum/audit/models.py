@@ -28,9 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from flashnum.engine.variants import FA2, variant_of
+from flashnum.models import MODELS
 from flashnum.numerics.policy import PRESETS
-
-OWN_ALIGNMENT = {"torch_cpu": "top_left"}  # every other model: bottom_right
 
 
 @dataclass(frozen=True)
@@ -57,6 +56,8 @@ class Candidate:
         return self.policy in PRESETS and self.policy != "naive"
 
     def _kw(self) -> dict:
+        if self.policy in MODELS:  # a model of a real kernel: its own tiles and variant
+            return dict(model=self.policy)
         return dict(policy=self.policy, variant=self.variant, block_n=self.block_n)
 
     @classmethod
@@ -88,12 +89,13 @@ def _causal(c: Candidate, causal: bool, alignment: str, nq: int, nk: int):
         return True
     if _accepts_alignment(c, alignment):  # the alignment by name (True is bottom-right)
         return alignment
-    return True if OWN_ALIGNMENT.get(c.policy, "bottom_right") == alignment else None
+    own = MODELS[c.policy].alignment if c.policy in MODELS else "bottom_right"
+    return True if own == alignment else None
 
 
 @functools.cache
 def _accepts_alignment(c: Candidate, alignment: str) -> bool:
-    from flashnum.engine import attention
+    from flashnum.api import attention
 
     q = torch.zeros(1, 3, 4)
     try:
@@ -105,7 +107,7 @@ def _accepts_alignment(c: Candidate, alignment: str) -> bool:
 
 def forward(c: Candidate, q, k, v, *, precision, causal, alignment, scale=None):
     """The model's output (float64), or None where it cannot take the kernel's mask."""
-    from flashnum.engine import attention
+    from flashnum.api import attention
 
     cz = _causal(c, causal, alignment, q.shape[-2], k.shape[-2])
     if cz is None:
@@ -115,11 +117,14 @@ def forward(c: Candidate, q, k, v, *, precision, causal, alignment, scale=None):
 
 def backward(c: Candidate, q, k, v, do, *, precision, causal, alignment, scale=None):
     """The model's gradients (flashnum.attention_backward's Gradients), or None as forward."""
-    from flashnum.engine.backward import attention_backward
+    from flashnum.api import attention_backward
 
     cz = _causal(c, causal, alignment, q.shape[-2], k.shape[-2])
     if cz is None:
         return None
+    if c.policy in MODELS:
+        return attention_backward(q, k, v, do, precision=precision, causal=cz, scale=scale,
+                                  model=c.policy)
     return attention_backward(q, k, v, do, precision=precision, causal=cz, scale=scale,
                               policy=c.policy, block_n=c.block_n, **backward_kw(c.variant))
 

@@ -1,14 +1,15 @@
-"""Kernels an audit can be pointed at by name, and how each aligns its causal mask.
+"""Kernels an audit can be pointed at by name: one Target each, in TARGETS.
 
-    from flashnum.audit.targets import resolve
-    fn, alignment, model = resolve("torch_sdpa")
+    from flashnum.audit.targets import TARGETS, resolve
+    t = TARGETS["torch_sdpa"]; t.alignment, t.model, t.grad_model, t.packages, t.inference
+    fn, alignment, model = resolve("torch_sdpa")      # or resolve("pkg.mod:func")
 
 Every target is fn(q, k, v, causal=False, scale=None) -> out (or (out, lse)), with q, k, v
 of one dtype and shape (B, H, N, d) and out in that dtype.
 
   torch_sdpa       torch.nn.functional.scaled_dot_product_attention (is_causal aligns
                    top-left: query i sees keys 0..i). On CPU it runs ATen's flash kernel,
-                   modelled by policy torch_cpu
+                   modelled by model torch_cpu (flashnum.models)
   torch_flash_cpu  the same CPU kernel through its op, returning the log-sum-exp too
   flashnum_triton  flashnum's own Triton kernel (flashnum.backends.triton; the CPU
                    interpreter without a GPU), fa2 policy, bottom-right alignment; its
@@ -36,25 +37,60 @@ Pallas's own backward kernels).
 from __future__ import annotations
 
 import importlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-NAMES = ("torch_sdpa", "torch_flash_cpu", "flashnum_triton", "flash_attn", "torch_math",
-         "hf_eager", "jax_xla", "jax_pallas", "ort_attention", "ort_mha")
-# target -> (module, the packages it imports, causal alignment, model): the targets of
-# other libraries, each in its own module; a missing package is named with the extra
-# that installs it. The model is the flashnum policy that reproduces the kernel most
-# closely (docs/audit.md, measured by experiment=kernel_table), as a model spec
-# 'policy[:variant[:block_n]]' (flashnum.audit.models.Candidate.of).
-LIBRARY_TARGETS = {
-    "torch_math": ("targets_torch", (), "top_left", "torch_math"),
-    "hf_eager": ("targets_torch", (), "bottom_right", "naive"),
-    "jax_xla": ("targets_jax", ("jax",), "top_left", "jax_xla"),
-    "jax_pallas": ("targets_jax", ("jax",), "top_left", "fa2:exp2:128"),
-    "ort_attention": ("targets_ort", ("onnx", "onnxruntime"), "top_left", "ort_cpu"),
-    "ort_mha": ("targets_ort", ("onnx", "onnxruntime"), "top_left", "torch_math"),
-}
-EXTRA = "kernels"  # pip install 'flashnum[kernels]': jax, onnx, onnxruntime
+
+@dataclass(frozen=True)
+class Target:
+    """One kernel an audit can be pointed at by name: everything the audit, the kernel
+    table and the diagnosis know of it, in one place.
+
+    fn          fn(q, k, v, causal=False, scale=None) -> out or (out, lse); a function of
+                this module, or "module:function" imported on first use (a library's
+                target lives in its own module)
+    alignment   its causal mask: "top_left" (torch's is_causal) or "bottom_right"
+    model       the flashnum model that reproduces it most closely (docs/audit.md, measured
+                by experiment=kernel_table), as a model spec: a kernel model of
+                flashnum.models.MODELS, or 'policy[:variant[:block_n or bm x bn]][@fp32]'
+                (flashnum.audit.kernel_table.model_kwargs); None: none claimed
+    grad_model  the model of its gradients, the same way (None: none claimed)
+    packages    what it imports; a missing one is named with `install`, the command that
+                installs it
+    gpu_only    runs only on a CUDA GPU (the kernel table names the command that adds it)
+    inference   no gradient (ONNX Runtime's kernels): the gradient audit says so, one line
+    """
+
+    name: str
+    fn: Callable | str | None
+    alignment: str
+    model: str | None = None
+    grad_model: str | None = None
+    packages: tuple[str, ...] = ()
+    install: str = "pip install 'flashnum[kernels]'"
+    gpu_only: bool = False
+    inference: bool = False
+    what: str = ""
+
+    def function(self) -> Callable:
+        """fn, imported where named by its module (after checking its packages)."""
+        lacking = [p for p in self.packages if importlib.util.find_spec(p) is None]
+        if lacking:
+            raise ValueError(f"target {self.name} needs the {', '.join(lacking)} package: "
+                             f"{self.install}")
+        if self.fn is None:
+            raise ValueError(f"target {self.name} has no function here ({self.what}): "
+                             "python -m flashnum.audit target=MODULE:FUNCTION audits a wrapper")
+        if isinstance(self.fn, str):
+            mod, _, name = self.fn.partition(":")
+            return getattr(importlib.import_module(mod), name)
+        return self.fn
+
+
+GPU_COMMAND = "python bench/audit_gpu.py"
 
 
 def torch_sdpa(q, k, v, causal=False, scale=None):
@@ -76,7 +112,7 @@ class _TritonAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):
-        from flashnum.engine import attention
+        from flashnum.api import attention
 
         precision = _PRECISION[q.dtype]
         res = attention(q, k, v, precision=precision, policy="fa2", backend="triton",
@@ -113,26 +149,51 @@ def flash_attn(q, k, v, causal=False, scale=None):
     return out.transpose(1, 2)
 
 
+_WRAPPER = ("python -m flashnum.audit target=MODULE:FUNCTION (a wrapper with the signature "
+            "fn(q, k, v, causal, scale); no named target yet)")
+TARGETS: dict[str, Target] = {t.name: t for t in (
+    Target("torch_sdpa", torch_sdpa, "top_left", "torch_cpu", "torch_cpu",
+           what="torch.nn.functional.scaled_dot_product_attention"),
+    Target("torch_flash_cpu", torch_flash_cpu, "top_left", "torch_cpu", "torch_cpu",
+           what="the same CPU kernel through its op, with its LSE"),
+    Target("flashnum_triton", flashnum_triton, "bottom_right", "fa2", "fa2",
+           packages=("triton",), install="pip install 'flashnum[triton]'",
+           what="flashnum's own Triton kernel"),
+    Target("flash_attn", flash_attn, "bottom_right", "fa2", "fa2", packages=("flash_attn",),
+           install=f"a CUDA GPU and flash-attn: {GPU_COMMAND}", gpu_only=True,
+           what="flash-attn 2 (flash_attn_func)"),
+    Target("torch_math", "flashnum.audit.targets_torch:torch_math", "top_left", "torch_math",
+           "naive@fp32", what="torch's SDPA on its math backend"),
+    Target("hf_eager", "flashnum.audit.targets_torch:hf_eager", "bottom_right", "naive",
+           "naive", what="transformers' eager_attention_forward"),
+    Target("jax_xla", "flashnum.audit.targets_jax:jax_xla", "top_left", "jax_xla", "naive",
+           packages=("jax",), what='jax.nn.dot_product_attention(implementation="xla")'),
+    Target("jax_pallas", "flashnum.audit.targets_jax:jax_pallas", "top_left", "fa2:exp2:128",
+           "fa2:exp2:32x32", packages=("jax",), what="Pallas's FlashAttention kernel mha"),
+    Target("ort_attention", "flashnum.audit.targets_ort:ort_attention", "top_left", "ort_cpu",
+           packages=("onnx", "onnxruntime"), inference=True,
+           what="ONNX Attention (opset 23) on ONNX Runtime's CPU provider"),
+    Target("ort_mha", "flashnum.audit.targets_ort:ort_mha", "top_left", "torch_math",
+           packages=("onnx", "onnxruntime"), inference=True,
+           what="com.microsoft.MultiHeadAttention on ONNX Runtime"),
+    Target("cudnn", None, "bottom_right", gpu_only=True, install=GPU_COMMAND,
+           what="cuDNN SDPA (SDPBackend.CUDNN_ATTENTION)"),
+    Target("fa3", None, "bottom_right", gpu_only=True, install=GPU_COMMAND,
+           what="FlashAttention-3 fp8 (flash_attn_interface, Hopper)"),
+    Target("fa4", None, "bottom_right", gpu_only=True, install=_WRAPPER,
+           what="FlashAttention-4 (flash_attn.cute, Blackwell)"),
+    Target("sage", None, "bottom_right", gpu_only=True, install=_WRAPPER,
+           what="SageAttention (sageattention.sageattn)"),
+)}
+NAMES = tuple(n for n, t in TARGETS.items() if t.fn is not None)  # what target= takes
+
+
 def resolve(target: str):
-    """(fn, alignment, model) for a target name or 'module:function'."""
-    if target == "torch_sdpa":
-        return torch_sdpa, "top_left", "torch_cpu"
-    if target == "torch_flash_cpu":
-        return torch_flash_cpu, "top_left", "torch_cpu"
-    if target == "flashnum_triton":
-        return flashnum_triton, "bottom_right", "fa2"
-    if target == "flash_attn":
-        if importlib.util.find_spec("flash_attn") is None:
-            raise ValueError("target flash_attn: the flash_attn package is not installed")
-        return flash_attn, "bottom_right", "fa2"
-    if target in LIBRARY_TARGETS:
-        mod, needs, alignment, model = LIBRARY_TARGETS[target]
-        for pkg in needs:
-            if importlib.util.find_spec(pkg) is None:
-                raise ValueError(f"target {target} needs the {pkg} package: "
-                                 f"pip install 'flashnum[{EXTRA}]'")
-        fn = getattr(importlib.import_module(f"flashnum.audit.{mod}"), target)
-        return fn, alignment, model
+    """(fn, alignment, model) for a target name or 'module:function' (alignment top_left
+    unless told, no model)."""
+    if target in TARGETS and TARGETS[target].fn is not None:
+        t = TARGETS[target]
+        return t.function(), t.alignment, t.model
     if ":" in target:
         mod, _, name = target.partition(":")
         try:

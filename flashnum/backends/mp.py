@@ -27,6 +27,15 @@ from flashnum.engine.variants import variant_of
 from flashnum.numerics.tiling import causal_visible, key_block_order, n_blocks, needs_block_max
 
 
+def run_call(call) -> Result:
+    """A checked call (flashnum.engine.call.Call) at call.mp_bits: the recurrence itself, no
+    per-site formats, no rounding mode."""
+    return attention_mp(call.q, call.k, call.v, bits=call.mp_bits, block_m=call.block_m,
+                        block_n=call.block_n, order=call.order, variant=call.variant,
+                        causal=call.causal, scale=call.scale, seed=call.seed,
+                        trace=call.trace)
+
+
 def attention_mp(q, k, v, *, bits=256, block_m=64, block_n=64, order="forward", variant="fa2",
                  causal=False, scale=None, seed=0, trace=False, tau=None, beta=None) -> Result:
     """The recurrence at `bits` bits; `variant` a flashnum.engine.variants.Variant or its

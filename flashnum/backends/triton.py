@@ -526,6 +526,14 @@ def _result(k_out: dict, order_full, device, lead, nq: int, dv: int, n_kb: int, 
     )
 
 
+def run_call(call) -> Result:
+    """A checked call (flashnum.engine.call.Call) on the kernel, its launch at the defaults."""
+    return attention_triton(call.q, call.k, call.v, policy=call.pol, precision=call.precision,
+                            block_m=call.block_m, block_n=call.block_n, order=call.order,
+                            variant=call.variant, causal=call.causal, scale=call.scale,
+                            seed=call.seed, trace=call.trace, rounding=call.rounding)
+
+
 def attention_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -649,14 +657,15 @@ def compare_with_engine(q, k, v, **kw) -> dict:
     that cancel (|out| << that magnitude) differ by many ulps of |out| for a one-ulp
     change of an fp32 intermediate; the scaled unit does not count cancellation.
     """
-    from flashnum.engine.api import attention
+    from flashnum.engine.call import call_of
+    from flashnum.engine.emulate import emulate
 
     q, k, v = (x.detach().cpu() for x in (q, k, v))
     res_k = attention_triton(q, k, v, **kw)
     kernel_only = ("input_precision", "fp_fusion", "fp8_max_imprecise_acc", "num_warps",
                    "num_stages")
     kw_e = {a: b for a, b in kw.items() if a not in kernel_only}
-    res_e = attention(q, k, v, backend="emulate", **kw_e)
+    res_e = emulate(call_of(q, k, v, backend="emulate", **kw_e))
     pol = make_policy(kw.get("policy", "fa2"), kw.get("precision", "bf16"))
     fin, fout = get_format(pol.inputs), get_format(pol.out)
     qr, kr, vr = (fin.round(x.detach().to(torch.float64)) for x in (q, k, v))

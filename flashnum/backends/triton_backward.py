@@ -50,7 +50,8 @@ from flashnum.backends.triton import _TORCH, INTERPRET, _cast, _dot, _round_rne 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from flashnum.engine.backward import _check
+from flashnum.engine.backward import check_backward
+from flashnum.engine.call import backward_call_of
 from flashnum.engine.result import Gradients
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import get_format
@@ -221,10 +222,15 @@ def attention_backward_triton(q, k, v, do, *, precision="bf16", policy="fa2", bl
                               block_n=32, causal=False, scale=None, dq_order="forward", seed=0,
                               out=None, lse=None, exp2=False) -> Gradients:
     """dQ, dK, dV by the Triton kernels (see the module docstring)."""
-    o = _check(q, k, v, do, out, lse, precision=precision, policy=policy, block_m=block_m,
-               block_n=block_n, order="forward", causal=causal, scale=scale,
-               rounding="nearest", seed=seed, dq_order=dq_order, backend="triton")
-    causal, scale, seed = o.causal, o.scale, o.seed  # top_left refused there (bottom-right)
+    call = backward_call_of(q, k, v, do, precision=precision, policy=policy, block_m=block_m,
+                            block_n=block_n, causal=causal, scale=scale, seed=seed,
+                            dq_order=dq_order, out=out, lse=lse, exp2=exp2)
+    check_backward(call)
+    if call.causal == "top_left":  # the kernels write the bottom-right rule out themselves
+        raise ValueError("causal='top_left' is not supported by backend 'triton' (its "
+                         "kernels are bottom-right aligned); valid there: False, True, "
+                         "'bottom_right'")
+    causal, scale, seed = call.causal, call.scale, call.seed
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} not in the kernel; valid: "
                          f"{', '.join(PRECISIONS)}")
@@ -238,10 +244,10 @@ def attention_backward_triton(q, k, v, do, *, precision="bf16", policy="fa2", bl
     d, nq, nk, dv = q.shape[-1], q.shape[-2], k.shape[-2], v.shape[-1]
     sc = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if out is None:
-        from flashnum.engine.api import attention
+        from flashnum.backends.triton import attention_triton
 
-        res = attention(q, k, v, precision=precision, policy=pol.forward, block_m=block_m,
-                        block_n=block_n, causal=causal, scale=sc, backend="triton")
+        res = attention_triton(q, k, v, precision=precision, policy=pol.forward,
+                               block_m=block_m, block_n=block_n, causal=causal, scale=sc)
         out, lse = res.out, res.lse
     fin, fout = pol.forward.inputs, pol.out
     lead = q.shape[:-2]
@@ -285,15 +291,16 @@ def compare_backward(q, k, v, do, **kw) -> dict:
     the same in ulps at the gradient's largest entry (entries that cancel to far below
     it move by many of their own ulps for one ulp of an fp32 intermediate)}."""
     from flashnum.backends.triton import ulp_distribution
-    from flashnum.engine.api import attention
-    from flashnum.engine.backward import attention_backward
+    from flashnum.engine.backward import backward
+    from flashnum.engine.call import backward_call_of, call_of
+    from flashnum.engine.emulate import emulate
 
     precision = kw.get("precision", "bf16")
-    fwd = attention(q, k, v, precision=precision, block_m=kw.get("block_m", 32),
-                    block_n=kw.get("block_n", 32), causal=kw.get("causal", False),
-                    scale=kw.get("scale"))
+    fwd = emulate(call_of(q, k, v, precision=precision, block_m=kw.get("block_m", 32),
+                          block_n=kw.get("block_n", 32), causal=kw.get("causal", False),
+                          scale=kw.get("scale")))
     gk = attention_backward_triton(q, k, v, do, out=fwd.out, lse=fwd.lse, **kw)
-    ge = attention_backward(q, k, v, do, out=fwd.out, lse=fwd.lse, **kw)
+    ge = backward(backward_call_of(q, k, v, do, out=fwd.out, lse=fwd.lse, **kw))
     fout = get_format(make_backward_policy(kw.get("policy", "fa2"), precision).out)
     out = {}
     for name in ("dq", "dk", "dv"):

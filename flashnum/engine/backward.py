@@ -65,25 +65,22 @@ it) and L2 = fl_lse(L log2 e) (the stored LSE in log2 units, g.lse then in those
 dK and dQ are still multiplied by the natural scale. The flash structure only (naive is
 autograd of standard attention, which has no stored LSE). The tutorial folds log2 e into
 K itself, in the input dtype (`k * (sm_scale * RCP_LN2)`, then dQ *= ln 2): not modelled
-here (policy="triton_tutorial" models that kernel, flashnum.engine.triton_tutorial), nor
+here (model="triton_tutorial" models that kernel, flashnum.models.triton_tutorial), nor
 FMA contraction.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
 from flashnum.engine import fused_backward, native
 from flashnum.engine.arith import Arith, carrier, wider
-from flashnum.engine.checks import (
-    check_finite,
-    check_flag,
-    check_memory,
-    check_options,
-    check_tensors,
-)
+from flashnum.engine.call import OPTIONS, BackwardCall, Call
+from flashnum.engine.checks import check_finite, check_memory
+from flashnum.engine.emulate import emulate
 from flashnum.engine.result import Gradients
 from flashnum.numerics import accumulate
 from flashnum.numerics.constants import LOG2E
@@ -102,11 +99,10 @@ FP32 = FORMATS["fp32"]
 _CHUNK = 1 << 24  # logits per row chunk of the standard structure
 
 
-def _check(q, k, v, do, out, lse, **options):
-    """The forward's checks (flashnum.engine.checks) and those of do, out and lse; the
-    options come back checked and clamped to the shape."""
-    check_tensors(q, k, v, do)
-    o = check_options(q, k, v, backward=True, **options)
+def check_backward(call: BackwardCall) -> None:
+    """What the backward checks beyond the forward's (flashnum.engine.checks): out= and lse=
+    (both or neither, their shapes), the memory, finite inputs."""
+    q, v, out, lse = call.q, call.v, call.out, call.lse
     if (out is None) != (lse is None):
         raise ValueError("give both out= and lse= (the forward's O and LSE), or neither")
     want = (*q.shape[:-1], v.shape[-1])
@@ -118,85 +114,28 @@ def _check(q, k, v, do, out, lse, **options):
             if tuple(x.shape) != shape:
                 raise ValueError(f"out {tuple(out.shape)} / lse {tuple(lse.shape)}; valid: "
                                  f"{want} and {want[:-1]}")
-    pol = options["policy"]
-    standard = (isinstance(pol, BackwardPolicy) or pol in PRESETS) and make_backward_policy(
-        pol, options["precision"]).structure == "standard"
-    check_memory(q, k, v, o, backward=True, standard=standard)
-    check_finite(q=q, k=k, v=v, do=do, **({} if out is None else {"out": out}))
-    return o
+    pol = call.policy
+    standard = call.model is None and (isinstance(pol, BackwardPolicy) or pol in PRESETS) and \
+        make_backward_policy(pol, call.precision).structure == "standard"
+    check_memory(q, call.k, v, call, backward=True, standard=standard)
+    check_finite(q=q, k=call.k, v=v, do=call.do, **({} if out is None else {"out": out}))
 
 
-def attention_backward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    do: torch.Tensor,
-    *,
-    precision: str = "bf16",
-    policy: str | BackwardPolicy = "fa2",
-    block_m: int = 64,
-    block_n: int = 64,
-    order="forward",
-    causal: bool | str = False,
-    scale: float | None = None,
-    rounding: str = "nearest",
-    seed: int = 0,
-    dq_order="forward",
-    out: torch.Tensor | None = None,
-    lse: torch.Tensor | None = None,
-    measure_ds: bool = False,
-    exp2: bool = False,
-    variant: str = "fa2",
-) -> Gradients:
-    """Gradients of sum(dO * attention(q, k, v)) with respect to q, k, v, emulated.
-
-    q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv), do (..., Nq, dv): as flashnum.attention
-              takes them (any real floating dtypes, any leading dims); the arguments are
-              checked by the forward's checks (flashnum.engine.checks), scale included
-    causal:   False; True or "bottom_right" (key j visible to query i iff j <= i + Nk - Nq,
-              flash-attn >= 2.1); "top_left" (j <= i: torch's is_causal). Fully masked rows
-              (bottom-right with Nq > Nk) get zero gradients
-    scale:    the softmax scale, a finite number > 0; None: 1/sqrt(d)
-    block_m, block_n: as in flashnum.attention (beyond max(N, 16): run as max(N, 16))
-    policy:   fa2 naive lowp exact, or a BackwardPolicy (its .forward runs the forward),
-              or triton_tutorial (flashnum.engine.triton_tutorial: the Triton tutorial's
-              fp16 kernels, their own blocks and orders; g.lse is its M in log2 units)
-              or torch_cpu (flashnum.engine.torch_cpu_backward: torch's CPU SDPA backward
-              kernel, its own splits; top-left as torch's is_causal: causal="top_left",
-              or True where Nq == Nk)
-    order:    the forward's key-block order (flashnum.attention)
-    dq_order: forward reverse random (seeded by `seed`), or a permutation of the key
-              blocks: the order in which key blocks add into dQ
-    out, lse: the forward's O and natural-log LSE, if not to be recomputed
-    measure_ds: also return g.ds_rowsum (one more pass over every dS tile)
-    exp2:     P = exp2(S2 - L2) in log2 units (see the module docstring), flash only
-    variant:  the forward's variant (flashnum.attention: a name or a Variant object)
-              when the forward runs here: it changes O and L, which the backward reads
-    """
-    o = _check(q, k, v, do, out, lse, precision=precision, policy=policy, block_m=block_m,
-               block_n=block_n, order=order, causal=causal, scale=scale, rounding=rounding,
-               seed=seed, variant=variant, dq_order=dq_order)
-    block_m, block_n, causal, scale, seed = o.block_m, o.block_n, o.causal, o.scale, o.seed
-    if isinstance(policy, str) and policy == "triton_tutorial":
-        return _triton_tutorial(q, k, v, do, precision, causal, scale, out)
-    if isinstance(policy, str) and policy == "torch_cpu":
-        return _torch_cpu(q, k, v, do, precision, causal, scale, out, lse, measure_ds, exp2,
-                          rounding)
-    pol = make_backward_policy(policy, precision)
-    check_flag("measure_ds", measure_ds)
-    exp2 = check_flag("exp2", exp2)
+def backward(call: BackwardCall) -> Gradients:
+    """Gradients of sum(dO * attention(q, k, v)) of a checked call, emulated (flashnum.api.
+    attention_backward documents every option); the forward, where not given by out= and
+    lse=, runs here with the same policy."""
+    q, k, v, do = call.q, call.k, call.v, call.do
+    block_m, block_n, causal, seed = call.block_m, call.block_n, call.causal, call.seed
+    rounding, exp2, out, lse = call.rounding, call.exp2, call.out, call.lse
+    pol = make_backward_policy(call.policy, call.precision)
     if exp2 and pol.structure != "flash":
         raise ValueError(f"exp2 applies to the flash structure (fa2, lowp, exact), not "
                          f"{pol.name!r} ({pol.structure}: autograd of standard attention)")
-    d = q.shape[-1]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    out_given = out
-    if out is None:
-        from flashnum.engine.api import attention  # the forward, same arithmetic model
-
-        res = attention(q, k, v, precision=precision, policy=pol.forward, block_m=block_m,
-                        block_n=block_n, order=order, causal=causal, scale=scale,
-                        rounding=rounding, seed=seed, variant=variant)
+    scale = call.softmax_scale
+    if out is None:  # the forward, same arithmetic model
+        fwd = Call(q, k, v, **{f: getattr(call, f) for f in OPTIONS})
+        res = emulate(replace(fwd, policy=pol.forward, scale=scale, trace=False))
         out, lse = res.out, res.lse
     lead, nq, nk, dv = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
     dtype = torch.float64 if torch.float64 in (carrier(pol), carrier(pol.forward)) else \
@@ -207,38 +146,24 @@ def attention_backward(
     do3 = _stored(ar, do, pol.fmt("do"))
     o3 = out.detach().to("cpu", torch.float64).reshape(-1, nq, dv).to(dtype)
     lse3 = lse.detach().to("cpu", torch.float64).reshape(-1, nq)
-    n_kb = n_blocks(nk, block_n)
     if pol.structure == "standard":
         arf = Arith(pol.forward, rounding, seed, dtype)
         dq, dk, dvv, delta, ds_rowsum = _standard(ar, arf, q3, k3, v3, do3, causal, scale)
         lse_used = lse3
     else:
-        perm = key_block_order(dq_order, 1, n_kb, seed)[0].tolist()
+        perm = key_block_order(call.dq_order, 1, n_blocks(nk, block_n), seed)[0].tolist()
         dq, dk, dvv, delta, lse_used, ds_rowsum = _flash(
-            ar, q3, k3, v3, do3, o3, lse3, block_m, block_n, causal, scale, perm, measure_ds,
-            exp2)
-    info = dict(precision=precision, policy=pol.name, structure=pol.structure,
+            ar, q3, k3, v3, do3, o3, lse3, block_m, block_n, causal, scale, perm,
+            call.measure_ds, exp2)
+    order, dq_order = call.order, call.dq_order
+    info = dict(precision=call.precision, policy=pol.name, structure=pol.structure,
                 block_m=block_m, block_n=block_n,
                 order=order if isinstance(order, str) else "permutation",
                 dq_order=dq_order if isinstance(dq_order, str) else "permutation",
                 causal=causal, scale=scale, rounding=rounding, seed=seed, exp2=exp2,
-                variant=getattr(variant, "name", variant) if out_given is None
-                else "given")
+                variant=call.variant.name if call.out is None else "given")
     return _gradients(dq, dk, dvv, delta, lse_used, ds_rowsum, o3, lead, nq, nk, dv, causal,
                       info)
-
-
-def _torch_cpu(q, k, v, do, precision, causal, scale, out, lse, measure_ds, exp2,
-               rounding) -> Gradients:
-    """A model of one real kernel: its own splits, exp and casts (block sizes ignored);
-    top-left (bottom-right with Nq != Nk is refused by the checks)."""
-    if exp2 or rounding != "nearest":
-        raise ValueError("policy torch_cpu models one kernel: exp2=False and "
-                         f"rounding='nearest' only, got exp2={exp2!r}, rounding={rounding!r}")
-    from flashnum.engine.torch_cpu_backward import attention_backward_torch_cpu
-
-    return attention_backward_torch_cpu(q, k, v, do, precision=precision, causal=causal,
-                                        scale=scale, out=out, lse=lse, measure_ds=measure_ds)
 
 
 def _gradients(dq, dk, dvv, delta, lse_used, ds_rowsum, o3, lead, nq, nk, dv, causal,
@@ -259,22 +184,6 @@ def _gradients(dq, dk, dvv, delta, lse_used, ds_rowsum, o3, lead, nq, nk, dv, ca
         ds_rowsum=None if ds_rowsum is None else ds_rowsum.reshape(*lead, nq),
         info=info,
     )
-
-
-def _triton_tutorial(q, k, v, do, precision, causal, scale, out) -> Gradients:
-    """The Triton tutorial's fp16 kernels (flashnum.engine.triton_tutorial): its own
-    forward, whose M = m + log2(l) (log2 units) is g.lse; its own blocks and orders."""
-    from flashnum.engine import triton_tutorial as tt
-
-    if out is not None:
-        raise ValueError("policy 'triton_tutorial' runs its own forward (its backward reads "
-                         "M = m + log2 l); out= and lse= are not taken with it")
-    res, m2 = tt.forward(q, k, v, causal=causal, scale=scale, precision=precision)
-    dq, dk, dv, delta = tt.backward(q, k, v, do, res.out, m2, causal=causal, scale=scale,
-                                    precision=precision)
-    return Gradients(dq=dq, dk=dk, dv=dv, lse=m2, delta=delta, out=res.out,
-                     masked=res.masked, ds_rowsum=None,
-                     info=dict(res.info, structure="triton_tutorial", lse="log2"))
 
 
 def _stored(ar: Arith, x: torch.Tensor, fmt) -> torch.Tensor:
@@ -442,4 +351,4 @@ def _standard(ar, arf, q3, k3, v3, do3, causal, scale):
             torch.cat(sums, 1))
 
 
-__all__ = ["attention_backward", "Gradients", "DQ_ORDERS"]
+__all__ = ["backward", "check_backward", "Gradients", "DQ_ORDERS"]

@@ -40,7 +40,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from flashnum.engine.kernel_models import KERNEL_MODELS
 from flashnum.engine.variants import VARIANTS as VARIANT_CLASSES
 from flashnum.engine.variants import Variant, supporting, variant_of
 from flashnum.numerics.formats import ROUNDINGS, get_format
@@ -49,8 +48,6 @@ from flashnum.numerics.tiling import ORDERS, check_block, check_causal, clamp_bl
 
 VARIANTS = tuple(VARIANT_CLASSES)  # the variants' names (flashnum.engine.variants)
 BACKENDS = ("emulate", "triton", "mp")
-# models of one real kernel: their own splits, order and casts
-KERNEL_POLICIES = ("torch_cpu", "triton_tutorial", *KERNEL_MODELS)
 INPUT_TRANSFORMS = ("none", "smooth_k", "hadamard", "smooth_k+hadamard")
 SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch.Generator.manual_seed takes
 # the float dtypes torch computes with on every device; the narrower ones (float8_*,
@@ -183,11 +180,12 @@ def check_order(name: str, order, n_kb: int, valid=ORDERS):
 
 
 def check_policy(policy, precision, *, num_splits: int, gqa: bool, backend: str,
-                 valid=POLICIES + KERNEL_POLICIES) -> None:
+                 valid=POLICIES) -> None:
     """A policy name of `valid` or a Policy; split-KV and GQA only where they exist."""
     if not isinstance(policy, Policy) and not (isinstance(policy, str) and policy in valid):
         raise ValueError(f"unknown policy {policy!r}; valid: {', '.join(valid)}, or a "
-                         "flashnum.numerics.policy.Policy")
+                         "flashnum.numerics.policy.Policy (a model of a real kernel, such as "
+                         "torch_cpu, is model=, not policy=: flashnum.models.MODELS)")
     if isinstance(policy, Policy) and (precision == "mp" or backend == "mp"):
         # mp carries every operation at mp_bits bits: it has no sites to give formats to
         raise ValueError("a Policy is not supported by backend 'mp' (every operation at "
@@ -196,9 +194,7 @@ def check_policy(policy, precision, *, num_splits: int, gqa: bool, backend: str,
     if num_splits > 1 or gqa:
         what = f"split-KV (num_splits={num_splits})" if num_splits > 1 else \
             "GQA (K, V with fewer heads than Q, run through split-KV)"
-        lacking = (f"policy {policy!r} (a model of one kernel, its own splits)"
-                   if policy in KERNEL_POLICIES else
-                   "precision 'mp' (backend mp)" if precision == "mp" or backend == "mp" else
+        lacking = ("precision 'mp' (backend mp)" if precision == "mp" or backend == "mp" else
                    f"backend {backend!r}" if backend != "emulate" else None)
         if lacking:
             raise ValueError(f"{what} is not supported for {lacking}; valid: backend "
@@ -222,18 +218,21 @@ def check_options(q, k, v, *, precision, policy, block_m, block_n, order, causal
                   rounding, seed, variant="fa2", backend="emulate", num_splits=1,
                   trace=False, mp_bits=256, tau=None, beta=None, exp2_scale=None,
                   split_precision=None, merge_precision=None, input_transform="none",
-                  dq_order=None,
-                  backward=False, policies=POLICIES + KERNEL_POLICIES) -> Options:
+                  dq_order=None, backward=False, model=None) -> Options:
     """Every option of attention / attention_backward (checked tensors q, k, v given);
-    raises the first bad one. Blocks and splits come back clamped to the shape."""
+    raises the first bad one. Blocks and splits come back clamped to the shape. With a
+    kernel model (model=, flashnum.models), the policy is the model's own: not checked."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
     check_precision(precision, mp=not backward)  # a policy's precision (p<bits> too), or mp
     num_splits = check_int("num_splits", num_splits, lo=1)
     gqa = q.ndim >= 3 and q.shape[-3] != k.shape[-3]
-    if not backward:
-        check_policy(policy, precision, num_splits=num_splits, gqa=gqa, backend=backend,
-                     valid=policies)
+    if model is not None and (num_splits > 1 or gqa or backend != "emulate"):
+        raise ValueError(f"model {model!r} is a model of one kernel (its own splits, on the "
+                         "emulator): num_splits=1, K and V with as many heads as Q, backend "
+                         "'emulate' only")
+    if not backward and model is None:
+        check_policy(policy, precision, num_splits=num_splits, gqa=gqa, backend=backend)
     nq, nk = q.shape[-2], k.shape[-2]
     block_m, block_n = check_block("block_m", block_m), check_block("block_n", block_n)
     if backend != "triton":  # the kernel takes its own block sizes (BLOCKS) and masks
@@ -270,10 +269,6 @@ def check_options(q, k, v, *, precision, policy, block_m, block_n, order, causal
             raise ValueError("causal='top_left' is not supported by backend 'triton' (its "
                              "kernels are bottom-right aligned); valid there: False, True, "
                              "'bottom_right'")
-    if isinstance(policy, str) and policy == "torch_cpu" and causal is True and nq != nk:
-        raise ValueError(f"policy 'torch_cpu' models torch's top-left causal mask; with Nq={nq}"
-                         f" != Nk={nk} causal=True (bottom-right) is not what it computes; "
-                         "valid: causal='top_left' or False")
     return Options(block_m=block_m, block_n=block_n, num_splits=num_splits, causal=causal,
                    seed=seed, scale=scale, variant=variant)
 

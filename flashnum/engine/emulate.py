@@ -1,40 +1,29 @@
-"""The emulator on checked arguments: the `standard` structure or the blocked loop, with the
-call's info. flashnum.engine.api.run ends here, and so does every split of split-KV
-(flashnum.engine.splitkv), which runs on the emulator only (flashnum.engine.checks).
+"""The emulator on a checked call: split-KV, the `standard` structure or the blocked loop.
 
-    res = emulate(q, k, v, precision="bf16", policy="fa2", block_m=64, block_n=64,
-                  order="forward", variant="fa2", causal=False, scale=None,
-                  rounding="nearest", seed=0, trace=False)
+    from flashnum.engine.call import call_of
+    from flashnum.engine.emulate import emulate
+    res = emulate(call_of(q, k, v, precision="bf16", policy="fa2", block_n=32))
+
+flashnum.attention (flashnum.api) ends here for backend "emulate", and so does every
+split of split-KV (flashnum.engine.splitkv), which runs on the emulator only.
 """
 
 from __future__ import annotations
 
-import math
-
+from flashnum.engine.call import Call
 from flashnum.engine.flash import flash
 from flashnum.engine.result import Result
+from flashnum.engine.splitkv import split_attention
 from flashnum.engine.standard import standard
-from flashnum.engine.variants import variant_of
-from flashnum.numerics.policy import make_policy
 
 
-def emulate(q, k, v, *, precision, policy, block_m, block_n, order, variant, causal, scale,
-            rounding, seed, trace, tau=None, beta=None, exp2_scale=None) -> Result:
-    """One call of the emulator: policy a name of make_policy or a Policy; variant a
-    flashnum.engine.variants.Variant, or its name with tau, beta, exp2_scale."""
-    variant = variant_of(variant, tau=tau, beta=beta, exp2_scale=exp2_scale)
-    pol = make_policy(policy, precision)
-    d = q.shape[-1]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    if pol.structure == "standard":
-        res = standard(q, k, v, pol, causal=causal, scale=scale, rounding=rounding, seed=seed)
-    else:
-        res = flash(q, k, v, pol, block_m=block_m, block_n=block_n, order=order,
-                    variant=variant, causal=causal, scale=scale, rounding=rounding, seed=seed,
-                    trace=trace)
-    res.info = dict(
-        precision=precision, policy=pol.name, block_m=block_m, block_n=block_n,
-        order=order if isinstance(order, str) else "permutation", variant=variant.name,
-        causal=causal, scale=scale, rounding=rounding, seed=seed,
-    )
+def emulate(call: Call) -> Result:
+    """One call of the emulator (see the module docstring); its Result records the call."""
+    q, k = call.q, call.k
+    gqa = q.ndim >= 3 and k.ndim >= 3 and q.shape[-3] != k.shape[-3]
+    if call.num_splits != 1 or gqa:  # each split comes back through this function
+        return split_attention(call, emulate)
+    pol = call.pol
+    res = standard(call, pol) if pol.structure == "standard" else flash(call, pol)
+    res.info = call.info()
     return res

@@ -1,10 +1,9 @@
 """The blocked online softmax (the `flash` structure): tiles, key order, the loop, the result.
 
     from flashnum.engine.flash import flash
-    res = flash(q, k, v, policy, block_m=64, block_n=64, order="forward", variant=Lazy(tau=8.0),
-                causal=False, scale=0.125, rounding="nearest", seed=0, trace=False)
+    res = flash(call, call.pol)     # a checked flashnum.engine.call.Call, its Policy
 
-Called by flashnum.engine.attention once its arguments are checked. For every query block
+Called by flashnum.engine.emulate once the call is checked. For every query block
 (all at once, vectorised over batch, heads and query blocks) it visits the key blocks in
 the chosen order and runs one step of flashnum.engine.recurrence per key block, then
 divides o by l. The path is chosen once, before the loop: the readable steps
@@ -20,6 +19,7 @@ import math
 import torch
 
 from flashnum.engine.arith import Arith, carrier, wider
+from flashnum.engine.call import Call
 from flashnum.engine.fast import in_place_ok, run_in_place
 from flashnum.engine.fused import fused_forward
 from flashnum.engine.recurrence import Run, State, scan, step_of
@@ -31,24 +31,24 @@ from flashnum.engine.tiles import (
     stored_inputs,
     tile_logits,
 )
-from flashnum.engine.variants import Variant
 from flashnum.numerics import elementary
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.policy import Policy
 from flashnum.numerics.tiling import key_block_order, needs_block_max
 
 
-def flash(q, k, v, pol: Policy, *, block_m, block_n, order, variant: Variant, causal, scale,
-          rounding, seed, trace) -> Result:
-    """Blocked online-softmax attention under `pol` (see the module docstring); `variant`
-    a flashnum.engine.variants.Variant."""
-    ar = Arith(pol, rounding, seed, carrier(pol))
-    q3, k3, v3 = stored_inputs(ar, q, k, v)
-    tiles = Tiles.of(q3, k3, v3, block_m, block_n)
+def flash(call: Call, pol: Policy) -> Result:
+    """Blocked online-softmax attention of a checked call under `pol` (see the module
+    docstring)."""
+    q, variant, causal, order, seed = call.q, call.variant, call.causal, call.order, call.seed
+    ar = Arith(pol, call.rounding, seed, carrier(pol))
+    q3, k3, v3 = stored_inputs(ar, q, call.k, call.v)
+    tiles = Tiles.of(q3, k3, v3, call.block_m, call.block_n)
     run = Run(ar, variant=variant, f_diff=wider(pol.fmt("s"), pol.fmt("m")),
               tall=not needs_block_max(order))
-    scale_s = scale_in_logits_format(ar, scale, variant.base2, variant.exp2_form)
+    scale_s = scale_in_logits_format(ar, call.softmax_scale, variant.base2, variant.exp2_form)
     perm = _key_order(run, tiles, order, seed, scale_s, causal)
+    trace = call.trace
     fused = fused_forward(run, tiles, perm, scale_s, causal, variant, trace)
     if fused is not None:  # the same operations in one C loop (fused.claim decides)
         states, traces = fused

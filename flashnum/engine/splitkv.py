@@ -1,9 +1,9 @@
 """Split-KV decoding (flash-decoding): keys in S contiguous chunks, merged by their LSE.
 
-    from flashnum.engine.api import attention_splitkv
-    res = attention_splitkv(q, k, v, num_splits=8, split_precision=None,
-                            merge_precision=None, precision="bf16", policy="fa2",
-                            block_n=64, causal=False)
+    import flashnum
+    res = flashnum.attention(q, k, v, num_splits=8, split_precision=None,
+                             merge_precision=None, precision="bf16", policy="fa2",
+                             block_n=64, causal=False)
     # q (..., Hq, Nq, d); k, v (..., Hkv, Nk, d) with Hq a multiple of Hkv (GQA)
 
 What a split-KV kernel does (FlashAttention-2's flash_fwd_splitkv_kernel and its
@@ -21,7 +21,7 @@ combine kernel; flash-decoding, Dao et al. 2023):
          lse_max = max_s lse_s,   w = sum_s exp(lse_s - lse_max),
          lse = log(w) + lse_max,  out = sum_s exp(lse_s - lse) o_s   (summed in split order)
      and rounds out into the policy's output format.
-Every split runs flashnum.attention with the given policy, except that its `out` site is
+Every split runs the emulator (flashnum.engine.emulate) on the call, except that its `out` site is
 `split_precision` (the partial stored); lse is computed in float64 from the split's m and
 l and rounded once (a kernel's fp32 m * scale + log l rounds twice: below our resolution).
 
@@ -41,15 +41,14 @@ and with trace=True a Trace whose steps are the splits (each split's final m_s, 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
-from flashnum.engine.emulate import emulate
 from flashnum.engine.result import Result, Trace
 from flashnum.numerics import elementary
 from flashnum.numerics.formats import get_format
-from flashnum.numerics.policy import make_policy
-from flashnum.numerics.tiling import check_causal, clamp_block, n_blocks, visible_count
+from flashnum.numerics.tiling import clamp_block, n_blocks, visible_count
 
 
 def split_bounds(nk: int, block_n: int, num_splits: int) -> list[tuple[int, int]]:
@@ -63,8 +62,11 @@ def _rows_visible(nq: int, nk: int, a: int, b: int, causal) -> torch.Tensor:
     return visible_count(nq, nk, causal, a, b)
 
 
-def _partial(q, k, v, a, b, causal, kw, split_fmt):
-    """o_s, lse_s, m_s, l_s, n_rescales of one split; rows grouped by visible count."""
+def _partial(call, a, b, causal, split_fmt, run_split):
+    """o_s, lse_s, m_s, l_s, n_rescales of one split; rows grouped by visible count. `call`
+    holds the split's policy and the (packed) q, k, v of every split; run_split(call) runs
+    one group of rows on the split's keys."""
+    q, k, v = call.q, call.k, call.v
     nq, dv = q.shape[-2], v.shape[-1]
     lead = q.shape[:-2]
     o = torch.zeros(*lead, nq, dv, dtype=torch.float64)
@@ -78,9 +80,10 @@ def _partial(q, k, v, a, b, causal, kw, split_fmt):
             continue  # an empty split for these rows: o = 0, lse = -inf
         rows = (seen == n).nonzero().flatten()
         # the split's keys as one call, checked already: blocks no larger than its keys
-        res = emulate(q[..., rows, :], k[..., a : a + n, :], v[..., a : a + n, :],
-                  causal=False, **{**kw, "block_m": clamp_block(kw["block_m"], len(rows)),
-                                   "block_n": clamp_block(kw["block_n"], n)})
+        res = run_split(replace(call, q=q[..., rows, :], k=k[..., a : a + n, :],
+                              v=v[..., a : a + n, :], causal=False,
+                              block_m=clamp_block(call.block_m, len(rows)),
+                              block_n=clamp_block(call.block_n, n)))
         o[..., rows, :] = split_fmt.round(res.out)
         lse[..., rows] = split_fmt.round(res.lse)
         m[..., rows], l[..., rows], nr[..., rows] = res.m, res.l, res.n_rescales
@@ -121,28 +124,22 @@ def _gqa(q, k, v, causal):
     return packed, k, v, (hq, nq)
 
 
-def split_attention(q, k, v, *, num_splits: int, split_precision: str | None = None,
-                    merge_precision: str | None = None, precision: str = "bf16",
-                    policy="fa2", block_m: int = 64, block_n: int = 64, causal=False,
-                    trace: bool = False, **kw) -> Result:
-    """Split-KV on checked arguments (flashnum.engine.api.attention_splitkv); `kw` goes to
-    flashnum.engine.emulate: split-KV runs on the emulator only (flashnum.engine.checks)."""
-    causal = check_causal(causal)
-    pol = make_policy(policy, precision)
-    split_fmt = get_format(pol.o if split_precision is None else split_precision)
-    merge_fmt = get_format(pol.l if merge_precision is None else merge_precision)
+def split_attention(call, run_split) -> Result:
+    """Split-KV on a checked call (flashnum.engine.call.Call: num_splits, split_precision,
+    merge_precision; GQA too), on the emulator only (flashnum.engine.checks): each split's
+    rows by run_split(call), the emulator (flashnum.engine.emulate)."""
+    causal, num_splits, block_n, trace = call.causal, call.num_splits, call.block_n, call.trace
+    pol = call.pol
+    split_fmt = get_format(pol.o if call.split_precision is None else call.split_precision)
+    merge_fmt = get_format(pol.l if call.merge_precision is None else call.merge_precision)
     for name, f in (("split_precision", split_fmt), ("merge_precision", merge_fmt)):
         if not hasattr(f, "round"):
             raise ValueError(f"{name} must be a format with a rounding, got {f}")
-    q, k, v, packed = _gqa(q, k, v, causal)
+    q, k, v, packed = _gqa(call.q, call.k, call.v, causal)
     nk = k.shape[-2]
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v key counts differ: k {tuple(k.shape)}, v {tuple(v.shape)}")
-    for name in ("backend", "mp_bits"):  # split-KV runs on the emulator only
-        kw.pop(name, None)
-    call = dict(kw, precision=precision, policy=pol.with_sites(out=split_fmt.name,
-                name=f"{pol.name}/split"), block_m=block_m, block_n=block_n, trace=False)
-    parts = [_partial(q, k, v, a, b, causal, call, split_fmt)
+    split = replace(call, q=q, k=k, v=v, policy=pol.with_sites(
+        out=split_fmt.name, name=f"{pol.name}/split"), trace=False, num_splits=1)
+    parts = [_partial(split, a, b, causal, split_fmt, run_split)
              for a, b in split_bounds(nk, block_n, num_splits)]
     o_s, lse_s, m_s, l_s, nr_s = (torch.stack([p[i] for p in parts]) for i in range(5))
     out, lse = merge(o_s, lse_s, merge_fmt)
@@ -160,7 +157,7 @@ def split_attention(q, k, v, *, num_splits: int, split_precision: str | None = N
     if packed is not None:  # unpack the query heads of each K/V head
         hq, nq = packed
         res = _unpack(res, hq, nq)
-    res.info = dict(precision=precision, policy=pol.name, block_n=block_n, causal=causal,
+    res.info = dict(precision=call.precision, policy=pol.name, block_n=block_n, causal=causal,
                     num_splits=num_splits, split_precision=split_fmt.name,
                     merge_precision=merge_fmt.name)
     return res

@@ -1,8 +1,7 @@
 """Standard attention (the policy structure "standard"): S formed, softmax normalised, then P V.
 
     from flashnum.engine.standard import standard
-    res = standard(q, k, v, make_policy("naive", "fp16"), causal=False, scale=0.125,
-                   rounding="nearest", seed=0)
+    res = standard(call, make_policy("naive", "fp16"))   # a checked flashnum.engine.call.Call
 
 What FlashAttention-3 calls standard attention and torch writes
 `softmax(q @ k.T * scale) @ v`; the `naive` preset is this structure in the precision.
@@ -18,6 +17,7 @@ import math
 import torch
 
 from flashnum.engine.arith import Arith, carrier, wider
+from flashnum.engine.call import Call
 from flashnum.engine.result import Result
 from flashnum.engine.tiles import scale_in_logits_format, stored_inputs
 from flashnum.numerics import elementary
@@ -27,13 +27,15 @@ from flashnum.numerics.tiling import causal_visible
 MAX_LOGITS = 1 << 24  # logits formed at once (a chunk of query rows times every key)
 
 
-def standard(q, k, v, pol: Policy, *, causal, scale, rounding, seed) -> Result:
-    """softmax(scale Q K^T) V, rounded where `pol` says (see the module docstring)."""
+def standard(call: Call, pol: Policy) -> Result:
+    """softmax(scale Q K^T) V of a checked call, rounded where `pol` says (see the module
+    docstring)."""
+    q, k, v, causal = call.q, call.k, call.v, call.causal
     lead = q.shape[:-2]
     nq, nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
-    ar = Arith(pol, rounding, seed, carrier(pol))
+    ar = Arith(pol, call.rounding, call.seed, carrier(pol))
     q3, k3, v3 = stored_inputs(ar, q, k, v)
-    scale_s = scale_in_logits_format(ar, scale, base2=False)
+    scale_s = scale_in_logits_format(ar, call.softmax_scale, base2=False)
     rows = max(1, min(nq, MAX_LOGITS // max(1, q3.shape[0] * nk)))
     vis = causal_visible(nq, nk, causal=causal) if causal else None
     parts = [_rows(ar, q3[:, r0 : r0 + rows], k3, v3, scale_s,

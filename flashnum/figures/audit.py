@@ -20,11 +20,10 @@ import math
 
 import pandas as pd
 
+from flashnum.audit.targets import TARGETS
 from flashnum.figures.context import Figures
 from flashnum.figures.tex import tabular, tex_num, tex_word
 
-MODELS = {"torch_sdpa": "torch_cpu", "torch_flash_cpu": "torch_cpu", "flashnum_triton": "fa2",
-          "flash_attn": "fa2"}
 PRECISIONS = ("bf16", "fp16", "fp32")
 
 
@@ -51,7 +50,7 @@ def tab_kernel_audit(F: Figures) -> None:
             tex_word(target), tex_word(prec), f"{int(g.passed.sum())}/{len(g)}",
             tex_num(float(g.ratio.max())), tex_num(float(g.err_max.median())),
             tex_num(float(g.std_err_max.median())), tex_num(float(g.fa2_err_max.median())),
-            tex_num(float(g.lowp_err_max.median())), tex_word(MODELS.get(target, "--")),
+            tex_num(float(g.lowp_err_max.median())), tex_word(TARGETS[target].model or "--"),
             "--" if not len(bw) else f"{100 * bw.mean():.3f}\\% ({100 * bw.min():.3f}\\%)",
         ])
     cols = ["kernel", "dtype", "cases kept", "worst err / bound", "kernel err",
@@ -129,11 +128,9 @@ def _by_kernel(df: pd.DataFrame) -> pd.DataFrame:
 def kernel_table_rows(df: pd.DataFrame) -> list[list[str]]:
     """The forward table's rows (plain text cells), from experiments/kernel_table: one per
     kernel and dtype that ran or was refused, then the kernels that need a GPU
-    (flashnum.audit.kernel_table.GPU_ONLY) with the command that adds them. "cases kept"
+    (flashnum.audit.targets.TARGETS' gpu_only) with the command that adds them. "cases kept"
     counts every rule, the gradients' included; "closest other" is the best candidate
     when it is not the model (its bitwise share)."""
-    from flashnum.audit.kernel_table import GPU_ONLY
-
     rows = []
     for _, r in _by_kernel(df).iterrows():
         if r.status != "ran":
@@ -148,9 +145,10 @@ def kernel_table_rows(df: pd.DataFrame) -> list[list[str]]:
                      f"{r.worst_ratio:.2f}", f"{r.ratio_std_median:.2f}", str(r.model),
                      _pct(r.model_bitwise), _pct(r.model_ulp1), other,
                      _ms(r.time_s)])
-    for name, (what, command) in GPU_ONLY.items():
-        rows.append([name, "--", "needs a GPU", what, command]
-                    + ["--"] * (len(_FWD_COLS) - 5))
+    for t in TARGETS.values():
+        if t.gpu_only:
+            rows.append([t.name, "--", "needs a GPU", t.what, t.install]
+                        + ["--"] * (len(_FWD_COLS) - 5))
     return rows
 
 

@@ -56,7 +56,7 @@ from pathlib import Path
 import torch
 
 from flashnum.analysis.bounds_backward import bound_backward
-from flashnum.engine.backward import attention_backward
+from flashnum.api import attention_backward
 from flashnum.harness import compare, manifest, owners, store
 from flashnum.harness.config import StoreConf
 from flashnum.harness.grid import hash_id, points
@@ -183,7 +183,7 @@ def run_case(case: dict) -> dict:
                                cache=False) if case["reference"] == "certified" else None
     fwd = None
     if case["forward_variant"] != "fa2":
-        from flashnum.engine import attention
+        from flashnum.api import attention
 
         fwd = attention(q, k, v, precision=case["precision"], policy=case["policy"],
                                  block_m=case["block"], block_n=case["block"], causal=causal,

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from flashnum.analysis.bounds_backward import bound_backward
-from flashnum.engine.backward import attention_backward
+from flashnum.api import attention_backward
 from flashnum.harness import backward as hb
 from flashnum.numerics.policy import make_backward_policy
 from flashnum.reference import reference_backward

@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 
 from flashnum.analysis.bounds import bound
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.inputs.distributions import DISTRIBUTIONS, make
 from flashnum.numerics.formats import get_format
 from flashnum.numerics.policy import make_policy

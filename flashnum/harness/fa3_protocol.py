@@ -28,7 +28,7 @@ import math
 import pandas as pd
 import torch
 
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.inputs.distributions import make
 from flashnum.numerics.accumulate import mean
 from flashnum.reference import plain64

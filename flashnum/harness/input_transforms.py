@@ -18,7 +18,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.inputs.distributions import make
 from flashnum.numerics.accumulate import mean
 from flashnum.numerics.policy import make_policy

@@ -33,7 +33,7 @@ import types
 import pandas as pd
 import torch
 
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.inputs.distributions import make
 from flashnum.numerics.accumulate import dot
 

@@ -52,7 +52,7 @@ from omegaconf import OmegaConf
 
 from flashnum.analysis import bounds, metrics
 from flashnum.analysis.invariants import invariants
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.harness import cli, compare, experiments, manifest, owners, scheduler, store, summary
 from flashnum.harness.cli import ConfigError
 from flashnum.harness.config import check, register

@@ -5,7 +5,7 @@
     out["failures"], out["rows"], out["skipped"]  # summed over the tasks
 
 Before any worker starts, the engine's C kernels are built (or loaded from the cache:
-flashnum.engine.libraries), so that the workers load one build instead of each compiling
+flashnum.models.libraries), so that the workers load one build instead of each compiling
 its own on a first run. Cases that share their inputs go into one task (each reference
 is computed once); big groups are split so that every worker has work, and tasks run
 largest first. Workers are spawned processes with one torch thread each, so a result
@@ -38,9 +38,9 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from tqdm import tqdm
 
-from flashnum.engine import libraries
 from flashnum.harness import lifeline
 from flashnum.harness.grid import Case
+from flashnum.models import libraries
 
 
 def cost(case: Case) -> float:

@@ -25,7 +25,7 @@ import torch
 
 from flashnum.analysis.attribution import attribute
 from flashnum.analysis.metrics import signed_err
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.inputs.distributions import make
 from flashnum.numerics.accumulate import mean
 from flashnum.numerics.formats import FORMATS

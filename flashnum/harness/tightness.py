@@ -13,7 +13,7 @@ import math
 import pandas as pd
 
 from flashnum.analysis.bounds import bound, verdict
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.inputs.distributions import DISTRIBUTIONS, FROM_FILE, make
 from flashnum.reference import reference
 

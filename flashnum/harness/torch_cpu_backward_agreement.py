@@ -1,4 +1,4 @@
-"""How exactly attention_backward(policy="torch_cpu") reproduces torch's CPU SDPA backward:
+"""How exactly attention_backward(model="torch_cpu") reproduces torch's CPU SDPA backward:
 the table of the experiment torch_cpu_backward (conf/table/torch_cpu_backward.yaml;
 docs/audit.md and README quote it through flashnum.figures.docs, tests/test_quoted.py).
 
@@ -11,7 +11,7 @@ counts, for dQ, dK and dV each, the entries that flashnum gives bit for bit:
 
   backward   policy torch_cpu given torch's forward O and LSE: the backward model alone
   end_to_end policy torch_cpu with flashnum's own torch_cpu forward (what
-             attention_backward(..., policy="torch_cpu") returns by default)
+             attention_backward(..., model="torch_cpu") returns by default)
   fa2, naive the emulator's presets (their own forward; block_m = block_n = 64), where
              their causal mask is torch's (non-causal, or Nq = Nk): the baseline (else NaN)
 
@@ -20,7 +20,7 @@ entries of each gradient (elements_dq, ...), the forward's share (forward_bitwis
 timings, and the machine it ran on (threads, cpu, cpu_count, cpu_capability). Run it as a
 fresh process (`python -m flashnum.run` is one) without OMP_NUM_THREADS: nothing here
 calls torch.set_num_threads, which would switch MKL's dynamic threading off and change
-torch's own fp32 gradients (see flashnum/engine/torch_cpu_backward.py). `summary(df)` gives
+torch's own fp32 gradients (see flashnum/models/torch_cpu_backward.py). `summary(df)` gives
 each gradient's share over all its entries per precision and way.
 """
 
@@ -35,8 +35,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from flashnum.engine.backward import attention_backward
-from flashnum.engine.torch_cpu_backward import attention_backward_torch_cpu
+from flashnum.api import attention_backward
+from flashnum.models.torch_cpu_backward import attention_backward_torch_cpu
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 GRADS = ("dq", "dk", "dv")
@@ -79,7 +79,7 @@ def compare(precision: str, shape, causal: bool, seed: int) -> dict:
                                      out=out, lse=lse)
     model_s = time.perf_counter() - t0
     ways = {"backward": _shares(g, want)}
-    e2e = attention_backward(q, k, v, do, precision=precision, policy="torch_cpu", causal=mask)
+    e2e = attention_backward(q, k, v, do, precision=precision, model="torch_cpu", causal=mask)
     ways["end_to_end"] = _shares(e2e, want)
     for name in ("fa2", "naive"):  # flashnum's causal=True is bottom-right: torch's if Nq = Nk
         if not causal or nq == nk:

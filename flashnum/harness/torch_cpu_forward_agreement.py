@@ -1,4 +1,4 @@
-"""How exactly attention(policy="torch_cpu") reproduces torch's CPU SDPA forward: the table
+"""How exactly attention(model="torch_cpu") reproduces torch's CPU SDPA forward: the table
 of the experiment torch_cpu_forward (conf/table/torch_cpu_forward.yaml; docs/audit.md
 quotes it through flashnum.figures.docs, tests/test_quoted.py).
 
@@ -6,7 +6,7 @@ quotes it through flashnum.figures.docs, tests/test_quoted.py).
 
 For fp32, bf16 and fp16, causal (torch's is_causal: top-left) or not, and a set of shapes
 (ragged N, decode shapes with a few query rows against thousands of keys, head dims 64, 80,
-128), it compares flashnum.attention(..., policy="torch_cpu") with ATen's
+128), it compares flashnum.attention(..., model="torch_cpu") with ATen's
 _scaled_dot_product_flash_attention_for_cpu (what scaled_dot_product_attention runs on a
 CPU) element by element. One row per (precision, shape, causal, seed): the share of output
 elements and of LSEs equal bit for bit, the largest difference in units of the output's
@@ -22,7 +22,7 @@ import os
 import pandas as pd
 import torch
 
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.harness.torch_cpu_backward_agreement import DTYPES, SHAPE, cpu_name
 
 
@@ -41,7 +41,7 @@ def compare(precision: str, shape, causal: bool, seed: int) -> dict:
     q, k, v = [torch.randn(b, h, n, d, generator=g).to(dtype) for n in (nq, nk, nk)]
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, is_causal=causal)[:2]
-    res = attention(q, k, v, precision=precision, policy="torch_cpu",
+    res = attention(q, k, v, precision=precision, model="torch_cpu",
                     causal="top_left" if causal else False)  # torch's is_causal
     mine = res.out.to(dtype)
     diff = (mine.double() - out.double()).abs()

@@ -46,8 +46,7 @@ import types
 import pandas as pd
 import torch
 
-from flashnum.engine import attention
-from flashnum.engine.backward import attention_backward
+from flashnum.api import attention, attention_backward
 
 
 class _HostDriver:
@@ -153,7 +152,7 @@ def backward_agreement(mod, seed: int = 0) -> list[dict]:
         g = torch.Generator().manual_seed(seed)
         q, k, v, do = (torch.randn(1, 2, n, 64, generator=g).half() for _ in range(4))
         row = dict(n=n, causal=causal, sm_scale=sm_scale, elements=q.numel())
-        model = attention_backward(q, k, v, do, precision="fp16", policy="triton_tutorial",
+        model = attention_backward(q, k, v, do, precision="fp16", model="triton_tutorial",
                                    causal=causal, scale=sm_scale)
         base = attention_backward(q, k, v, do, precision="fp16", policy="fa2", block_m=128,
                                   block_n=32, exp2=True, causal=causal, scale=sm_scale)

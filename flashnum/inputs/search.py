@@ -54,7 +54,7 @@ import torch
 from scipy.optimize import differential_evolution
 from scipy.stats import qmc
 
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.inputs.distributions import DISTRIBUTIONS, FROM_FILE, Inputs, dot_logits, make
 from flashnum.inputs.io import load_inputs, save_inputs
 from flashnum.numerics import elementary

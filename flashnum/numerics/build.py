@@ -18,7 +18,7 @@ while it compiles (and removes it after), and a process that finds it held waits
 never compile the same library twice. The first compilation in a process says so on stderr, once:
 "flashnum: compiling flashnum's C kernels (once per machine, ...)". The file is written
 under a temporary name and renamed into place, so a killed builder leaves nothing half
-written. `python -m flashnum.compile` builds every library ahead (flashnum.engine.libraries).
+written. `python -m flashnum.compile` builds every library ahead (flashnum.models.libraries).
 
 `flag_sets` lists alternatives tried in order (GCC-only tuning first, say): the first that
 compiles is kept. When none does, BuildError carries the compiler's own message, and the

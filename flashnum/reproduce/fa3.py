@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.inputs.distributions import make
 from flashnum.numerics.accumulate import dot
 from flashnum.numerics.blockscaled import quantize_tiles, random_hadamard, scaled

@@ -12,7 +12,7 @@ import math
 import pandas as pd
 import torch
 
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.numerics.formats import FORMATS, get_format
 from flashnum.numerics.policy import Policy
 from flashnum.reproduce.measure import (

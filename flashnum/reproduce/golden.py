@@ -11,7 +11,7 @@ import math
 import pandas as pd
 
 from flashnum.analysis.metrics import max_abs_err
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.inputs.distributions import make
 from flashnum.numerics.formats import FORMATS
 from flashnum.reproduce.measure import (

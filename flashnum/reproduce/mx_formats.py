@@ -12,7 +12,7 @@ import math
 
 import pandas as pd
 
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.inputs.distributions import make
 from flashnum.numerics.accumulate import mean
 from flashnum.numerics.blockscaled import prepare_inputs

@@ -13,7 +13,7 @@ import math
 import pandas as pd
 import torch
 
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.numerics import elementary
 from flashnum.numerics.accumulate import dot
 from flashnum.numerics.formats import FORMATS, get_format

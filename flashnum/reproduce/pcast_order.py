@@ -11,7 +11,7 @@ import math
 import pandas as pd
 import torch
 
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.inputs.distributions import make
 from flashnum.numerics import elementary
 from flashnum.numerics.accumulate import dot

@@ -11,7 +11,7 @@ import math
 import pandas as pd
 import torch
 
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.engine.variants import VARIANTS, Variant
 from flashnum.inputs.distributions import COMMON, make
 from flashnum.numerics.accumulate import mean

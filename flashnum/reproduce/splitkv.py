@@ -11,7 +11,7 @@ import time
 import pandas as pd
 import torch
 
-from flashnum.engine import attention
+from flashnum.api import attention
 from flashnum.numerics.accumulate import mean
 from flashnum.numerics.formats import FORMATS
 from flashnum.numerics.policy import make_policy

@@ -1,8 +1,8 @@
-"""A model of PyTorch's CPU flash attention (policy "torch_cpu"), operation for operation.
+"""A model of PyTorch's CPU flash attention (model "torch_cpu"), operation for operation.
 
     import flashnum
-    res = flashnum.attention(q, k, v, precision="bf16", policy="torch_cpu", causal=True)
-    # or directly: flashnum.engine.torch_cpu.attention_torch_cpu(q, k, v, precision="bf16")
+    res = flashnum.attention(q, k, v, precision="bf16", model="torch_cpu", causal=True)
+    # or directly: flashnum.models.torch_cpu.attention_torch_cpu(q, k, v, precision="bf16")
 
 On CPU, torch.nn.functional.scaled_dot_product_attention runs ATen's flash kernel
 (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, `cpu_flash_attention`, torch 2.13)
@@ -500,6 +500,23 @@ def _block_exp(s: torch.Tensor, m: torch.Tensor, prec: str) -> torch.Tensor:
 # the kernel
 
 
+def check_alignment(call) -> None:
+    """The kernel's causal mask is torch's is_causal, top-left: causal=True (bottom-right, as
+    for every policy) with Nq != Nk is not what it computes, and refused."""
+    nq, nk = call.q.shape[-2], call.k.shape[-2]
+    if call.causal is True and nq != nk:
+        raise ValueError(f"model 'torch_cpu' models torch's top-left causal mask; with Nq={nq}"
+                         f" != Nk={nk} causal=True (bottom-right) is not what it computes; "
+                         "valid: causal='top_left' or False")
+
+
+def forward(call) -> Result:
+    """The model on a checked call (flashnum.models.MODELS["torch_cpu"]); top-left causal."""
+    check_alignment(call)
+    return attention_torch_cpu(call.q, call.k, call.v, precision=call.precision,
+                               causal=bool(call.causal), scale=call.scale)
+
+
 def attention_torch_cpu(q, k, v, *, precision="bf16", causal=False, scale=None,
                         q_split=None, kv_split=None, use_c=True) -> Result:
     """What torch's CPU SDPA computes for q, k, v stored in `precision` (fp32, bf16, fp16).
@@ -507,12 +524,12 @@ def attention_torch_cpu(q, k, v, *, precision="bf16", causal=False, scale=None,
     q_split/kv_split default to the kernel's own choice for the shape (split_sizes);
     use_c=False takes the torch path of the row softmax (the same values, slower)."""
     if precision not in DTYPES:
-        raise ValueError(f"policy torch_cpu models precision fp32, bf16 or fp16, not {precision!r}")
+        raise ValueError(f"model torch_cpu models precision fp32, bf16 or fp16, not {precision!r}")
     dtype = DTYPES[precision]
     lead, nq, nk, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
     dv = v.shape[-1]
     if dv != d:
-        raise ValueError(f"policy torch_cpu needs equal head dims (the kernel's), got {d} and {dv}")
+        raise ValueError(f"model torch_cpu needs equal head dims (the kernel's), got {d} and {dv}")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     scale32 = torch.tensor(scale, dtype=torch.float32)
     qs, ks = split_sizes(nq, nk)
@@ -557,7 +574,7 @@ def attention_torch_cpu(q, k, v, *, precision="bf16", causal=False, scale=None,
         lse=lse.reshape(*lead, nq), masked=torch.zeros(*lead, nq, dtype=torch.bool),
         n_rescales=torch.zeros(*lead, nq, dtype=torch.int64), backend="emulate",
         nonfinite=None if nonfinite is None else nonfinite.reshape(*lead, nq),
-        info=dict(precision=precision, policy="torch_cpu", block_m=qs, block_n=ks,
+        info=dict(precision=precision, model="torch_cpu", block_m=qs, block_n=ks,
                   causal=causal, scale=scale, order="forward", variant="fa2"),
     )
 

@@ -1,7 +1,7 @@
 """Models of three library kernels that materialise S: policies jax_xla, torch_math, ort_cpu.
 
     import flashnum
-    res = flashnum.attention(q, k, v, precision="bf16", policy="jax_xla", causal=True)
+    res = flashnum.attention(q, k, v, precision="bf16", model="jax_xla", causal=True)
 
 Each follows its kernel's source, operation for operation, in fp32 torch arithmetic
 (the sites of flashnum.numerics.policy cannot say "the scale applied as a GEMM's
@@ -113,7 +113,7 @@ def attention_kernel_model(q, k, v, policy: str, *, precision="bf16", causal=Fal
     if policy not in _MODELS:
         raise ValueError(f"unknown kernel model {policy!r}; valid: {', '.join(KERNEL_MODELS)}")
     if precision not in DTYPES:
-        raise ValueError(f"policy {policy} models precision fp32, bf16 or fp16, "
+        raise ValueError(f"model {policy} models precision fp32, bf16 or fp16, "
                          f"not {precision!r}")
     dtype = DTYPES[precision]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

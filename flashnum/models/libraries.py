@@ -1,6 +1,6 @@
 """Every native library of the engine, built (or loaded from the cache) at once.
 
-    from flashnum.engine import libraries
+    from flashnum.models import libraries
     libraries.build_all()     # {"native": "native C kernel", "fused_backward": "on ...", ...}
 
 What `python -m flashnum.compile` does ahead, and what a run does before it starts its
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import threading
 
-from flashnum.engine import fused_backward, native, torch_cpu
+from flashnum.engine import fused_backward, native
+from flashnum.models import torch_cpu
 from flashnum.numerics import accumulate
 
 

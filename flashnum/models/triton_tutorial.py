@@ -1,8 +1,8 @@
-"""A model of the Triton tutorial's fused attention (policy "triton_tutorial"), both passes.
+"""A model of the Triton tutorial's fused attention (model "triton_tutorial"), both passes.
 
     import flashnum
-    res = flashnum.attention(q, k, v, precision="fp16", policy="triton_tutorial", causal=True)
-    g = flashnum.attention_backward(q, k, v, do, precision="fp16", policy="triton_tutorial",
+    res = flashnum.attention(q, k, v, precision="fp16", model="triton_tutorial", causal=True)
+    g = flashnum.attention_backward(q, k, v, do, precision="fp16", model="triton_tutorial",
                                     causal=True)
     # or directly: forward(q, k, v, ...) -> (Result, M); backward(q, k, v, do, o, M, ...)
 
@@ -62,8 +62,9 @@ import math
 import torch
 
 from flashnum.engine.arith import Arith
+from flashnum.engine.call import Call
 from flashnum.engine.flash import flash
-from flashnum.engine.result import Result
+from flashnum.engine.result import Gradients, Result
 from flashnum.engine.variants import Exp2
 from flashnum.numerics.formats import FORMATS
 from flashnum.numerics.policy import make_policy
@@ -84,15 +85,15 @@ def check(q, k, precision: str, scale: float, causal) -> bool:
     causal: True or "bottom_right" (flashnum's alignment), False, or "top_left" where
     Nq == Nk (the same mask then; the tutorial has one sequence length)."""
     if precision not in PRECISIONS:
-        raise ValueError(f"policy 'triton_tutorial' models the fp16 kernels; precision "
+        raise ValueError(f"model 'triton_tutorial' models the fp16 kernels; precision "
                          f"{precision!r} is not valid; valid: {', '.join(PRECISIONS)}")
     if not scale > 0:
-        raise ValueError(f"policy 'triton_tutorial' needs scale > 0 (the kernel takes the "
+        raise ValueError(f"model 'triton_tutorial' needs scale > 0 (the kernel takes the "
                          f"row max before scaling), got {scale!r}")
     if isinstance(causal, str):
         if causal == "bottom_right" or (causal == "top_left" and q.shape[-2] == k.shape[-2]):
             return True
-        raise ValueError(f"policy 'triton_tutorial' takes causal {causal!r} only where Nq "
+        raise ValueError(f"model 'triton_tutorial' takes causal {causal!r} only where Nq "
                          f"== Nk (here {q.shape[-2]}, {k.shape[-2]}); valid: False, True, "
                          "'bottom_right'")
     return bool(causal)
@@ -111,13 +112,13 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None,
     """The tutorial's forward: (Result, M) with M = m + log2(l), (..., N) fp32 values."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     causal = check(q, k, precision, scale, causal)
-    res = flash(q, k, v, make_policy("fa2", "fp16"), block_m=BLOCK_M, block_n=BLOCK_N,
-                order="forward", variant=Exp2(exp2_scale="twice"), causal=causal,
-                scale=scale, rounding="nearest", seed=0, trace=False)
+    pol = make_policy("fa2", "fp16")
+    res = flash(Call(q, k, v, precision="fp16", policy=pol, block_m=BLOCK_M, block_n=BLOCK_N,
+                     variant=Exp2(exp2_scale="twice"), causal=causal, scale=scale), pol)
     # epilogue, L243: m_i += log2(l_i) in fp32 (m, l in log2 units, fp32 values)
     m32, l32 = res.m.to(torch.float32), res.l.to(torch.float32)
     M = m32 + torch.log2(l32.double()).float()
-    res.info = dict(precision=precision, policy="triton_tutorial", block_m=BLOCK_M,
+    res.info = dict(precision=precision, model="triton_tutorial", block_m=BLOCK_M,
                     block_n=BLOCK_N, order="forward", variant="exp2", causal=causal,
                     scale=scale, rounding="nearest", seed=0)
     return res, M.double()
@@ -251,3 +252,20 @@ def _pad(x: torch.Tensor, n: int) -> torch.Tensor:
 
 __all__ = ["forward", "backward", "check", "BLOCK_M", "BLOCK_N", "BLOCK_M1", "BLOCK_N1",
            "BLOCK_M2", "BLOCK_N2", "BLK_SLICE_FACTOR"]
+
+
+def gradients(call) -> Gradients:
+    """The tutorial's fp16 kernels on a checked backward call (flashnum.models.MODELS
+    ["triton_tutorial"]): its own forward, whose M = m + log2(l) (log2 units) is g.lse;
+    its own blocks and orders."""
+    if call.out is not None:
+        raise ValueError("model 'triton_tutorial' runs its own forward (its backward reads "
+                         "M = m + log2 l); out= and lse= are not taken with it")
+    q, k, v, do = call.q, call.k, call.v, call.do
+    res, m2 = forward(q, k, v, causal=call.causal, scale=call.softmax_scale,
+                      precision=call.precision)
+    dq, dk, dv, delta = backward(q, k, v, do, res.out, m2, causal=call.causal,
+                                 scale=call.softmax_scale, precision=call.precision)
+    return Gradients(dq=dq, dk=dk, dv=dv, lse=m2, delta=delta, out=res.out,
+                     masked=res.masked, ds_rowsum=None,
+                     info=dict(res.info, structure="triton_tutorial", lse="log2"))

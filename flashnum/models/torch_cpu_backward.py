@@ -1,14 +1,14 @@
-"""A model of PyTorch's CPU flash-attention backward (policy "torch_cpu"), step for step.
+"""A model of PyTorch's CPU flash-attention backward (model "torch_cpu"), step for step.
 
     import flashnum
-    g = flashnum.attention_backward(q, k, v, do, precision="bf16", policy="torch_cpu",
+    g = flashnum.attention_backward(q, k, v, do, precision="bf16", model="torch_cpu",
                                     causal="top_left")  # torch's is_causal
-    # or directly: flashnum.engine.torch_cpu_backward.attention_backward_torch_cpu(...)
+    # or directly: flashnum.models.torch_cpu_backward.attention_backward_torch_cpu(...)
 
 On CPU, autograd through torch.nn.functional.scaled_dot_product_attention runs ATen's
 `cpu_flash_attention_backward` (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, torch
 2.13) for fp32, bf16 and fp16. This module repeats it; the forward it reads (O, LSE) is
-flashnum.engine.torch_cpu's model of `cpu_flash_attention`, bit-exact to the kernel.
+flashnum.models.torch_cpu's model of `cpu_flash_attention`, bit-exact to the kernel.
 Each step names its lines of `cpu_flash_attention_backward` in FlashAttentionKernel.cpp as
 of pytorch commit 27a4844d7fb (a listing of a source whose backward is this one; 2.13's
 line numbers may be shifted), top to bottom:
@@ -69,7 +69,7 @@ import numpy as np
 import torch
 
 from flashnum.engine.result import Gradients
-from flashnum.engine.torch_cpu import (
+from flashnum.models.torch_cpu import (
     DTYPES,
     LANES,
     _clib,
@@ -77,6 +77,7 @@ from flashnum.engine.torch_cpu import (
     _mkl,
     _one_thread,
     attention_torch_cpu,
+    check_alignment,
     split_sizes,
 )
 
@@ -216,11 +217,24 @@ def kernel_causal(causal, nq: int, nk: int) -> bool:
         if nq == nk:
             return True
         raise ValueError(
-            f"policy torch_cpu models torch's is_causal, whose mask is top-left; with Nq = "
+            f"model torch_cpu models torch's is_causal, whose mask is top-left; with Nq = "
             f"{nq} != Nk = {nk} causal='bottom_right' is another mask: pass causal=True or "
             "'top_left' for torch's, or False")
     raise ValueError(f"unknown causal {causal!r}; valid: False, True (the kernel's top-left "
                      "mask), 'top_left', 'bottom_right' (Nq = Nk only)")
+
+
+def backward(call) -> Gradients:
+    """The model on a checked backward call (flashnum.models.MODELS["torch_cpu"]): one
+    kernel, so exp2=False and rounding='nearest' only; top-left as torch's is_causal."""
+    check_alignment(call)
+    if call.exp2 or call.rounding != "nearest":
+        raise ValueError("model torch_cpu models one kernel: exp2=False and "
+                         f"rounding='nearest' only, got exp2={call.exp2!r}, "
+                         f"rounding={call.rounding!r}")
+    return attention_backward_torch_cpu(call.q, call.k, call.v, call.do, precision=call.precision,
+                                        causal=call.causal, scale=call.scale, out=call.out,
+                                        lse=call.lse, measure_ds=call.measure_ds)
 
 
 def attention_backward_torch_cpu(q, k, v, do, *, precision="bf16", causal=False, scale=None,
@@ -237,12 +251,12 @@ def attention_backward_torch_cpu(q, k, v, do, *, precision="bf16", causal=False,
     by default torch.get_num_threads() of this process. use_c=False takes the torch twin
     of the exp (the same values, slower)."""
     if precision not in DTYPES:
-        raise ValueError(f"policy torch_cpu models precision fp32, bf16 or fp16, not "
+        raise ValueError(f"model torch_cpu models precision fp32, bf16 or fp16, not "
                          f"{precision!r}")
     dtype = DTYPES[precision]
     lead, nq, nk, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
     if v.shape[-1] != d:
-        raise ValueError(f"policy torch_cpu needs equal head dims (the kernel's), got {d} "
+        raise ValueError(f"model torch_cpu needs equal head dims (the kernel's), got {d} "
                          f"and {v.shape[-1]}")
     top_left = kernel_causal(causal, nq, nk)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -282,7 +296,7 @@ def attention_backward_torch_cpu(q, k, v, do, *, precision="bf16", causal=False,
         masked=torch.zeros(*lead, nq, dtype=torch.bool),  # top-left: row i sees key 0
         ds_rowsum=None if ds_rowsum is None else ds_rowsum.to(torch.float64).reshape(
             *lead, nq),
-        info=dict(precision=precision, policy="torch_cpu", structure="flash", block_m=qs,
+        info=dict(precision=precision, model="torch_cpu", structure="flash", block_m=qs,
                   block_n=ks, order="forward", dq_order="forward",
                   causal="top_left" if top_left else False, scale=scale, rounding="nearest",
                   seed=0, exp2=False, variant=variant),
