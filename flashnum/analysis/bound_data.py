@@ -98,24 +98,9 @@ def row_data(q, k, v, *, causal, scale, prob, shift0):
     for r0 in range(0, nq, rows):
         r1 = min(nq, r0 + rows)
         qc = q3[:, r0:r1]
-        S = scale * dot(qc, k3.transpose(-1, -2))  # (B, r, nk)
-        A = scale * dot(qabs[:, r0:r1], kabs.transpose(-1, -2))
+        S, A, Sm, Sv, Av, smin, kl1, any_vis = _masked_logits(
+            qc, qabs[:, r0:r1], k3, kabs, k_l1, n[r0:r1] if causal else None, scale)
         q_l1 = rowsum(qabs[:, r0:r1])
-        ninf = torch.full_like(S, -math.inf)
-        if causal:
-            vis = (torch.arange(nk)[None, :] < n[r0:r1, None]).expand(B, -1, -1)
-            any_vis = vis.any(-1)
-            zero = torch.zeros_like(S)
-            Sm = torch.where(vis, S, ninf)
-            Sv, Av = torch.where(vis, S, zero), torch.where(vis, A, zero)
-            smin = torch.where(vis, S, -ninf).amin(-1)
-            kl1 = torch.where(vis, k_l1[:, None, :].expand_as(S), zero)
-        else:  # every key visible: no masking passes
-            vis, any_vis = None, torch.ones(B, r1 - r0, dtype=torch.bool)
-            Sm = Sv = S
-            Av = A
-            smin = S.amin(-1)
-            kl1 = k_l1[:, None, :]
         M = Sm.amax(-1)
         Msafe = torch.where(any_vis, M, torch.zeros_like(M))
         e = elementary.exp(Sm - Msafe[..., None])  # exp(-inf) = 0 where masked
@@ -153,6 +138,23 @@ def row_data(q, k, v, *, causal, scale, prob, shift0):
         **R, **C,
     )
     return data
+
+
+def _masked_logits(qc, qabs, k3, kabs, k_l1, n, scale):
+    """A chunk's logits S = scale q.k, A = scale |q|.|k| and their masked forms: Sm (-inf),
+    Sv and Av (0) where a key is not visible (n: keys each row sees; None: all), smin,
+    the visible keys' ||k||_1, and which rows see a key."""
+    B, r, nk = qc.shape[0], qc.shape[1], k3.shape[1]
+    S = scale * dot(qc, k3.transpose(-1, -2))  # (B, r, nk)
+    A = scale * dot(qabs, kabs.transpose(-1, -2))
+    if n is None:  # every key visible: no masking passes
+        return S, A, S, S, A, S.amin(-1), k_l1[:, None, :], torch.ones(B, r, dtype=torch.bool)
+    ninf = torch.full_like(S, -math.inf)
+    vis = (torch.arange(nk)[None, :] < n[:, None]).expand(B, -1, -1)
+    zero = torch.zeros_like(S)
+    return (S, A, torch.where(vis, S, ninf), torch.where(vis, S, zero),
+            torch.where(vis, A, zero), torch.where(vis, S, -ninf).amin(-1),
+            torch.where(vis, k_l1[:, None, :].expand_as(S), zero), vis.any(-1))
 
 
 def _chunk_rows(B: int, nq: int, nk: int) -> int:

@@ -75,6 +75,7 @@ from flashnum.analysis.bound_params import Param, params_of, scale_error
 from flashnum.analysis.bound_terms import evaluate, overflow_check, prob_std
 from flashnum.analysis.memo import kept
 from flashnum.engine.variants import FA2, Variant, variant_of
+from flashnum.engine.variants import PARAMS as VARIANT_PARAMS
 from flashnum.engine.variants import VARIANTS as VARIANT_CLASSES
 from flashnum.numerics.formats import Format
 from flashnum.numerics.policy import SITES, make_policy
@@ -143,41 +144,49 @@ def _bounded_variant(variant, scale, tau, beta) -> Variant:
     return var
 
 
-def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = False,
-          scale=None, variant: str | Variant = "fa2", prob: bool = False,
-          delta: float = 1e-3, precision: str = "bf16", rounding: str = "nearest",
-          tau: float | None = None, beta: float | None = None, rows: dict | None = None
-          ) -> dict:
-    """Deterministic (and probabilistic) bound on max_ij |out_ij - exact_ij|; see the module
-    docstring. Returns a dict: bound, bound_prob (nan unless prob), terms, dominant_site,
-    bound_rows ((..., Nq) per-row bound), first_order, higher_order, lambda, delta."""
-    var = _bounded_variant(variant, scale, tau, beta)
+def _check_args(q, k, v, rounding, block_n, delta) -> None:
     if rounding not in ("nearest", "stochastic"):
         raise ValueError(f"unknown rounding {rounding!r}; valid: nearest, stochastic")
     if isinstance(block_n, bool) or not isinstance(block_n, int) or block_n <= 0:
         raise ValueError(f"block_n must be a positive integer, got {block_n!r}")
     if not (0 < delta < 1):
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-    causal = check_causal(causal)  # either alignment: rows see a prefix of the keys
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or x.ndim < 2:
             raise ValueError(f"{name} must be a tensor of shape (..., N, d)")
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
                          "do not fit (..., Nq, d), (..., Nk, d), (..., Nk, dv)")
+
+
+def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = False,
+          scale=None, variant: str | Variant = "fa2", prob: bool = False,
+          delta: float = 1e-3, precision: str = "bf16", rounding: str = "nearest",
+          rows: dict | None = None, **params) -> dict:
+    """Deterministic (and probabilistic) bound on max_ij |out_ij - exact_ij|; see the module
+    docstring. `variant` a Variant, or a name with its parameters as `params` (tau, beta:
+    flashnum.engine.variants.PARAMS). Returns a dict: bound, bound_prob (nan unless prob),
+    terms, dominant_site, bound_rows ((..., Nq) per-row bound), first_order, higher_order,
+    lambda, delta."""
+    bad = sorted(set(params) - set(VARIANT_PARAMS))
+    if bad:
+        raise TypeError(f"bound() got an unexpected option {bad[0]!r}; a variant's parameters "
+                        f"are {', '.join(VARIANT_PARAMS)}")
+    var = _bounded_variant(variant, scale, params.get("tau"), params.get("beta"))
+    _check_args(q, k, v, rounding, block_n, delta)
+    causal = check_causal(causal)  # either alignment: rows see a prefix of the keys
     pol = make_policy(policy, precision)
     structure = pol.structure
     # the standard structure forms S: the variant's running max does not enter it
     rec = var if structure != "standard" else FA2()
     base2 = rec.base2
-    d = q.shape[-1]
     fin = pol.fmt("inputs")
     on_grid = kept(rows, (q, k, v), ("on_grid", fin), lambda: tuple(
         isinstance(fin, Format) and fin.p < 53 and fin.representable(x.detach().cpu())
         for x in (q, k, v)))
     params = params_of(pol, rounding, on_grid)
-    scale_exact, sigma = scale_error(pol, d, None if scale is None else float(scale), base2,
-                                      rounding)
+    scale_exact, sigma = scale_error(pol, q.shape[-1], None if scale is None else float(scale),
+                                     base2, rounding)
     params["sigma"] = Param(sigma, "s", "det")
     scale_nat = scale_exact / (1 / math.log(2) if base2 else 1.0)  # natural-unit scale
 
@@ -195,13 +204,20 @@ def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = Fals
         r = torch.clamp(r, max=float(D["n_kb"]))
     kw = dict(structure=structure, variant=rec, scale=scale_nat, l_from=pol.l_from, r=r,
               base2=base2)
-    check = overflow_check(pol, structure, rec, base2, scale_nat)
-    full = {name: p.value for name, p in params.items()}
-    Bfull = evaluate(full, D, check=check, **kw)
+    out, Bfull, Bt = _deterministic(params, D, kw, overflow_check(pol, structure, rec, base2,
+                                                                  scale_nat), q.shape[:-2])
+    out.update(n_rescales=r.reshape(*q.shape[:-2], D["nq"]), sigma=sigma, delta=delta)
+    if prob:
+        out.update(_probabilistic(params, D, kw, Bfull, Bt, delta, q.shape[:-2]))
+    return out
+
+
+def _deterministic(params, D, kw, check, lead) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """The deterministic bound, its per-site terms at the worst entry and its first-order
+    part: (the result's fields, B per entry, B(t u) / t per entry)."""
+    Bfull = evaluate({name: p.value for name, p in params.items()}, D, check=check, **kw)
     t = T_SCALE
     Bt = evaluate(_scaled(params, t), D, **kw) / t  # >= the first-order part B1
-    lead = q.shape[:-2]
-    nq, dv = D["nq"], D["dv"]
     finite = torch.isfinite(Bfull)
     flat = torch.where(finite, Bfull, torch.full_like(Bfull, math.inf)).reshape(-1)
     worst = int(torch.argmax(flat)) if flat.numel() else 0
@@ -212,31 +228,29 @@ def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = Fals
         terms[site] = float(Bs.reshape(-1)[worst]) if flat.numel() else 0.0
     dominant = max(terms, key=terms.get) if any(terms.values()) else "none"
     first = float(Bt.reshape(-1)[worst]) if flat.numel() else 0.0
-    out = dict(
-        bound=total,
-        bound_prob=math.nan,
-        terms=terms,
-        dominant_site=dominant,
-        bound_rows=(Bfull.amax(-1) * (1 + EVAL_SLACK)).reshape(*lead, nq),
-        first_order=first,
-        higher_order=(total - first) if math.isfinite(total) else math.inf,
-        n_rescales=r.reshape(*lead, nq),
-        sigma=sigma,
-        **{"lambda": math.nan, "delta": delta},
-    )
-    if prob:
-        K = int(D["vis_rows"].sum()) * dv
-        lam = math.sqrt(2 * math.log(2 * max(K, 1) / delta))
-        G = prob_std(params, D, structure=structure, variant=rec, r=r, l_from=pol.l_from)
-        B1r = evaluate(_scaled(params, t, lambda name, p: p.kind == "rand"), D, **kw) / t
-        B1d = evaluate(_scaled(params, t, lambda name, p: p.kind == "det"), D, **kw) / t
-        rem = torch.clamp((1 + t) * Bfull - Bt, min=0)  # >= |R|: see the module docstring
-        bp = torch.minimum(Bfull, torch.minimum(lam * G, B1r) + B1d + rem)
-        bp = torch.where(D["vis_rows"][..., None], bp, torch.zeros_like(bp))
-        out["bound_prob"] = float(bp.max()) * (1 + EVAL_SLACK) if bp.numel() else 0.0
-        out["lambda"] = lam
-        out["bound_prob_rows"] = (bp.amax(-1) * (1 + EVAL_SLACK)).reshape(*lead, nq)
-    return out
+    out = dict(bound=total, bound_prob=math.nan, terms=terms, dominant_site=dominant,
+               bound_rows=(Bfull.amax(-1) * (1 + EVAL_SLACK)).reshape(*lead, D["nq"]),
+               first_order=first,
+               higher_order=(total - first) if math.isfinite(total) else math.inf,
+               **{"lambda": math.nan})
+    return out, Bfull, Bt
+
+
+def _probabilistic(params, D, kw, Bfull, Bt, delta, lead) -> dict:
+    """The probabilistic bound's fields (see the module docstring)."""
+    t = T_SCALE
+    K = int(D["vis_rows"].sum()) * D["dv"]
+    lam = math.sqrt(2 * math.log(2 * max(K, 1) / delta))
+    G = prob_std(params, D, structure=kw["structure"], variant=kw["variant"], r=kw["r"],
+                 l_from=kw["l_from"])
+    B1r = evaluate(_scaled(params, t, lambda name, p: p.kind == "rand"), D, **kw) / t
+    B1d = evaluate(_scaled(params, t, lambda name, p: p.kind == "det"), D, **kw) / t
+    rem = torch.clamp((1 + t) * Bfull - Bt, min=0)  # >= |R|: see the module docstring
+    bp = torch.minimum(Bfull, torch.minimum(lam * G, B1r) + B1d + rem)
+    bp = torch.where(D["vis_rows"][..., None], bp, torch.zeros_like(bp))
+    return dict(bound_prob=float(bp.max()) * (1 + EVAL_SLACK) if bp.numel() else 0.0,
+                **{"lambda": lam},
+                bound_prob_rows=(bp.amax(-1) * (1 + EVAL_SLACK)).reshape(*lead, D["nq"]))
 
 
 # ---------------------------------------------------------------------------

@@ -113,17 +113,12 @@ def call_of(q, k, v, **options) -> Call:
     opts, params = split_options(options, OPTIONS)
     check_tensors(q, k, v, gqa=True)
     c = Call(q, k, v, **opts)
-    backend = "mp" if c.precision == "mp" and c.backend == "emulate" else c.backend
-    o = check_options(q, k, v, precision=c.precision, policy=c.policy, block_m=c.block_m,
-                      block_n=c.block_n, order=c.order, variant=options.get("variant", "fa2"),
-                      causal=c.causal, scale=c.scale, rounding=c.rounding, seed=c.seed,
-                      trace=c.trace, backend=backend, mp_bits=c.mp_bits, **params,
-                      num_splits=c.num_splits, split_precision=c.split_precision,
-                      merge_precision=c.merge_precision, input_transform=c.input_transform,
-                      model=c.model)
+    if c.precision == "mp" and c.backend == "emulate":  # mp: the recurrence in mpmath
+        c = dataclasses.replace(c, backend="mp")
+    o = check_options(c, options.get("variant", "fa2"), params)
     return dataclasses.replace(c, block_m=o.block_m, block_n=o.block_n, variant=o.variant,
                                causal=o.causal, scale=o.scale, seed=o.seed,
-                               trace=bool(c.trace), backend=backend, mp_bits=int(c.mp_bits),
+                               trace=bool(c.trace), mp_bits=int(c.mp_bits),
                                num_splits=o.num_splits)
 
 
@@ -132,10 +127,7 @@ def backward_call_of(q, k, v, do, **options) -> BackwardCall:
     opts, params = split_options(options, BACKWARD_OPTIONS)
     check_tensors(q, k, v, do)
     c = BackwardCall(q, k, v, do=do, **opts)
-    o = check_options(q, k, v, precision=c.precision, policy=c.policy, block_m=c.block_m,
-                      block_n=c.block_n, order=c.order, variant=options.get("variant", "fa2"),
-                      causal=c.causal, scale=c.scale, rounding=c.rounding, seed=c.seed,
-                      **params, dq_order=c.dq_order, backward=True, model=c.model)
+    o = check_options(c, options.get("variant", "fa2"), params, backward=True)
     check_flag("measure_ds", c.measure_ds)
     return dataclasses.replace(c, block_m=o.block_m, block_n=o.block_n, variant=o.variant,
                                causal=o.causal, scale=o.scale, seed=o.seed,

@@ -3,7 +3,7 @@ split-KV, so that every door refuses the same inputs with the same words.
 
     from flashnum.engine.checks import check_tensors, check_options, check_finite
     check_tensors(q, k, v)                  # types, devices, shapes (before anything runs)
-    o = check_options(q, k, v, precision="bf16", policy="fa2", block_m=64, ...)
+    o = check_options(call, variant, params)  # a flashnum.engine.call.Call's every option
     o.block_m, o.block_n, o.num_splits      # clamped to the shape, numpy integers as int
     o.causal                                # False, True (bottom-right) or "top_left"
     check_finite(q=q, k=k, v=v)             # one pass unless a value is not finite
@@ -214,14 +214,16 @@ class Options:
     variant: Variant | None = None  # the variant a name (and tau, beta, exp2_scale) stands for
 
 
-def check_options(q, k, v, *, precision, policy, block_m, block_n, order, causal, scale,
-                  rounding, seed, variant="fa2", backend="emulate", num_splits=1,
-                  trace=False, mp_bits=256, tau=None, beta=None, exp2_scale=None,
-                  split_precision=None, merge_precision=None, input_transform="none",
-                  dq_order=None, backward=False, model=None) -> Options:
-    """Every option of attention / attention_backward (checked tensors q, k, v given);
-    raises the first bad one. Blocks and splits come back clamped to the shape. With a
-    kernel model (model=, flashnum.models), the policy is the model's own: not checked."""
+def check_options(c, variant="fa2", params: dict | None = None, *,
+                  backward: bool = False) -> Options:
+    """Every option of a call `c` (a flashnum.engine.call.Call or BackwardCall, its tensors
+    checked already), the variant as given and its shorthand parameters; raises the first
+    bad one. Blocks and splits come back clamped to the shape. With a kernel model
+    (model=, flashnum.models), the policy is the model's own: not checked."""
+    q, k = c.q, c.k
+    precision, policy, backend, model = c.precision, c.policy, c.backend, c.model
+    num_splits, block_m, block_n, order = c.num_splits, c.block_m, c.block_n, c.order
+    dq_order = getattr(c, "dq_order", None)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
     check_precision(precision, mp=not backward)  # a policy's precision (p<bits> too), or mp
@@ -244,20 +246,20 @@ def check_options(q, k, v, *, precision, policy, block_m, block_n, order, causal
     check_order("order", order, n_kb)
     if dq_order is not None:
         check_order("dq_order", dq_order, n_kb, valid=("forward", "reverse", "random"))
-    variant = check_variant(variant, backend, tau=tau, beta=beta, exp2_scale=exp2_scale)
-    causal = check_causal(causal)
-    check_flag("trace", trace)
-    if scale is not None:  # None: 1/sqrt(d)
-        scale = check_number("scale", scale, positive=True)
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
-    seed = check_int("seed", seed, *SEED_RANGE)
-    check_int("mp_bits", mp_bits, lo=2)
-    for name, f in (("split_precision", split_precision), ("merge_precision", merge_precision)):
+    variant = check_variant(variant, backend, **(params or {}))
+    causal = check_causal(c.causal)
+    check_flag("trace", c.trace)
+    scale = None if c.scale is None else check_number("scale", c.scale, positive=True)
+    if c.rounding not in ROUNDINGS:
+        raise ValueError(f"unknown rounding {c.rounding!r}; valid: {', '.join(ROUNDINGS)}")
+    seed = check_int("seed", c.seed, *SEED_RANGE)
+    check_int("mp_bits", c.mp_bits, lo=2)
+    for name in ("split_precision", "merge_precision"):
+        f = getattr(c, name)
         if f is not None and not hasattr(get_format(f), "round"):
             raise ValueError(f"{name} must be a format with a rounding, got {f!r}")
-    if input_transform not in INPUT_TRANSFORMS:
-        raise ValueError(f"unknown input_transform {input_transform!r}; valid: "
+    if c.input_transform not in INPUT_TRANSFORMS:
+        raise ValueError(f"unknown input_transform {c.input_transform!r}; valid: "
                          f"{', '.join(INPUT_TRANSFORMS)}")
     if backend == "triton":
         # asked without importing it: flashnum.backends.triton sets TRITON_INTERPRET first
