@@ -20,7 +20,7 @@ from pathlib import Path
 from flashnum.harness.cli import main_of
 from flashnum.harness.config import StoreConf
 from flashnum.inputs.capture import load_call
-from flashnum.inputs.search import METRICS, worst_case
+from flashnum.inputs.search import METRICS, Search, worst_case
 from flashnum.numerics.policy import POLICIES
 
 
@@ -61,9 +61,10 @@ def _check(a) -> None:
 
 def _run(a) -> int:
     out = a.out or str(Path(a.store.root) / "worst_case" / "inputs")
-    res = worst_case(a.policy, a.precision, a.seq_len, a.head_dim, a.block_n, a.block_m,
-                     a.order, a.metric, a.budget, a.seed, variant=a.variant,
-                     max_evals=a.max_evals, screen=a.screen, save=out, verbose=not a.quiet,
+    search = Search(a.policy, a.precision, a.seq_len, a.head_dim, a.block_n, a.block_m,
+                    a.order, a.variant, metric=a.metric, budget_s=a.budget,
+                    max_evals=a.max_evals, seed=a.seed, screen=a.screen)
+    res = worst_case(search, save=out, verbose=not a.quiet,
                      start={"path": a.start, "call": a.start_call} if a.start else None)
     print(json.dumps(res.summary(), default=str))
     return 0

@@ -47,7 +47,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -144,6 +144,61 @@ def metric_of(out: torch.Tensor, ref: torch.Tensor, v: torch.Tensor, metric: str
     return e
 
 
+@dataclass(frozen=True)
+class Search:
+    """One search's settings, checked once: what it measures, on which shape, how long.
+
+    population: members of the DE population. budget_s: wall-clock seconds (0: none,
+    then max_evals must be given); max_evals: stop after this many evaluations, the
+    reproducible budget. screen: try every catalogue distribution first.
+    """
+
+    policy: str = "fa2"
+    precision: str = "bf16"
+    seq_len: int = 1024
+    head_dim: int = 64
+    block_n: int = 64
+    block_m: int = 64
+    order: str = "forward"
+    variant: str = "fa2"
+    batch: int = 1
+    heads: int = 1
+    metric: str = "max_abs"
+    budget_s: float = 100.0
+    max_evals: int | None = None
+    seed: int = 0
+    population: int = 16
+    screen: bool = True
+
+    def __post_init__(self):
+        if self.metric not in METRICS:
+            raise ValueError(f"unknown metric {self.metric!r}; valid: {', '.join(METRICS)}")
+        if self.budget_s <= 0 and self.max_evals is None:
+            raise ValueError(f"budget_s must be > 0 (or give max_evals), got {self.budget_s}")
+        if self.population < 5:
+            raise ValueError(f"population must be >= 5, got {self.population}")
+
+    @property
+    def engine_kw(self) -> dict:
+        """The flashnum.attention options every candidate is run with."""
+        return _engine_kw(self.policy, self.precision, self.block_m, self.block_n, self.order,
+                          self.variant)
+
+    @classmethod
+    def of(cls, search: Search | None, settings: dict) -> Search:
+        """search with settings replaced; popsize (scipy's multiplier, kept for older
+        configs) gives population = popsize x 9."""
+        settings = dict(settings)
+        if settings.get("popsize") is not None:
+            settings["population"] = settings["popsize"] * 9
+        settings.pop("popsize", None)
+        valid = [f.name for f in fields(cls)]
+        bad = [k for k in settings if k not in valid]
+        if bad:
+            raise ValueError(f"unknown search setting {bad[0]!r}; valid: {', '.join(valid)}")
+        return replace(search or cls(), **settings)
+
+
 def _engine_kw(policy, precision, block_m, block_n, order, variant) -> dict:
     return dict(policy=policy, precision=precision, block_m=block_m, block_n=block_n,
                 order=order, variant=variant)
@@ -210,8 +265,6 @@ def _initial(population: int, dim: int, seed: int):
     all keys distinct, no peak, no ramp, V ~ N(0, bound / 4)) makes the baseline a member.
     """
 
-    if population < 5:
-        raise ValueError(f"population must be >= 5, got {population}")
     if population & (population - 1) == 0:  # Sobol's balance needs a power of two
         x = qmc.Sobol(dim, scramble=True, seed=seed).random(population)
     else:
@@ -222,13 +275,6 @@ def _initial(population: int, dim: int, seed: int):
 
 class _Stop(Exception):
     pass
-
-
-def _check_budget(metric: str, budget_s: float, max_evals) -> None:
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
-    if budget_s <= 0 and max_evals is None:
-        raise ValueError(f"budget_s must be > 0 (or give max_evals), got {budget_s}")
 
 
 def _screen(consider, shape: dict, bound: float, screened: dict) -> None:
@@ -243,23 +289,24 @@ def _screen(consider, shape: dict, bound: float, screened: dict) -> None:
             break
 
 
-def _begin(start, kw: dict, *, metric, seq_len, head_dim, batch, heads, block_n, seed,
-           budget_s, max_evals, population):
+def _begin(start, s: Search):
     """(start as Inputs or None, the shape of make()'s arguments, the search's config):
     a captured call given by its params is made here, and its shape is the search's."""
     start_params = None
     if isinstance(start, dict):  # a captured call, by its distribution params
         start_params = dict(start)
-        start = make("captured", seed=seed, block_n=block_n, **start)
+        start = make("captured", seed=s.seed, block_n=s.block_n, **start)
     elif start is not None and not isinstance(start, Inputs):
         raise TypeError(f"start must be an Inputs or a dict of captured params "
                         f"(path, call, ...), got {type(start).__name__}")
+    batch, heads, seq_len, head_dim = s.batch, s.heads, s.seq_len, s.head_dim
     if start is not None:
         batch, heads, seq_len, head_dim = start.q.shape
     shape = dict(batch=batch, heads=heads, seq_len_q=seq_len, head_dim=head_dim,
-                 block_n=block_n, seed=seed)
-    config = dict(metric=metric, seq_len=seq_len, head_dim=head_dim, batch=batch, heads=heads,
-                  seed=seed, budget_s=budget_s, max_evals=max_evals, population=population, **kw)
+                 block_n=s.block_n, seed=s.seed)
+    config = dict(metric=s.metric, seq_len=seq_len, head_dim=head_dim, batch=batch,
+                  heads=heads, seed=s.seed, budget_s=s.budget_s, max_evals=s.max_evals,
+                  population=s.population, **s.engine_kw)
     if start is not None:
         config.update(start=start_params or {"name": start.name, **start.params},
                       seq_len_k=start.k.shape[-2], causal=start.causal)
@@ -277,18 +324,13 @@ def _result(best: dict, baseline: float, bound: float, metric: str, **rest) -> S
         inputs=worst, family=best["family"], params=best["params"], bound=bound, **rest)
 
 
-def worst_case(policy: str = "fa2", precision: str = "bf16", seq_len: int = 1024,
-               head_dim: int = 64, block_n: int = 64, block_m: int = 64,
-               order: str = "forward", metric: str = "max_abs", budget_s: float = 100.0,
-               seed: int = 0, *, variant: str = "fa2", batch: int = 1, heads: int = 1,
-               max_evals: int | None = None, population: int = 16,
-               popsize: int | None = None, screen: bool = True,
-               save: bool | str | Path = True, verify: bool = True,
-               verbose: bool = False, start: Inputs | dict | None = None) -> SearchResult:
+def worst_case(search: Search | None = None, /, *, start: Inputs | dict | None = None,
+               save: bool | str | Path = True, verify: bool = True, verbose: bool = False,
+               **settings) -> SearchResult:
     """Search inputs for the largest error; see the module docstring for what and how.
 
-    population: members of the DE population (16). popsize: scipy's multiplier, kept
-    for older configs: population = popsize x 9 when given.
+    search: a Search, or its fields as keywords (policy=, precision=, seq_len=, ...;
+    settings replace the given Search's fields).
     start: inputs to start from, e.g. a real model's call: an Inputs, or the params of
     distribution captured ({"path": file, "call": i, ...}). The search then runs at
     their shape, causal flag and scale (seq_len, head_dim, batch, heads are ignored),
@@ -297,82 +339,85 @@ def worst_case(policy: str = "fa2", precision: str = "bf16", seq_len: int = 1024
     step 3 from the start, V held to the start's max|V|: the worst inputs near it.
     """
 
-    _check_budget(metric, budget_s, max_evals)
-    if popsize is not None:
-        population = popsize * 9
+    s = Search.of(search, settings)
     t0 = time.perf_counter()
-    deadline = t0 + budget_s if budget_s > 0 else math.inf
-    kw = _engine_kw(policy, precision, block_m, block_n, order, variant)
-    start, shape, config = _begin(start, kw, metric=metric, seq_len=seq_len,
-                                  head_dim=head_dim, batch=batch, heads=heads, block_n=block_n,
-                                  seed=seed, budget_s=budget_s, max_evals=max_evals,
-                                  population=population)
-    seq_len = shape["seq_len_q"]
-
-    base = prepare(start if start is not None else make("gaussian", **shape), precision, policy)
+    start, shape, config = _begin(start, s)
+    base = prepare(start if start is not None else make("gaussian", **shape), s.precision,
+                   s.policy)
     bound = float(base.v.abs().max())
-    baseline = evaluate(base, kw, metric)
-    best = dict(error=-math.inf, inputs=None, family=None, params=None)
-    history: list = []
-    n = [0]
-    total = max_evals if max_evals is not None else math.inf
-    # stage limits: differential evolution gets the first 70%, the refinement the rest
-    stop = dict(evals=total, time=deadline)
-
-    def consider(inp: Inputs, family: str, params: dict) -> float:
-        if n[0] >= stop["evals"] or time.perf_counter() > stop["time"]:
-            raise _Stop
-        inp = prepare(inp, precision, policy)
-        e = evaluate(inp, kw, metric)
-        n[0] += 1
-        if e > best["error"]:
-            best.update(error=e, inputs=inp, family=family, params=params)
-            history.append((n[0], time.perf_counter() - t0, e))
-            if verbose:
-                print(f"[{n[0]:5d} {time.perf_counter() - t0:6.1f}s] {e:.4g} "
-                      f"({e / baseline:.1f}x) {family} {params}")
-        return e
-
+    tally = _Tally(s, t0, evaluate(base, s.engine_kw, s.metric), verbose)
     screened: dict = {}
-    names, decode = _space(seq_len, bound)
+    names, decode = _space(shape["seq_len_q"], bound)
     try:
-        # the screen gets at most a quarter of the budget
-        stop.update(evals=math.ceil(0.25 * total) if max_evals else math.inf,
-                    time=t0 + 0.25 * (deadline - t0))
+        tally.stage(0.25)  # the screen gets at most a quarter of the budget
         if start is not None:  # the start is the first candidate; step 3 refines it
-            consider(start, start.name or "start", dict(start.params))
+            tally.consider(start, start.name or "start", dict(start.params))
             raise _Stop
-        if screen:
-            _screen(consider, shape, bound, screened)
+        if s.screen:
+            _screen(tally.consider, shape, bound, screened)
 
         def objective(x):
             p = decode(x)
-            return -consider(make(FAMILY, **shape, **p), FAMILY, p)
+            return -tally.consider(make(FAMILY, **shape, **p), FAMILY, p)
 
-        stop.update(evals=n[0] + math.ceil(0.7 * (total - n[0])) if max_evals else math.inf,
-                    time=t0 + 0.7 * (deadline - t0))
-        differential_evolution(objective, [(0.0, 1.0)] * len(names), seed=seed,
-                               init=_initial(population, len(names), seed), maxiter=10**6,
+        tally.stage(0.7)  # differential evolution up to 70%, the refinement the rest
+        differential_evolution(objective, [(0.0, 1.0)] * len(names), seed=s.seed,
+                               init=_initial(s.population, len(names), s.seed), maxiter=10**6,
                                tol=0.0, atol=0.0, polish=False, updating="immediate")
     except _Stop:
         pass
-    stop.update(evals=total, time=deadline)
-    if best["inputs"] is not None:
+    tally.stage(1.0)
+    if tally.best["inputs"] is not None:
         try:
-            _refine(best, consider, bound, seed)
+            _refine(tally.best, tally.consider, bound, s.seed)
         except _Stop:
             pass
-    elapsed = time.perf_counter() - t0
-    if best["inputs"] is None:
+    if tally.best["inputs"] is None:
         raise ValueError("the budget ended before any candidate was evaluated; raise budget_s")
-
-    res = _result(best, baseline, bound, metric, n_evals=n[0], elapsed_s=elapsed,
-                  history=history, screen=screened, config=config)
+    res = _result(tally.best, tally.baseline, bound, s.metric, n_evals=tally.n,
+                  elapsed_s=time.perf_counter() - t0, history=tally.history, screen=screened,
+                  config=config)
     if verify:
-        res.verified = _verify(res.inputs, kw, metric)
+        res.verified = _verify(res.inputs, s.engine_kw, s.metric)
     if save:
         res.path = str(save_worst(res, save if not isinstance(save, bool) else DEFAULT_DIR))
     return res
+
+
+class _Tally:
+    """The evaluations so far, the best candidate and the current stage's limits."""
+
+    def __init__(self, s: Search, t0: float, baseline: float, verbose: bool):
+        self.s, self.t0, self.baseline, self.verbose = s, t0, baseline, verbose
+        self.best = dict(error=-math.inf, inputs=None, family=None, params=None)
+        self.history: list = []  # (eval, seconds, best error so far)
+        self.n = 0
+        self.total = s.max_evals if s.max_evals is not None else math.inf
+        self.deadline = t0 + s.budget_s if s.budget_s > 0 else math.inf
+
+    def stage(self, upto: float) -> None:
+        """Limits for the next stage: up to this fraction of the time and of the
+        evaluations left (all that is left at 1.0)."""
+        if upto == 1.0:
+            self.evals, self.time = self.total, self.deadline
+            return
+        left = self.total - self.n
+        self.evals = self.n + math.ceil(upto * left) if self.s.max_evals else math.inf
+        self.time = self.t0 + upto * (self.deadline - self.t0)
+
+    def consider(self, inp: Inputs, family: str, params: dict) -> float:
+        if self.n >= self.evals or time.perf_counter() > self.time:
+            raise _Stop
+        inp = prepare(inp, self.s.precision, self.s.policy)
+        e = evaluate(inp, self.s.engine_kw, self.s.metric)
+        self.n += 1
+        if e > self.best["error"]:
+            self.best.update(error=e, inputs=inp, family=family, params=params)
+            self.history.append((self.n, time.perf_counter() - self.t0, e))
+            if self.verbose:
+                print(f"[{self.n:5d} {time.perf_counter() - self.t0:6.1f}s] {e:.4g} "
+                      f"({e / self.baseline:.1f}x) {family} {params}")
+        return e
 
 
 def _refine(best: dict, consider, bound: float, seed: int) -> None:
