@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -130,11 +131,29 @@ def _call_isolated(thunk, failed):
     return failed(f"its process exited with status {os.WEXITSTATUS(status)} and no result")
 
 
-def _model_out(model, q, k, v, precision, causal, alignment, scale):
+class _Call(NamedTuple):
+    """One case's call as the kernel made it: what its model and the policies beside it
+    are run on (do: the upstream gradient, None for a forward-only audit)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    do: torch.Tensor | None
+    precision: str
+    causal: bool
+    alignment: str
+    scale: float | None
+
+    @property
+    def options(self) -> dict:
+        return dict(precision=self.precision, causal=self.causal, alignment=self.alignment,
+                    scale=self.scale)
+
+
+def _model_out(model, c: _Call):
     """The model's output (float64) or None where it cannot take the kernel's causal mask
     (flashnum.audit.models)."""
-    return models.forward(models.Candidate.of(model), q, k, v, precision=precision,
-                          causal=causal, alignment=alignment, scale=scale)
+    return models.forward(models.Candidate.of(model), c.q, c.k, c.v, **c.options)
 
 
 def _check_out(row, fails, o, ref, finite_ref, masked_rows):
@@ -173,14 +192,15 @@ def _bound(std, ref_out, finite_ref) -> tuple[float, float]:
     return std_err, 2 * std_err + 2 * _vmax(noise)
 
 
-def _beside(row, model, compare, backward, q, k, v, do, out, grads, gref, ref, finite_ref, *,
-            precision, causal, alignment, scale) -> None:
+def _beside(row, model, compare, c: _Call, answers, refs) -> None:
     """The columns of what runs beside the kernel, read by no rule: the model's error, its
-    bitwise agreement with the kernel (and its gradients'), and the compared policies'."""
+    bitwise agreement with the kernel (and its gradients'), and the compared policies'.
+    answers: the kernel's (out, grads); refs: (ref, gradients' ref, finite_ref)."""
+    (out, grads), (ref, gref, finite_ref) = answers, refs
     mo = None
     if model is not None:
         try:
-            mo = _model_out(model, q, k, v, precision, causal, alignment, scale)
+            mo = _model_out(model, c)
         except ValueError:
             mo = None
     if mo is not None:
@@ -189,17 +209,16 @@ def _beside(row, model, compare, backward, q, k, v, do, out, grads, gref, ref, f
             o = out.double()
             row["model_bitwise"] = float(((o == mo) | (o.isnan() & mo.isnan())).float().mean())
             row["model_max_diff"] = _vmax((o - mo).abs())
-    if model is not None and backward:
+    if model is not None and c.do is not None:
         try:
-            mg = models.backward(models.Candidate.of(model), q, k, v, do, precision=precision,
-                                 causal=causal, alignment=alignment, scale=scale)
+            mg = models.backward(models.Candidate.of(model), c.q, c.k, c.v, c.do, **c.options)
         except (ValueError, NotImplementedError):  # no backward of this model here
             mg = None
         if mg is not None:
             gradients.model_columns(row, mg, gref, grads)
     for pol in compare:
         try:
-            po = _model_out(pol, q, k, v, precision, causal, alignment, scale)
+            po = _model_out(pol, c)
         except ValueError:
             po = None
         row[f"{pol}_err_max"] = (float("nan") if po is None
@@ -276,8 +295,8 @@ def evaluate(fn, case, *, precision="bf16", alignment="top_left", model=None,
                 row[f"{name}_std_err_max"], row[f"{name}_bound"] = gradients.bound(s_, r)
     if keep is not None and out is not None:
         keep[case.id] = (out, grads)
-    _beside(row, model, compare, backward, q, k, v, do, out, grads, gref, ref, finite_ref,
-            precision=precision, causal=causal, alignment=alignment, scale=scale)
+    _beside(row, model, compare, _Call(q, k, v, do, precision, causal, alignment, scale),
+            (out, grads), (ref, gref, finite_ref))
     row["failed"] = ",".join(fails)
     row["passed"] = not fails
     row["seconds"] = time.perf_counter() - t0

@@ -256,8 +256,9 @@ def _flash(ar, q3, k3, v3, do3, o3, lse, bm, bn, causal, scale, perm, measure_ds
         # the whole loop below in one native pass per head: the same values, bit for bit
         vis = torch.zeros(nqp, dtype=torch.int64)  # keys each row sees (padding rows: none)
         vis[:nq] = visible_count(nq, nk, causal)
-        fused_backward.run(ar, qp, kp, vp, dop, lse_safe, deltap, perm, vis, bm, bn, scale_s,
-                           exp2, dq, dk, dv, ds_rowsum)
+        fused_backward.run(ar, fused_backward.Padded(qp, kp, vp, dop, lse_safe, deltap), perm,
+                           vis, bm, bn, scale_s, exp2,
+                           fused_backward.Grads(dq, dk, dv, ds_rowsum))
         perm = []
     for j in perm:
         cols = slice(j * bn, (j + 1) * bn)

@@ -2,7 +2,8 @@
 
     from flashnum.engine import fused_backward
     why = fused_backward.claim(ar, scale_s, shape)     # None: the fused loop runs it
-    fused_backward.run(ar, tensors, perm, vis, shape, scale_s, exp2)  # fills dq, dk, dv
+    fused_backward.run(ar, Padded(q, k, v, do, lse, delta), perm, vis, bm, bn, scale_s,
+                       exp2, Grads(dq, dk, dv, None))  # fills dq, dk, dv in place
 
 flashnum.engine.backward._flash runs each key block over every query row at once with
 torch ops: every tile goes through memory between the GEMMs, the exp, dS and the tile
@@ -36,6 +37,7 @@ import os
 import subprocess
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -154,19 +156,40 @@ def group(n_qb: int, bm: int) -> int:
     return g
 
 
-def run(ar, qp, kp, vp, dop, lse, delta, perm: list[int], vis: torch.Tensor, bm: int,
-        bn: int, scale_s: float, exp2: bool, dq, dk, dv, ds_rowsum) -> None:
-    """Algorithm 2 on the padded (B, N, .) fp32 tensors of backward._flash into its zeroed
-    accumulators dq, dk, dv (and ds_rowsum, or None), in place. vis: (nqp,) int64, the keys
-    each (padded) row sees, a prefix (0 for padding rows). Call after claim() said None."""
-    qp, kp, vp, dop, lse, delta = (x.contiguous() for x in (qp, kp, vp, dop, lse, delta))
+class Padded(NamedTuple):
+    """backward._flash's operands, rows padded to whole blocks: (B, N, .) fp32 tensors,
+    lse the row LSE shifted by 0 where a row is fully masked, delta = rowsum(dO * O)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    do: torch.Tensor
+    lse: torch.Tensor
+    delta: torch.Tensor
+
+
+class Grads(NamedTuple):
+    """The zeroed fp32 accumulators run() fills in place (ds_rowsum: None when unmeasured)."""
+
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    ds_rowsum: torch.Tensor | None
+
+
+def run(ar, x: Padded, perm: list[int], vis: torch.Tensor, bm: int, bn: int, scale_s: float,
+        exp2: bool, g: Grads) -> None:
+    """Algorithm 2 on the padded operands x into the accumulators g, in place. vis: (nqp,)
+    int64, the keys each (padded) row sees, a prefix (0 for padding rows). Call after
+    claim() said None."""
+    qp, kp, vp, dop, lse, delta = (t.contiguous() for t in x)
     B, nqp, d = qp.shape
     nkp, dvw = kp.shape[1], vp.shape[-1]
     perm_t = torch.tensor(perm, dtype=torch.int64)
     # K_j^T and V_j^T of every key block, (B, n_kb, d | dv, bn): B of the tiles' S and dP
-    kt, vt = (x.reshape(B, nkp // bn, bn, -1).transpose(-1, -2).contiguous() for x in (kp, vp))
+    kt, vt = (t.reshape(B, nkp // bn, bn, -1).transpose(-1, -2).contiguous() for t in (kp, vp))
     vis = vis.to(torch.int64).contiguous()
-    for acc in (dq, dk, dv) + (() if ds_rowsum is None else (ds_rowsum,)):
+    for acc in [a for a in g if a is not None]:
         assert acc.is_contiguous() and acc.dtype is torch.float32
     job = _Job(
         accumulate.ISAS[accumulate.isa()], qp.data_ptr(), kp.data_ptr(), vp.data_ptr(),
@@ -174,9 +197,9 @@ def run(ar, qp, kp, vp, dop, lse, delta, perm: list[int], vis: torch.Tensor, bm:
         perm_t.data_ptr(), vis.data_ptr(),
         B, nqp, nkp, bm, bn, d, dvw, len(perm), group(nqp // bm, bm),
         scale_s, int(exp2), CASTS[ar.fmt("p_cast").name], CASTS[ar.fmt("ds_cast").name],
-        dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-        None if ds_rowsum is None else ds_rowsum.data_ptr())
+        g.dq.data_ptr(), g.dk.data_ptr(), g.dv.data_ptr(),
+        None if g.ds_rowsum is None else g.ds_rowsum.data_ptr())
     library().fn_fused_backward(ctypes.byref(job), torch.get_num_threads())
 
 
-__all__ = ["claim", "group", "run", "set_enabled", "status", "CASTS"]
+__all__ = ["Grads", "Padded", "claim", "group", "run", "set_enabled", "status", "CASTS"]
