@@ -58,9 +58,11 @@ def _logit_errors(P: dict, D: dict, U, scale: float, d: int):
     return Ebar, Estar
 
 
-def _standard_terms(P: dict, U, n, bn_eff, tf_pv, vabsA, eta_key, M):
+def _standard_terms(P: dict, U, n, bn_eff, key: tuple, M):
     """Step B's terms for the standard structure (S, softmax and P V each rounded once):
-    (Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin), as evaluate combines them."""
+    (Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin), as evaluate combines them.
+    key: (tf_pv, vabsA, eta_key), the per-key terms of evaluate's step A."""
+    tf_pv, vabsA, eta_key = key
     def pw(name, k):
         return _pw(U(name), k)
 
@@ -78,10 +80,13 @@ def _standard_terms(P: dict, U, n, bn_eff, tf_pv, vabsA, eta_key, M):
     return Ostar, Lstar, H, A_N, A_D, A_out, U("out"), P["eta_out"]
 
 
-def _flash_terms(P: dict, U, variant: Variant, n, T, r, bn, tf_pv, vabsA, eta_key, M, Xc,
-                 wide, pc_common: bool, fno):
+def _flash_terms(P: dict, U, variant: Variant, n, T, r, bn, key: tuple, M, Xc, wide,
+                 pc_common: bool):
     """Step B's terms for the flash structure (the blocked recurrence; fa1's normalised
-    steps included): (Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin) for evaluate."""
+    steps included): (Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin) for evaluate.
+    key: (tf_pv, vabsA, eta_key) as for _standard_terms."""
+    tf_pv, vabsA, eta_key = key
+    fno = 0.0 if pc_common else U("pc")  # P's cast, where l does not share it
     def pw(name, k):
         return _pw(U(name), k)
 
@@ -170,17 +175,16 @@ def evaluate(P: dict, D: dict, *, structure: str, variant: Variant, scale: float
     deltaA = delta + u_v * vabs + eta_v + bA
     tf_pv = _pw(U("pvtf"), 2)
     p_hi = elementary.exp(tau_eff) * (1 + ue) + P["eta_p"]
-    fno = 0.0 if pc_common else U("pc")
     wide = elementary.exp(tau_eff * (1 + ud)) * (1 + ue) * Xc  # a key's weight before rescales
     # per key: the P @ V products' eta and the tf32 operand casts' eta
     eta_key = (row(P["eta_pv"] + P["eta_pvtf"] * (1 + U("pvtf")) * p_hi + P["eta_pvtf"] ** 2)
                + P["eta_pvtf"] * (1 + U("pvtf")) * vabsA)
     if structure == "standard":
         Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin = _standard_terms(
-            P, U, n, bn_eff, tf_pv, vabsA, eta_key, M)
+            P, U, n, bn_eff, (tf_pv, vabsA, eta_key), M)
     else:
         Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin = _flash_terms(
-            P, U, variant, n, T, r, bn, tf_pv, vabsA, eta_key, M, Xc, wide, pc_common, fno)
+            P, U, variant, n, T, r, bn, (tf_pv, vabsA, eta_key), M, Xc, wide, pc_common)
     Hd, AD = H * Dinv, A_D * Dinv
     AN = A_N * row(Dinv)
     Cb, Ls, Hr = row(Cbar), row(Lstar), row(Hd)
