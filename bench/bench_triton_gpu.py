@@ -66,12 +66,12 @@ def speed_row(dtype_name, n, d, batch=4, heads=32):
     row = dict(dtype=dtype_name, n=n, d=d, batch=batch, heads=heads, sdpa_ms=ms_sdpa,
                sdpa_tflops=flops / ms_sdpa * 1e-9, triton=[])
     for bm, bn, warps, stages in CONFIGS:
-        run = partial(
-            tf.fa2_forward, q3, k3, v3, None, qk_scale=float(torch.tensor(d**-0.5).float()),
-            block_m=bm, block_n=bn, causal=False, base2=False, l_from_cast=False,
-            qk_precision="ieee", pv_precision="ieee", p_format=dtype_name,
-            out_format=dtype_name, num_warps=warps, num_stages=stages,
-        )
+        kernel = tf.Kernel(qk_scale=float(torch.tensor(d**-0.5).float()), block_m=bm,
+                           block_n=bn, causal=False, base2=False, l_from_cast=False,
+                           qk_precision="ieee", pv_precision="ieee", p_format=dtype_name,
+                           out_format=dtype_name)
+        run = partial(tf.fa2_forward, q3, k3, v3, None, kernel,
+                      tf.Launch(num_warps=warps, num_stages=stages))
         cfg = dict(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
         try:
             err = float((run()["o"].float() - ref).abs().max())

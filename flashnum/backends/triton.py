@@ -40,9 +40,10 @@ Fully masked rows (causal with Nq > Nk) keep m = -inf and l = 0 and give out = 0
 are skipped (a skipped tile would leave m, l, o unchanged anyway: alpha = 1, P = 0).
 No autotuning: block_m and block_n are the experimental factor.
 
-Layers: `attention_triton` (checks, policy -> constexprs, input rounding, order,
-Result) -> `fa2_forward` (allocates and launches on prepared tensors; what the GPU
-benchmark times) -> `_fa2_fwd` (the kernel). `compare_with_engine` beside them is
+Layers: `attention_triton` (the call checked into a flashnum.engine.call.Call, policy ->
+a Kernel's constexprs, input rounding, order, Result) -> `fa2_forward` (allocates and
+launches on prepared tensors with a Kernel and a Launch; what the GPU benchmark times)
+-> `_fa2_fwd` (the kernel). `compare_with_engine` beside them is
 the correctness check: kernel vs engine in ulps.
 
 On a CPU: Triton's interpreter. Importing this module sets TRITON_INTERPRET=1 when
@@ -89,17 +90,20 @@ What still differs between the interpreter and a GPU (by construction, not fixed
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+from dataclasses import dataclass, fields
 
 import torch
 
+from flashnum.engine.call import call_of
 from flashnum.engine.result import Result, Trace
 from flashnum.engine.tiles import exp2_scale as exp2_scale_of
-from flashnum.engine.variants import Variant, supporting, variant_of
+from flashnum.engine.variants import supporting
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import get_format
-from flashnum.numerics.policy import Policy, check_sites, make_policy
+from flashnum.numerics.policy import POLICIES, Policy, check_sites, make_policy
 from flashnum.numerics.tiling import (
     causal_visible,
     check_block,
@@ -204,6 +208,34 @@ def _cast(x, FMT: tl.constexpr, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
 
 
 @triton.jit
+def _softmax_update(s, m_i, USE_EXP2: tl.constexpr):
+    # the running max after the tile's logits s, P = exp(s - m_new) and alpha =
+    # exp(m_old - m_new); a row that has seen no key yet shifts by 0: exp(-inf - 0) = 0,
+    # never NaN. Also whether the max moved (a rescale), for n_rescales
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    rescaled = ((m_new > m_i) & (m_i > float("-inf"))).to(tl.int32)
+    m_use = tl.where(m_new > float("-inf"), m_new, 0.0)
+    if USE_EXP2:
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+    else:
+        alpha = tl.exp(m_i - m_use)
+        p = tl.exp(s - m_use[:, None])
+    return m_new, p, alpha, rescaled
+
+
+@triton.jit
+def _normalise(acc, l_i, OUT_FORMAT: tl.constexpr, EMULATE: tl.constexpr):
+    # o / l, correctly rounded; fully masked rows (l = 0) give 0
+    seen = l_i > 0.0
+    o = tl.math.div_rn(acc, tl.where(seen, l_i, 1.0)[:, None])
+    o = tl.where(seen[:, None], o, 0.0)
+    if OUT_FORMAT == "bf16" and EMULATE:
+        o = _round_rne(o, 16)
+    return o
+
+
+@triton.jit
 def _fa2_fwd(
     Q, K, V, O, ORDER, M, L, NRESC, TRACE_M, TRACE_L,
     qk_scale, Nq, Nk, n_kb,
@@ -224,10 +256,8 @@ def _fa2_fwd(
     offs_dv = tl.arange(0, HEAD_DIM_V)
     row_ok = offs_m < Nq
     # Q stays in registers; padded head-dim columns and rows past Nq load as 0
-    q = tl.load(
-        Q + z * stride_qz + offs_m[:, None] * stride_qm + offs_d[None, :],
-        mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0,
-    )
+    q = tl.load(Q + z * stride_qz + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_V], tl.float32)
@@ -246,43 +276,28 @@ def _fa2_fwd(
             visible = True
         if visible:
             cols = start_n + offs_n
-            # -- compute qk --
-            k_t = tl.load(
-                K + z * stride_kz + cols[None, :] * stride_kn + offs_d[:, None],
-                mask=(cols[None, :] < Nk) & (offs_d[:, None] < D), other=0.0,
-            )
+            # -- the logits (base 2 for exp2), rounded to fp32 --
+            k_t = tl.load(K + z * stride_kz + cols[None, :] * stride_kn + offs_d[:, None],
+                          mask=(cols[None, :] < Nk) & (offs_d[:, None] < D), other=0.0)
             qk = _dot(q, k_t, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QK_PRECISION, EMULATE,
                       FP8_IMPRECISE)
-            s = qk * qk_scale  # the logits (base 2 for exp2), rounded to fp32
+            s = qk * qk_scale
             keep = cols[None, :] < Nk
             if CAUSAL:
                 keep = keep & (cols[None, :] <= offs_m[:, None] + (Nk - Nq))
             s = tl.where(keep, s, float("-inf"))
-            # -- update m --
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            n_resc += ((m_new > m_i) & (m_i > float("-inf"))).to(tl.int32)
-            # a row that has seen no key yet shifts by 0: exp(-inf - 0) = 0, never NaN
-            m_use = tl.where(m_new > float("-inf"), m_new, 0.0)
-            # -- compute p and the rescale alpha --
-            if USE_EXP2:
-                alpha = tl.exp2(m_i - m_use)
-                p = tl.exp2(s - m_use[:, None])
-            else:
-                alpha = tl.exp(m_i - m_use)
-                p = tl.exp(s - m_use[:, None])
-            # -- cast p for the p @ v dot --
+            # -- m, P and the rescale alpha; P cast for the P @ V dot --
+            m_new, p, alpha, rescaled = _softmax_update(s, m_i, USE_EXP2)
+            n_resc += rescaled
             p_c = _cast(p, P_FORMAT, V.dtype.element_ty, EMULATE)
-            # -- update l --
+            # -- l and o --
             if L_FROM_CAST:
                 l_ij = tl.sum(p_c.to(tl.float32), 1)
             else:
                 l_ij = tl.sum(p, 1)
             l_i = l_i * alpha + l_ij
-            # -- update o --
-            v = tl.load(
-                V + z * stride_vz + cols[:, None] * stride_vn + offs_dv[None, :],
-                mask=(cols[:, None] < Nk) & (offs_dv[None, :] < DV), other=0.0,
-            )
+            v = tl.load(V + z * stride_vz + cols[:, None] * stride_vn + offs_dv[None, :],
+                        mask=(cols[:, None] < Nk) & (offs_dv[None, :] < DV), other=0.0)
             acc = acc * alpha[:, None]
             acc = _dot(p_c, v, acc, PV_PRECISION, EMULATE, FP8_IMPRECISE)
             m_i = m_new
@@ -290,16 +305,9 @@ def _fa2_fwd(
             t_off = z * n_kb * Nq + step * Nq + offs_m
             tl.store(TRACE_M + t_off, m_i, mask=row_ok)
             tl.store(TRACE_L + t_off, l_i, mask=row_ok)
-    # -- epilogue: o / l, fully masked rows (l = 0) give 0 --
-    seen = l_i > 0.0
-    o = tl.math.div_rn(acc, tl.where(seen, l_i, 1.0)[:, None])
-    o = tl.where(seen[:, None], o, 0.0)
-    if OUT_FORMAT == "bf16" and EMULATE:
-        o = _round_rne(o, 16)
-    tl.store(
-        O + z * stride_oz + offs_m[:, None] * stride_om + offs_dv[None, :],
-        o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV),
-    )
+    o = _normalise(acc, l_i, OUT_FORMAT, EMULATE)
+    tl.store(O + z * stride_oz + offs_m[:, None] * stride_om + offs_dv[None, :],
+             o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
     tl.store(M + z * Nq + offs_m, m_i, mask=row_ok)
     tl.store(L + z * Nq + offs_m, l_i, mask=row_ok)
     tl.store(NRESC + z * Nq + offs_m, n_resc, mask=row_ok)
@@ -417,13 +425,41 @@ def _block_max(q3, k3, qk_scale, block_m, block_n, n_qb, n_kb, causal, precision
     return s.amax(dim=(2, 4))
 
 
-def fa2_forward(
-    q3, k3, v3, order_t, *, qk_scale: float, block_m: int, block_n: int, causal: bool,
-    base2: bool, l_from_cast: bool, qk_precision: str, pv_precision: str, p_format: str,
-    out_format: str, trace: bool = False, fp_fusion: bool = False,
-    fp8_max_imprecise_acc: int | None = None,
-    num_warps: int | None = None, num_stages: int | None = None,
-) -> dict:
+@dataclass(frozen=True)
+class Kernel:
+    """What the kernel computes: its constexprs and the fp32 scale (attention_triton
+    derives them from the Policy and the call)."""
+
+    qk_scale: float  # the logits' scale as the kernel holds it, in fp32 (log2 e folded in)
+    block_m: int
+    block_n: int
+    causal: bool
+    base2: bool  # exp2 on base-2 logits
+    l_from_cast: bool  # l sums the cast P
+    qk_precision: str  # the dots' input precision: ieee, tf32, tf32x3
+    pv_precision: str
+    p_format: str  # the format P is cast to before P @ V
+    out_format: str
+    trace: bool = False
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The kernel's own options, which no policy names: the fp32 dots' input precision
+    (None: from the policy), FMA contraction and fp8 promotion on a GPU (see the module
+    docstring), and the GPU launch (no effect on the numbers' meaning)."""
+
+    input_precision: str | None = None
+    fp_fusion: bool = False
+    fp8_max_imprecise_acc: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+
+LAUNCH_OPTIONS = tuple(f.name for f in fields(Launch))
+
+
+def fa2_forward(q3, k3, v3, order_t, kernel: Kernel, launch: Launch = Launch()) -> dict:
     """Launch the kernel on prepared tensors; no checks, no rounding (attention_triton's job).
 
     q3 (Z, Nq, d), k3 (Z, Nk, d), v3 (Z, Nk, dv) in the kernel's storage dtype (bf16 as
@@ -432,48 +468,63 @@ def fa2_forward(
     Returns o (Z, Nq, dv) in the output format's storage dtype, m, l (Z, Nq) fp32,
     n_rescales (Z, Nq) int32, trace_m, trace_l (Z, n_kb, Nq) fp32 or None.
     """
+    c = kernel
     q3, k3, v3 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q3, k3, v3))
     Z, nq, d = q3.shape
     nk, dv = v3.shape[1], v3.shape[2]
-    n_qb, n_kb = n_blocks(nq, block_m), n_blocks(nk, block_n)
+    n_qb, n_kb = n_blocks(nq, c.block_m), n_blocks(nk, c.block_n)
     if order_t is None:  # forward: the kernel reads no order (no host sync either)
         forward, order_t = True, torch.zeros(1, 1, 1, dtype=torch.int32, device=q3.device)
     else:
         forward = bool((order_t == torch.arange(n_kb, device=order_t.device)).all())
     device = q3.device
-    out_dtype = torch.float32 if (INTERPRET and out_format == "bf16") else _TORCH[out_format]
+    out_dtype = torch.float32 if (INTERPRET and c.out_format == "bf16") else _TORCH[c.out_format]
     o = torch.empty(Z, nq, dv, dtype=out_dtype, device=device)
     m = torch.empty(Z, nq, dtype=torch.float32, device=device)
     l = torch.empty_like(m)
     n_resc = torch.empty(Z, nq, dtype=torch.int32, device=device)
-    if trace:
+    if c.trace:
         tm = torch.empty(Z, n_kb, nq, dtype=torch.float32, device=device)
         tl_ = torch.empty_like(tm)
     else:
         tm = tl_ = m  # never written (TRACE=False)
     head_dim, head_dim_v = triton.next_power_of_2(d), triton.next_power_of_2(dv)
-    launch = {}
+    gpu = {}
     if not INTERPRET:
-        launch = dict(
-            num_warps=num_warps or (4 if max(head_dim, head_dim_v) <= 64 else 8),
-            num_stages=num_stages or 2,
-            enable_fp_fusion=bool(fp_fusion),
+        gpu = dict(
+            num_warps=launch.num_warps or (4 if max(head_dim, head_dim_v) <= 64 else 8),
+            num_stages=launch.num_stages or 2,
+            enable_fp_fusion=bool(launch.fp_fusion),
         )
     _fa2_fwd[(n_qb, Z)](
         q3, k3, v3, o, order_t, m, l, n_resc, tm, tl_,
-        qk_scale, nq, nk, n_kb,
+        c.qk_scale, nq, nk, n_kb,
         q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
         o.stride(0), o.stride(1), order_t.stride(0) if order_t.shape[0] > 1 else 0,
         D=d, DV=dv, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
-        BLOCK_M=block_m, BLOCK_N=block_n,
-        CAUSAL=bool(causal), USE_EXP2=bool(base2), L_FROM_CAST=bool(l_from_cast),
-        QK_PRECISION=qk_precision, PV_PRECISION=pv_precision,
-        P_FORMAT=p_format, OUT_FORMAT=out_format, FP8_IMPRECISE=fp8_max_imprecise_acc,
-        FORWARD=forward, EMULATE=INTERPRET, TRACE=bool(trace),
-        **launch,
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+        CAUSAL=bool(c.causal), USE_EXP2=bool(c.base2), L_FROM_CAST=bool(c.l_from_cast),
+        QK_PRECISION=c.qk_precision, PV_PRECISION=c.pv_precision,
+        P_FORMAT=c.p_format, OUT_FORMAT=c.out_format,
+        FP8_IMPRECISE=launch.fp8_max_imprecise_acc,
+        FORWARD=forward, EMULATE=INTERPRET, TRACE=bool(c.trace),
+        **gpu,
     )
-    return dict(o=o, m=m, l=l, n_rescales=n_resc, trace_m=tm if trace else None,
-                trace_l=tl_ if trace else None)
+    return dict(o=o, m=m, l=l, n_rescales=n_resc, trace_m=tm if c.trace else None,
+                trace_l=tl_ if c.trace else None)
+
+
+def _refuse_fp8(pol: Policy | None, q, k, v) -> None:
+    """fp8 inputs or P on the interpreter, which truncates fp8 casts: one line."""
+    fp8 = [f"{s}={getattr(pol, s)}" for s in ("inputs", "p_cast")
+           if pol is not None and getattr(pol, s) in FP8]
+    fp8 += [f"{n}.dtype={x.dtype}" for n, x in (("q", q), ("k", k), ("v", v))
+            if isinstance(x, torch.Tensor) and x.dtype in _FP8_DTYPES]
+    if INTERPRET and fp8:
+        raise ValueError(
+            f"fp8 ({', '.join(fp8)}) needs a CUDA GPU (sm_89+); Triton's CPU interpreter "
+            "truncates fp8 casts. Valid on CPU: fp16, bf16, fp32"
+        )
 
 
 def _check_call(pol: Policy, var, rounding: str, q, k, v, block_m: int, block_n: int) -> None:
@@ -484,14 +535,7 @@ def _check_call(pol: Policy, var, rounding: str, q, k, v, block_m: int, block_n:
     if rounding != "nearest":
         raise ValueError(f"rounding {rounding!r} is not available on the triton kernel; "
                          "valid: nearest")
-    fp8 = [f"{s}={getattr(pol, s)}" for s in ("inputs", "p_cast") if getattr(pol, s) in FP8]
-    fp8 += [f"{n}.dtype={x.dtype}" for n, x in (("q", q), ("k", k), ("v", v))
-            if isinstance(x, torch.Tensor) and x.dtype in _FP8_DTYPES]
-    if INTERPRET and fp8:
-        raise ValueError(
-            f"fp8 ({', '.join(fp8)}) needs a CUDA GPU (sm_89+); Triton's CPU interpreter "
-            "truncates fp8 casts. Valid on CPU: fp16, bf16, fp32"
-        )
+    _refuse_fp8(pol, q, k, v)
     _check_inputs(q, k, v, block_m, block_n)
     if pol.inputs in FP8 and min(block_n, q.shape[-1], v.shape[-1]) <= 16:
         raise ValueError(
@@ -526,114 +570,79 @@ def _result(k_out: dict, order_full, device, lead, nq: int, dv: int, n_kb: int, 
     )
 
 
-def run_call(call) -> Result:
-    """A checked call (flashnum.engine.call.Call) on the kernel, its launch at the defaults."""
-    return attention_triton(call.q, call.k, call.v, policy=call.pol, precision=call.precision,
-                            block_m=call.block_m, block_n=call.block_n, order=call.order,
-                            variant=call.variant, causal=call.causal, scale=call.scale,
-                            seed=call.seed, trace=call.trace, rounding=call.rounding)
-
-
-def attention_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    policy: str | Policy = "fa2",
-    precision: str | None = None,
-    block_m: int = 64,
-    block_n: int = 64,
-    order="forward",
-    variant: str | Variant = "fa2",
-    causal: bool = False,
-    scale: float | None = None,
-    seed: int = 0,
-    trace: bool = False,
-    input_precision: str | None = None,
-    rounding: str = "nearest",
-    exp2_scale: str | None = None,
-    fp_fusion: bool = False,
-    fp8_max_imprecise_acc: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-) -> Result:
+def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                     launch: Launch | None = None, **options) -> Result:
     """softmax(scale Q K^T) V by the Triton kernel; see the module docstring.
 
     q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv), one float dtype; values are
     rounded (nearest even, from float64) to the policy's inputs format first.
+    options: flashnum.attention's (flashnum.engine.call), as the kernel takes them:
     policy:          a Policy, or a preset name with `precision` (fa2 in fp16 bf16 fp32 tf32;
-                     precision None: bf16 for a preset, the Policy's inputs for a Policy)
+                     precision unset: bf16 for a preset, the Policy's inputs for a Policy)
     block_m/block_n: 16 32 64 128
     order:           forward reverse random max_ascending max_descending, or a permutation
     variant:         fa2 (exp), exp2 (log2 e folded into the scale): a name or a
-                     flashnum.engine.variants.Variant (Exp2(exp2_scale="twice"))
-    exp2_scale:      with the name exp2: once (fl32(scale log2 e), the default) or twice
-                     (the tutorial's fl32(fl32(scale) fl32(1.44269504))):
-                     flashnum.engine.tiles.exp2_scale
-    input_precision: None (from the policy), ieee, tf32, tf32x3 (fp32 dots only)
+                     flashnum.engine.variants.Variant (Exp2(exp2_scale="twice"));
+                     exp2_scale=once|twice with the name exp2 (flashnum.engine.tiles)
     rounding:        nearest (the only one a kernel does)
-    fp_fusion:       allow FMA contraction on a GPU (Triton's enable_fp_fusion)
-    fp8_max_imprecise_acc: fp8 dots on sm_90: products summed in the MMA's reduced
-                     precision before each promotion to fp32 (None: Triton's default,
-                     2^30 on sm_90, i.e. never promoted)
-    num_warps, num_stages: GPU launch parameters (no effect on the numbers' meaning)
+    and the kernel's own (a Launch, or its fields as keywords): input_precision None
+    (from the policy), ieee, tf32, tf32x3 (fp32 dots only); fp_fusion; fp8_max_imprecise_acc;
+    num_warps, num_stages.
     """
-    if precision is None:  # a Policy names its own formats; a preset defaults to bf16
-        precision = policy.inputs if isinstance(policy, Policy) else "bf16"
-    pol = make_policy(policy, precision)
-    qk_prec, pv_prec = _kernel_spec(pol, input_precision)
-    var = variant_of(variant, exp2_scale=exp2_scale)
-    _check_call(pol, var, rounding, q, k, v, block_m, block_n)
+    own = {n: options.pop(n) for n in LAUNCH_OPTIONS if n in options}
+    launch = dataclasses.replace(launch or Launch(), **own)
+    policy = options.get("policy", "fa2")
+    if options.get("precision") is None:  # a Policy names its own formats
+        options["precision"] = policy.inputs if isinstance(policy, Policy) else "bf16"
+    _refuse_fp8(make_policy(policy, options["precision"]) if isinstance(policy, Policy)
+                or policy in POLICIES else None, q, k, v)
+    # fp8 tensors (a GPU's) hold numbers fp32 holds exactly; the policy's inputs format
+    # decides what the kernel sees
+    if all(isinstance(x, torch.Tensor) and x.dtype in _FP8_DTYPES for x in (q, k, v)):
+        q, k, v = (x.float() for x in (q, k, v))
+    return run_call(call_of(q, k, v, backend="triton", **options), launch)
 
+
+def run_call(call, launch: Launch | None = None) -> Result:
+    """A checked call (flashnum.engine.call.Call) on the kernel, launched as `launch` says
+    (the defaults when None)."""
+    launch = launch or Launch()
+    pol, var = call.pol, call.variant
+    qk_prec, pv_prec = _kernel_spec(pol, launch.input_precision)
+    q, k, v = call.q, call.k, call.v
+    _check_call(pol, var, call.rounding, q, k, v, call.block_m, call.block_n)
+    block_m, block_n, causal = call.block_m, call.block_n, bool(call.causal)
     lead = q.shape[:-2]
-    nq, nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    base2 = var.base2
+    nq, nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
+    scale = call.softmax_scale
     # the scale is held in fp32, computed on the host: scale * log2(e) rounded once from
     # its float64 value (exp2_scale "once", the engine's default), or as the Triton
     # tutorial forms it in its kernel (exp2_scale "twice": flashnum.engine.tiles.exp2_scale)
-    qk_scale = (exp2_scale_of(scale, var.exp2_form) if base2
+    qk_scale = (exp2_scale_of(scale, var.exp2_form) if var.base2
                 else float(torch.tensor(scale, dtype=torch.float64).float()))
     device = torch.device("cpu") if INTERPRET else torch.device("cuda")
     # inputs as stored: correctly rounded from float64; on the interpreter bf16 is
     # carried in fp32 (exact), because its bf16 dot multiplies raw bit patterns
     fin = get_format(pol.inputs)
     store = torch.float32 if (INTERPRET and pol.inputs == "bf16") else _TORCH[pol.inputs]
-    q3, k3, v3 = (
-        fin.round(x.detach().to(torch.float64)).to(store).to(device)
-        .reshape(-1, *x.shape[-2:]).contiguous()
-        for x in (q, k, v)
-    )
+    q3, k3, v3 = (fin.round(x.detach().to(torch.float64)).to(store).to(device)
+                  .reshape(-1, *x.shape[-2:]).contiguous() for x in (q, k, v))
     Z = q3.shape[0]
     n_qb, n_kb = n_blocks(nq, block_m), n_blocks(nk, block_n)
-
-    if needs_block_max(order):
+    if needs_block_max(call.order):
         bmax = _block_max(q3, k3, qk_scale, block_m, block_n, n_qb, n_kb, causal, qk_prec)
-        perm = key_block_order(order, n_qb, n_kb, seed, bmax.cpu())  # (Z, n_qb, n_kb)
+        perm = key_block_order(call.order, n_qb, n_kb, call.seed, bmax.cpu())
     else:
-        perm = key_block_order(order, n_qb, n_kb, seed)[None]  # (1, n_qb, n_kb)
-    order_t = perm.to(torch.int32).to(device).contiguous()
-
-    k_out = fa2_forward(
-        q3, k3, v3, order_t, qk_scale=qk_scale, block_m=block_m, block_n=block_n,
-        causal=causal, base2=base2, l_from_cast=pol.l_from == "p_cast", qk_precision=qk_prec,
-        pv_precision=pv_prec, p_format=pol.p_cast, out_format=pol.out, trace=trace,
-        fp_fusion=fp_fusion, fp8_max_imprecise_acc=fp8_max_imprecise_acc,
-        num_warps=num_warps, num_stages=num_stages,
-    )
-
-    info = dict(
-        precision=precision, policy=pol.name,
-        block_m=block_m, block_n=block_n,
-        order=order if isinstance(order, str) else "permutation", variant=var.name,
-        causal=bool(causal), scale=scale, rounding=rounding, seed=seed,
-        input_precision=(qk_prec, pv_prec), interpreter=INTERPRET, fp_fusion=fp_fusion,
-        fp8_max_imprecise_acc=fp8_max_imprecise_acc,
-    )
-    order_full = perm.expand(Z, n_qb, n_kb) if trace else None
-    return _result(k_out, order_full, q.device, lead, nq, dv, n_kb, base2, info)
-
-
+        perm = key_block_order(call.order, n_qb, n_kb, call.seed)[None]  # (1, n_qb, n_kb)
+    kernel = Kernel(qk_scale, block_m, block_n, causal, var.base2, pol.l_from == "p_cast",
+                    qk_prec, pv_prec, pol.p_cast, pol.out, call.trace)
+    k_out = fa2_forward(q3, k3, v3, perm.to(torch.int32).to(device).contiguous(), kernel,
+                        launch)
+    info = dict(call.info(), causal=causal, input_precision=(qk_prec, pv_prec),
+                interpreter=INTERPRET, fp_fusion=launch.fp_fusion,
+                fp8_max_imprecise_acc=launch.fp8_max_imprecise_acc)
+    order_full = perm.expand(Z, n_qb, n_kb) if call.trace else None
+    return _result(k_out, order_full, q.device, lead, nq, dv, n_kb, var.base2, info)
 
 
 # ---------------------------------------------------------------------------
@@ -662,9 +671,7 @@ def compare_with_engine(q, k, v, **kw) -> dict:
 
     q, k, v = (x.detach().cpu() for x in (q, k, v))
     res_k = attention_triton(q, k, v, **kw)
-    kernel_only = ("input_precision", "fp_fusion", "fp8_max_imprecise_acc", "num_warps",
-                   "num_stages")
-    kw_e = {a: b for a, b in kw.items() if a not in kernel_only}
+    kw_e = {a: b for a, b in kw.items() if a not in LAUNCH_OPTIONS}
     res_e = emulate(call_of(q, k, v, backend="emulate", **kw_e))
     pol = make_policy(kw.get("policy", "fa2"), kw.get("precision", "bf16"))
     fin, fout = get_format(pol.inputs), get_format(pol.out)
@@ -685,7 +692,7 @@ def compare_with_engine(q, k, v, **kw) -> dict:
 
 
 __all__ = [
-    "attention_triton", "fa2_forward", "compare_with_engine", "ulp_distribution", "INTERPRET",
-    "BLOCKS",
-    "HEAD_DIMS", "VARIANTS", "PRECISIONS",
+    "attention_triton", "fa2_forward", "Kernel", "Launch", "LAUNCH_OPTIONS",
+    "compare_with_engine", "ulp_distribution", "INTERPRET", "BLOCKS", "HEAD_DIMS", "VARIANTS",
+    "PRECISIONS",
 ]
