@@ -45,8 +45,10 @@ def facts() -> dict[str, bool]:
 
 def value(tex: str) -> float:
     """A number as numbers.tex prints it: 1{,}024, \\ensuremath{-2.3\\times 10^{-4}}, 0.76."""
-    t = tex.replace("{,}", "").replace("\\ensuremath", "").strip("{}")
-    m = re.fullmatch(r"\{?(-?[\d.]+)\\times 10\^\{(-?\d+)\}\}?", t)
+    t = tex.replace("{,}", "")
+    if t.startswith("\\ensuremath{"):
+        t = t[len("\\ensuremath{"):-1]
+    m = re.fullmatch(r"(-?[\d.]+)\\times 10\^\{(-?\d+)\}", t)
     return float(m[1]) * 10.0 ** int(m[2]) if m else float(t)
 
 
@@ -64,7 +66,8 @@ def paper() -> str:
 
 
 def doc(name: str) -> str:
-    return " ".join((ROOT / name).read_text().split())
+    """A document as a reader sees it: the quoting markers out, white space one space."""
+    return " ".join(re.sub(r"<!--q:\w+-->", "", (ROOT / name).read_text()).split())
 
 
 def git(*args: str) -> str:
@@ -111,13 +114,23 @@ def test_the_fa3_protocol_was_chosen_after_the_search_had_found_its_shape(tmp_pa
                 & (search.ref_inputs == "unrounded") & (search.outlier_std == 10.0)
                 & (search.scale_rule == "1/sqrt(d)")].set_index("policy").ours
     seed0 = first["per_seed"]["0"]
-    assert at["naive"] == pytest.approx(seed0["naive"], rel=1e-12)
-    assert at["fa2"] == pytest.approx(seed0["fa2"], rel=1e-12)
+    # the same draw: equal to the digits the two codes of that day shared ...
+    assert at["naive"] == pytest.approx(seed0["naive"], rel=1e-4)
+    assert at["fa2"] == pytest.approx(seed0["fa2"], rel=1e-4)
+    # ... and, computed by the same code, the stored tables' seed 0 equal bit for bit
+    now, proto = table("repro_fa3_table3"), table("fa3_protocol")
+    now = now[(now.n == 8192) & (now.d == 128) & (now.section == "fp16")
+              & (now.ref_inputs == "unrounded") & (now.outlier_std == 10.0)
+              & (now.scale_rule == "1/sqrt(d)")].set_index("policy").ours
+    p0 = proto[proto.seed == 0].iloc[0]
+    assert (now["naive"], now["fa2"]) == (p0.rmse_naive, p0.rmse_fa2)
     ratios = [r["ratio"] for r in first["per_seed"].values()]
     means = {p: np.mean([r[p] for r in first["per_seed"].values()]) for p in ("naive", "fa2")}
     said = (f"first run gave {means['naive'] / means['fa2']:.2f} (per seed "
             f"{min(ratios):.2f}-{max(ratios):.2f})")
     assert said in doc("docs/reproductions.md"), said
+    assert said.replace("-", "--").replace("first run", "seeds, before a change of the scale "
+                                           "site for narrow logits,") in " ".join(paper().split())
 
 
 def test_the_held_out_seeds_were_fixed_before_their_only_run():
@@ -135,7 +148,7 @@ def test_the_held_out_seeds_were_fixed_before_their_only_run():
     assert not set(held.seed) & (set(first.seed) | {0})
     assert sorted(held.seed) == list(range(100, 116))
     text = doc("docs/reproductions.md")
-    assert f"fixed in {added[0][:7]}" in text and f"run at {ran_at[:7]}" in text
+    assert f"fixed in {added[0][:7]}" in text and f"only run ran at {ran_at[:7]}" in text
 
 
 @pytest.mark.parametrize("name, key", [("fa3_protocol", "FaThreeProtocol"),
@@ -178,3 +191,128 @@ def test_two_names_of_one_kernel_are_counted_once():
     assert int(m["KernelTableKernels"]) == kernel.nunique() == ran.target.nunique() - 1
     assert int(m["KernelTableRows"]) == pairs.ngroups
     assert int(m["KernelTableAllKept"]) == int(kept.sum())
+
+
+# ---------------------------------------------------------------------------
+# Qiu & Yao: the bias, the fix and the tie-free control at every logit std
+
+
+STDS = {1.0: "One", 4.0: "Four", 16.0: "Sixteen"}
+
+
+def qy_pooled(q, dist, policy, variant, std):
+    """(mean signed error, its pooled se, z, the seeds' z) over the heads of all seeds."""
+    d = q[(q.distribution == dist) & (q.policy == policy) & (q.variant == variant)
+          & (q.logit_std == std)].sort_values("seed")
+    k = len(d)
+    se = math.sqrt(float((d.ours_se ** 2).sum())) / k
+    return float(d.ours.mean()), se, float(d.ours.mean()) / se, d.z_heads.to_numpy()
+
+
+def qy_fix(q, std):
+    """The paired z of the idealised fix's shrinkage of |bias| (ties, lowp), all seeds."""
+    plain = qy_pooled(q, "ties", "lowp", "fa2", std)[0]
+    d = q[(q.distribution == "ties") & (q.policy == "lowp") & (q.variant == "qiu_yao")
+          & (q.logit_std == std)]
+    se = math.sqrt(float((d.fix_diff_se ** 2).sum())) / len(d)
+    return (abs(plain) - abs(float(d.ours.mean()))) / se, d.z_fix.to_numpy()
+
+
+@pytest.mark.parametrize("std", sorted(STDS))
+def test_qiu_yao_at_every_logit_std_is_what_the_text_says(std):
+    q = table("repro_qiu_yao")
+    S, m, f = STDS[std], macros(), facts()
+    assert q[q.distribution == "ties"].seed.nunique() >= 5
+    _, _, z, per_seed = qy_pooled(q, "ties", "lowp", "fa2", std)
+    _, _, z_fixed, _ = qy_pooled(q, "ties", "lowp", "qiu_yao", std)
+    _, _, z_broken, _ = qy_pooled(q, "ties_broken", "lowp", "fa2", std)
+    z_fix, fix_seeds = qy_fix(q, std)
+    for name, x in (("Z", z), ("ZMin", per_seed.min()), ("ZMax", per_seed.max()),
+                    ("ZFixed", z_fixed), ("ZFix", z_fix), ("ZFixMin", fix_seeds.min()),
+                    ("ZFixMax", fix_seeds.max()), ("ZBroken", z_broken)):
+        assert shows(m[f"QiuYao{name}{S}"], x), (name, S, m[f"QiuYao{name}{S}"], x)
+    assert f[f"QiuYaoNegative{S}"] == (z <= -3)
+    assert f[f"QiuYaoFixHelps{S}"] == (z_fix >= 3)
+    assert f[f"QiuYaoFixHurts{S}"] == (z_fix <= -3)
+    assert f[f"QiuYaoBrokenBiased{S}"] == (abs(z_broken) >= 3)
+    assert f[f"QiuYaoBrokenSameSign{S}"] == (z_broken * z > 0)
+    # the sentence of every spread is in the paper, and the README row names every spread
+    assert f"\\ifQiuYaoFixHelps{S}" in paper() and f"\\ifQiuYaoBrokenBiased{S}" in paper()
+    assert f"at logit std {std:g} " in doc("README.md")
+
+
+def test_qiu_yao_fix_shrinks_the_bias_on_peaked_rows_only():
+    """The paper: 'only on the peaked rows (logit std 16) does the fix shrink the bias', 'in
+    that setting alone the ties decide the sign', and the counts of seeds with a
+    significant bias with and without the fix."""
+    q, m, f = table("repro_qiu_yao"), macros(), facts()
+    helps = {s: qy_fix(q, s)[0] >= 3 for s in STDS}
+    assert f["QiuYaoFixHelpsOnlyPeaked"] == (helps[16.0] and not helps[1.0] and not helps[4.0])
+    z = {s: qy_pooled(q, "ties", "lowp", "fa2", s)[2] for s in STDS}
+    zb = {s: qy_pooled(q, "ties_broken", "lowp", "fa2", s)[2] for s in STDS}
+    if zb[16.0] * z[16.0] < 0 and abs(zb[16.0]) >= 3:  # the paper's "in that setting alone"
+        assert all(zb[s] * z[s] > 0 for s in (1.0, 4.0))
+    for variant, name in (("fa2", "SeedsBiasedSixteen"), ("qiu_yao", "SeedsBiasedFixedSixteen")):
+        _, _, zp, zs = qy_pooled(q, "ties", "lowp", variant, 16.0)
+        assert int(m[f"QiuYao{name}"]) == int(((np.sign(zs) == np.sign(zp))
+                                               & (np.abs(zs) >= 3)).sum())
+
+
+def test_qiu_yao_controls_hold_in_every_seed():
+    """docs: 'the gaussian control shows no bias at any seed'; below the clamp onset the
+    released fix equals the idealised one except in the draw whose max logit passes it."""
+    from flashnum.inputs.distributions import make
+
+    q = table("repro_qiu_yao")
+    g = q[q.distribution == "gaussian"]
+    assert (g.z_heads.abs() < 3).all() and g.seed.nunique() >= 5
+    mild = q[q.logit_std.isin([1.0, 4.0])]
+    w = mild.pivot_table(index=["distribution", "logit_std", "policy", "seed"],
+                         columns="variant", values="ours")
+    differ = {(s, int(seed)) for (_, s, _, seed) in w[w.qiu_yao != w.qiu_yao_released].index}
+    onset = math.log(2 / 1e-10)
+    for std in (1.0, 4.0):
+        for seed in range(5):
+            inp = make("ties", heads=32, seq_len_q=128, seq_len_k=512, head_dim=64, seed=seed,
+                       logit_std=std)
+            qq, kk, _ = inp.tensors()
+            top = float((qq @ kk.transpose(-1, -2) / 8).amax())
+            # the release differs from the ideal exactly where some row's max passes the onset
+            assert ((std, seed) in differ) == (top > onset + 0.01), (std, seed, top)
+            if (std, seed) in differ:
+                assert f"max logit ({top:.2f}) passes the onset" in doc("docs/reproductions.md")
+
+
+# ---------------------------------------------------------------------------
+# Golden et al.: every cell over its seeds
+
+
+def test_golden_cells_over_their_seeds_are_what_the_text_says():
+    df, m, f = table("repro_is_flash_stable"), macros(), facts()
+    assert df.seed.nunique() >= 5 and df.groupby(["sweep", "policy", "n", "block_m", "block_n"]
+                                                 ).seed.nunique().min() == df.seed.nunique()
+    ln = df[df.sweep == "length"]
+    fa = ln[ln.policy == "fa2"]
+    # "fa2 deviates less than standard attention at every length and in every seed"
+    assert f["GoldenFaBelow"] == bool((fa.ratio_to_standard < 1).all())
+    assert shows(m["GoldenFaSeedMax"], fa.ratio_to_standard.max())
+    readme = (ROOT / "README.md").read_text()
+
+    def two(x):
+        d = 1 - math.floor(math.log10(abs(x)))
+        return f"{round(x, d):.{max(d, 0)}f}"
+
+    lp = ln[ln.policy == "lowp"].groupby("n").ratio_to_standard
+    for n, k in ((256, "Quarter"), (1024, "One"), (4096, "Four"), (16384, "Sixteen")):
+        assert f"{two(lp.median()[n])}<!--q:GoldenLowpAt{k}-->" in readme
+    for n, k in ((256, "Quarter"), (16384, "Sixteen")):
+        assert f"{two(lp.min()[n])}<!--q:GoldenLowpAt{k}Min-->" in readme
+        assert f"{two(lp.max()[n])}<!--q:GoldenLowpAt{k}Max-->" in readme
+    med = fa.groupby("n").ratio_to_standard.median()
+    assert f"{two(med.min())}<!--q:GoldenFaMin-->" in readme
+    assert f"{two(med.max())}<!--q:GoldenFaMax-->" in readme
+    # "larger tiles deviate less (lowp) in every seed"; "block_m alone changes no bit"
+    t = df[(df.sweep == "tiles") & (df.policy == "lowp") & ~df.swapped.astype(bool)]
+    for _, s in t.sort_values("block_n").groupby("seed"):
+        assert (np.diff(s.ratio_to_standard.to_numpy()) < 0).all()
+    assert (df[df.swapped.astype(bool)].block_m_effect == 0).all()

@@ -23,6 +23,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from flashnum.figures import quoting
@@ -186,7 +187,12 @@ def _qy_quantities() -> dict:
                 ("Err", (*tie, "ours"), "mean signed error pooled over seeds, ties, lowp")):
             out[f"QiuYao{k}{S}"] = Quantity(f"repro_qiu_yao, {at}: {w}",
                                             _qy(*spec[:3], spec[3], std),
-                                            md=sci(2) if k == "Err" else fixed(1))
+                                            md=sci(2) if k == "Err" else two)
+        for k, spec, w in (("SeedsBiased", tie, "ties, lowp, no fix"),
+                           ("SeedsBiasedFixed", fix, "ties, lowp, the idealised fix")):
+            out[f"QiuYao{k}{S}"] = Quantity(
+                f"repro_qiu_yao, {at}: seeds whose own z has the pooled sign and |z| >= 3, {w}",
+                _qy(*spec, "seeds_significant", std, int), tex=str)
         z, zf, zb = ((*tie, "z", std), (*fix, "z_fix", std),
                      ("ties_broken", "lowp", "fa2", "z", std))
         for k, test, cols, w, yes, no in (
@@ -206,6 +212,18 @@ def _qy_quantities() -> dict:
                  "opposite sign")):
             out[f"QiuYao{k}{S}"] = Fact(f"repro_qiu_yao, {at}: {w}", _qy_fact(test, **cols),
                                         yes, no, paper=True)
+    top, others = tex_name(str(int(QY_STDS[-1]))), [tex_name(str(int(x))) for x in QY_STDS[:-1]]
+
+    def only_peaked(F):
+        helps = {S: out[f"QiuYaoFixHelps{S}"].value(F) for S in (top, *others)}
+        if any(v is None for v in helps.values()):
+            return None
+        return bool(helps[top] and not any(helps[S] for S in others))
+
+    out["QiuYaoFixHelpsOnlyPeaked"] = Fact(
+        f"repro_qiu_yao: the idealised fix shrinks |bias| at logit std {QY_STDS[-1]:g} and at "
+        "no smaller spread", only_peaked, "only on the peaked rows", "not only there",
+        paper=True)
     out["QiuYaoSeeds"] = Quantity("repro_qiu_yao: seeds pooled per cell",
                                   _qy("ties", "lowp", "fa2", "seeds", QY_STDS[-1], int),
                                   tex=str)
@@ -346,6 +364,73 @@ def _growth(name: str, x: str, policy: str) -> Callable[[object], object]:
         fit = growth(df, x, "max_abs_err").get(policy)
         return math.nan if fit is None else float(fit[0])
     return value
+
+
+def _slope(x, y) -> float:
+    """Least-squares exponent a of y ~ x^a over the positive points (as the figures fit)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    ok = (x > 0) & (y > 0) & np.isfinite(y)
+    if len(np.unique(x[ok])) < 2:
+        return math.nan
+    return float(np.polyfit(np.log(x[ok]), np.log(y[ok]), 1)[0])
+
+
+def _exponents(F, name: str, x: str, policy: str, precision: str,
+               col: str = "normwise_rel_err") -> dict | None:
+    """{distribution: the exponent a of col ~ x^a} of one policy and precision of a sweep,
+    each fitted to the median over the seeds at each x (block_size: at its largest N and
+    block_m 64, the swapped slice aside); None without the table."""
+    df = F.table(name)
+    if df is None:
+        return None
+    d = df[(df.policy == policy) & (df.precision == precision)]
+    if name == "block_size":
+        d = d[(d.block_m == 64) & (d.seq_len_k == d.seq_len_k.max())]
+    out = {}
+    for dist, g in d.groupby("distribution"):
+        med = g.groupby(x)[col].median().sort_index()
+        out[dist] = _slope(med.index.to_numpy(float), med.to_numpy(float))
+    return out
+
+
+def _growth(name: str, x: str, policy: str, precisions: tuple, how: Callable
+            ) -> Callable[[object], object]:
+    """how(the exponents of every distribution and precision in `precisions`)."""
+    def value(F):
+        per = [_exponents(F, name, x, policy, p) for p in precisions]
+        if any(e is None for e in per):
+            return None
+        vals = [a for e in per for a in e.values()]
+        return how(vals) if vals else math.nan
+    return value
+
+
+def _growth_quantities() -> dict:
+    """How the normwise relative error grows with N (seqlen_growth) and with block_n
+    (block_size) per distribution: the range of the exponents of fa2 and lowp, and
+    whether lowp's has one sign on every distribution."""
+    out = {}
+    quoted = (("N", "seqlen_growth", "seq_len_k", "fa2", ("bf16", "fp16")),
+              ("NLowpBf", "seqlen_growth", "seq_len_k", "lowp", ("bf16",)),
+              ("NLowpFp", "seqlen_growth", "seq_len_k", "lowp", ("fp16",)),
+              ("BlockN", "block_size", "block_n", "fa2", ("bf16",)),
+              ("BlockNLowp", "block_size", "block_n", "lowp", ("bf16",)))
+    for key, name, x, pol, precs in quoted:
+        for m, mw, how in (("Lo", "smallest", min), ("Hi", "largest", max)):
+            out[f"Growth{key}{m}"] = Quantity(
+                f"{name}: the {mw} exponent a of normwise relative error ~ {x}^a over its "
+                f"distributions, {pol}, {'/'.join(precs)} (median over seeds per point)",
+                _growth(name, x, pol, precs, how), md=lambda a: f"{a:+.2f}", paper=False)
+    out["GrowthNLowpAllGrow"] = Fact(
+        "seqlen_growth: lowp's normwise relative error grows with N on every distribution, "
+        "bf16 and fp16", _growth("seqlen_growth", "seq_len_k", "lowp", ("bf16", "fp16"),
+                                 lambda v: all(a > 0 for a in v)),
+        "on every one", "not on every one")
+    out["GrowthBlockNLowpAllFall"] = Fact(
+        "block_size: lowp's normwise relative error falls with block_n on every distribution",
+        _growth("block_size", "block_n", "lowp", ("bf16",), lambda v: all(a < 0 for a in v)),
+        "on every one", "not on every one")
+    return out
 
 
 def _invariants_hold(F):
@@ -576,14 +661,7 @@ QUANTITIES = {
     "SweepCases": Quantity("rows in bf16_sweep", _rows("bf16_sweep"), md=count),
     **{f"Rows{tex_name(n)}": Quantity(f"rows in {n}", _rows(n), md=count, paper=False)
        for n in COUNTED},
-    **{f"SweepGrowth{k}": Quantity(f"{n}: the fitted exponent a of max error ~ {x}^a, {p} "
-                                   "(the sweep's summary)", _growth(n, x, p),
-                                   md=lambda a: f"{a:+.2f}", paper=False)
-       for k, n, x, p in (("NFa", "bf16_sweep", "seq_len_k", "fa2"),
-                          ("NLowp", "bf16_sweep", "seq_len_k", "lowp"),
-                          ("BlockNLowp", "bf16_sweep", "block_n", "lowp"),
-                          ("NLowpFp", "fp16_sweep", "seq_len_k", "lowp"),
-                          ("BlockNLowpFp", "fp16_sweep", "block_n", "lowp"))},
+    **_growth_quantities(),
     "SweepInvariantsHold": Fact("m_ok and l_ok hold in every row of every sweep",
                                 _invariants_hold,
                                 "In every row of every sweep m_ok and l_ok hold",
