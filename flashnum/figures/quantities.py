@@ -405,6 +405,14 @@ def _growth(name: str, x: str, policy: str, precisions: tuple, how: Callable
     return value
 
 
+def _seeds(name: str) -> Callable[[object], object]:
+    """How many seeds a table's rows were drawn at."""
+    def value(F):
+        df = F.table(name)
+        return None if df is None else int(df.seed.nunique())
+    return value
+
+
 def _growth_quantities() -> dict:
     """How the normwise relative error grows with N (seqlen_growth) and with block_n
     (block_size) per distribution: the range of the exponents of fa2 and lowp, and
@@ -421,6 +429,9 @@ def _growth_quantities() -> dict:
                 f"{name}: the {mw} exponent a of normwise relative error ~ {x}^a over its "
                 f"distributions, {pol}, {'/'.join(precs)} (median over seeds per point)",
                 _growth(name, x, pol, precs, how), md=lambda a: f"{a:+.2f}", paper=False)
+    for key, name in (("SeqlenGrowth", "seqlen_growth"), ("BlockSize", "block_size"),
+                      ("Attribution", "attribution")):
+        out[f"{key}Seeds"] = Quantity(f"{name}: seeds", _seeds(name), paper=False)
     out["GrowthNLowpAllGrow"] = Fact(
         "seqlen_growth: lowp's normwise relative error grows with N on every distribution, "
         "bf16 and fp16", _growth("seqlen_growth", "seq_len_k", "lowp", ("bf16", "fp16"),

@@ -199,8 +199,8 @@ def repro_qiu_yao(F: Figures, df: pd.DataFrame, key: str) -> None:
     pooled = _sort(qiu_yao_pooled(df), distribution=("ties", "ties_broken", "gaussian"),
                    logit_std=None, policy=("lowp", "fa2"),
                    variant=("fa2", "qiu_yao", "qiu_yao_released"))
-    F.write_table("tab_repro_qiu_yao", tabular(_QY_COLS, _qiu_yao_rows(pooled),
-                                               "lrlrrrrrrr"))
+    F.write_table("tab_repro_qiu_yao", tabular(_QY_COLS, _qiu_yao_rows(pooled, df),
+                                               "lrlrrrrrrrl"))
     # the pooled z per logit std and what the sentences branch on are named quantities
     # (flashnum.figures.quantities: QiuYaoZ<Std>, \\ifQiuYaoFixHelps<Std>, ...)
     F.fact(f"{key}Ties", bool(((pooled.distribution == "ties") & (pooled.policy == "lowp")).any()))
@@ -210,25 +210,34 @@ def repro_qiu_yao(F: Figures, df: pd.DataFrame, key: str) -> None:
 
 
 _QY_COLS = ["inputs", "logit std", "policy", "mean signed error", "$z$", "$z$ per seed",
-            "$z$ with fix", "$z$ of the fix", "released fix: error", "$z$"]
+            "$z$ with fix", "$z$ of the fix", "released fix: error", "$z$", "published"]
 
 
-def _qiu_yao_rows(pooled: pd.DataFrame) -> list[list[str]]:
+def _qiu_yao_rows(pooled: pd.DataFrame, df: pd.DataFrame) -> list[list[str]]:
     """One table row per input, logit std and policy: without the fix, with it (pooled z,
-    the fix's paired z), with the release; each seed's z range without the fix."""
+    the fix's paired z), with the release; each seed's z range without the fix; what the
+    paper published for the row (their finding, where it speaks of it)."""
+    said = {}
+    if "published_finding" in df:
+        for _, r in df[df.published_finding.astype(str) != ""].iterrows():
+            k = (r.distribution, r.get("logit_std"), r.policy)
+            said.setdefault(k, [])
+            if r.published_finding not in said[k]:
+                said[k].append(r.published_finding)
     rows = []
     for _, g in pooled.groupby(QY_KEYS, sort=False, dropna=False):
         by = {r.variant: r for _, r in g.iterrows()}
         r, rf, rr = by.get("fa2"), by.get("qiu_yao"), by.get("qiu_yao_released")
         if r is None:
             continue
+        finding = " / ".join(said.get((r.distribution, r.logit_std, r.policy), [])) or "--"
         per_seed = (f"{cell(r.z_min)} to {cell(r.z_max)}" if r.seeds > 1 else "--")
         rows.append([cell(r.distribution), cell(r.logit_std), cell(r.policy),
                      pm(r.ours, r.ours_se), cell(r.z), per_seed,
                      "--" if rf is None else cell(rf.z),
                      "--" if rf is None else cell(rf.get("z_fix")),
                      "--" if rr is None else pm(rr.ours, rr.ours_se),
-                     "--" if rr is None else cell(rr.z)])
+                     "--" if rr is None else cell(rr.z), finding])
     return rows
 
 
