@@ -316,3 +316,134 @@ def test_golden_cells_over_their_seeds_are_what_the_text_says():
     for _, s in t.sort_values("block_n").groupby("seed"):
         assert (np.diff(s.ratio_to_standard.to_numpy()) < 0).all()
     assert (df[df.swapped.astype(bool)].block_m_effect == 0).all()
+
+
+# ---------------------------------------------------------------------------
+# the abstract's growth exponent and README's growth bullet: per distribution
+
+
+def med_fit(d, x, col="max_abs_err"):
+    """The exponent fitted to the median over the seeds at each x."""
+    g = d.groupby(x)[col].median().sort_index()
+    return fit(g.index, g.values)
+
+
+def test_the_abstracts_exponent_is_gaussians_and_the_others_are_beside_it():
+    """Abstract: bf16 fa2 on gaussian inputs scales like N^a (per seed ...); on the other
+    inputs of the sweep the exponent lies between ... and ...; ... over all together."""
+    df = table("seqlen_growth")
+    d = df[(df.policy == "fa2") & (df.precision == "bf16") & (df.variant == "fa2")
+           & df.ref_ok.astype(bool)]
+    m = macros()
+    g = d[d.distribution == "gaussian"]
+    assert g.seed.nunique() >= 5 and int(m["SlopeNSeeds"]) == g.seed.nunique()
+    assert shows(m["SlopeNBfSixteen"], med_fit(g, "seq_len_k"))
+    per_seed = [med_fit(s, "seq_len_k") for _, s in g.groupby("seed")]
+    assert shows(m["SlopeNBfSixteenSeedMin"], min(per_seed))
+    assert shows(m["SlopeNBfSixteenSeedMax"], max(per_seed))
+    by = {k: med_fit(x, "seq_len_k") for k, x in d.groupby("distribution")}
+    assert shows(m["SlopeNDistLo"], min(by.values()))
+    assert shows(m["SlopeNDistHi"], max(by.values()))
+    lo_name = min(by, key=by.get).replace("_", "\\_")
+    assert m["SlopeNDistLoName"] == "\\texttt{" + lo_name + "}"
+    assert shows(m["SlopeNBfSixteenAll"], med_fit(d, "seq_len_k"))
+    assert shows(m["SlopeNBfSixteenRel"], med_fit(g, "seq_len_k", "normwise_rel_err"))
+    # the gaussian exponent is not the sweep's: the abstract must name the inputs
+    abstract = paper().split("\\begin{abstract}")[1].split("\\end{abstract}")[0]
+    assert "on gaussian inputs" in " ".join(abstract.split())
+    assert "\\SlopeNDistLo" in abstract and "\\SlopeNBfSixteenAll" in abstract
+
+
+@pytest.mark.parametrize("name, x, pol, precs, key", [
+    ("seqlen_growth", "seq_len_k", "fa2", ("bf16", "fp16"), "GrowthN"),
+    ("seqlen_growth", "seq_len_k", "lowp", ("bf16",), "GrowthNLowpBf"),
+    ("seqlen_growth", "seq_len_k", "lowp", ("fp16",), "GrowthNLowpFp"),
+    ("block_size", "block_n", "fa2", ("bf16",), "GrowthBlockN"),
+    ("block_size", "block_n", "lowp", ("bf16",), "GrowthBlockNLowp")])
+def test_readmes_growth_exponents_hold_on_every_distribution(name, x, pol, precs, key):
+    """README: fa2's normwise relative error grows as N^a with a in [lo, hi] on every
+    distribution; lowp's grows (with N) / falls (with block_n) on every one."""
+    df = table(name)
+    d = df[(df.policy == pol) & df.precision.isin(precs)]
+    if name == "block_size":
+        d = d[(d.block_m == 64) & (d.seq_len_k == d.seq_len_k.max())]
+    assert d.seed.nunique() >= 5
+    a = [med_fit(g, x, "normwise_rel_err") for _, g in d.groupby(["precision", "distribution"])]
+    readme = (ROOT / "README.md").read_text()
+    assert f"{min(a):+.2f}<!--q:{key}Lo-->" in readme and f"{max(a):+.2f}<!--q:{key}Hi-->" in readme
+    if pol == "lowp":
+        assert all(v > 0 for v in a) if x == "seq_len_k" else all(v < 0 for v in a)
+    else:  # "does not degrade": no distribution's exponent reaches 0.1
+        assert max(abs(v) for v in a) < 0.1
+
+
+# ---------------------------------------------------------------------------
+# worst-case inputs: absolute beside relative, the search beside near_overflow
+
+
+def worst_beside_gaussian(dist):
+    """worst_case's rows of `dist` joined to gaussian's of the same precision, N, seed."""
+    df = table("worst_case")
+    key = ["precision", "seq_len_k", "seed"]
+    g = df[df.distribution == "gaussian"].set_index(key)
+    d = df[df.distribution == dist].set_index(key)
+    return d.join(g, rsuffix="_g")
+
+
+def test_the_worst_case_search_is_quoted_with_its_relative_error_in_every_setting():
+    """§Worst-case and the findings: the search's |V|-matched ratio (median and range over
+    its searches), beside the normwise relative error and the ulps, in every precision and
+    N it searched; "their normwise relative error is (not) below gaussian's"."""
+    w, m, f = worst_beside_gaussian("worst_case"), macros(), facts()
+    assert w.index.get_level_values("seed").nunique() >= 5
+    # the search's ratio is the max error over gaussian's of the same seed (same |V| range)
+    assert np.allclose(w.search_ratio, w.max_abs_err / w.max_abs_err_g)
+    rel = w.normwise_rel_err / w.normwise_rel_err_g
+    top = w.xs(("bf16", w.index.get_level_values("seq_len_k").max()),
+               level=["precision", "seq_len_k"])
+    assert shows(m["WorstCaseSearchBf"], top.search_ratio.median())
+    assert shows(m["WorstCaseSearchBfMin"], top.search_ratio.min())
+    assert shows(m["WorstCaseSearchBfMax"], top.search_ratio.max())
+    assert shows(m["WorstCaseSearchLo"], w.search_ratio.min())
+    assert shows(m["WorstCaseSearchHi"], w.search_ratio.max())
+    assert shows(m["WorstCaseRelBf"], (top.normwise_rel_err / top.normwise_rel_err_g).median())
+    assert shows(m["WorstCaseRelLo"], rel.min()) and shows(m["WorstCaseRelHi"], rel.max())
+    assert shows(m["WorstCaseUlpHi"], w.max_ulp_err.max())
+    assert f["WorstCaseRelBelow"] == bool((rel < 1).all())
+    # the gain is the outputs' size: relative error within 1.5x of gaussian's everywhere,
+    # while the max error is >= 10x it everywhere
+    assert rel.max() < 1.5 and w.search_ratio.min() >= 10
+    text = " ".join(paper().split())
+    assert "normwise relative error over gaussian's" in text  # the table's second measure
+
+
+def test_near_overflow_is_large_only_through_its_v():
+    """The catalogue's largest absolute error comes from V ~ 6e4; its relative error is
+    below gaussian's in every setting and seed."""
+    o, m = worst_beside_gaussian("near_overflow"), macros()
+    df = table("worst_case")
+    biggest = df.loc[df.groupby(["precision", "seq_len_k", "seed"]).max_abs_err.idxmax()]
+    assert (biggest.distribution == "near_overflow").all()
+    assert {json.loads(p)["v_level"] for p in o.dist_params} == {60000.0}
+    rel = o.normwise_rel_err / o.normwise_rel_err_g
+    assert (rel < 1).all() and shows(m["NearOverflowRelHi"], rel.max())
+    top = o.xs(("bf16", o.index.get_level_values("seq_len_k").max()),
+               level=["precision", "seq_len_k"])
+    assert shows(m["NearOverflowRelBf"], (top.normwise_rel_err / top.normwise_rel_err_g).median())
+    assert shows(m["NearOverflowErr"], top.max_abs_err.median())
+    # the search holds |V| to gaussian's range; near_overflow is not a searched row
+    assert o.search_ratio.isna().all()
+
+
+def test_the_largest_heatmap_error_is_quoted_with_its_relative_error():
+    df = table("bf16_sweep")
+    d = df[(df.policy == "fa2") & (df.precision == "bf16") & (df.variant == "fa2")
+           & (df.order == "forward") & (df.block_n == 64) & df.ref_ok.astype(bool)]
+    med = d.groupby("distribution")[["max_abs_err", "normwise_rel_err"]].median()
+    worst = med.max_abs_err.idxmax()
+    m = macros()
+    assert m["HeatWorstDist"] == "\\texttt{" + worst.replace("_", "\\_") + "}"
+    assert shows(m["HeatWorstRatio"], med.max_abs_err[worst] / med.max_abs_err["gaussian"])
+    assert shows(m["HeatWorstRelRatio"],
+                 med.normwise_rel_err[worst] / med.normwise_rel_err["gaussian"])
+    assert int(m["HeatSeeds"]) == d.seed.nunique()

@@ -152,6 +152,8 @@ NUMBERS = {
     **_quoted("SweepCases"),
     "HeatWorstDist": "distribution with the largest fa2 error (bf16_sweep)",
     "HeatWorstRatio": "its fa2 error / gaussian's fa2 error (bf16_sweep)",
+    "HeatWorstRelRatio": "its fa2 normwise relative error / gaussian's (bf16_sweep)",
+    "HeatSeeds": "seeds of the heatmap's rows (bf16_sweep, block_n 64, forward order)",
     "HeatNaiveOverFa": "median over distributions of naive error / fa2 error (bf16_sweep)",
     "HeatLowpOverFa": "median over distributions of lowp error / fa2 error (bf16_sweep)",
     "BoundCases": "rows with a bound in the bf16/fp16/fp32 sweeps",

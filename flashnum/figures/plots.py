@@ -257,6 +257,10 @@ def heatmap(F: Figures) -> None:
         F.num("HeatWorstDist", tex_word(fa.idxmax()))
         if "gaussian" in fa.index:
             F.num("HeatWorstRatio", float(fa.max() / fa["gaussian"]))
+            if "normwise_rel_err" in df:  # the same inputs in relative terms
+                rel = df[df.policy == "fa2"].groupby("distribution").normwise_rel_err.median()
+                F.num("HeatWorstRelRatio", float(rel[fa.idxmax()] / rel["gaussian"]))
+        F.num("HeatSeeds", str(int(df.seed.nunique())))
         for pol, name in (("naive", "HeatNaiveOverFa"), ("lowp", "HeatLowpOverFa")):
             if pol in med:
                 F.num(name, float((med[pol] / fa).median()))

@@ -6,16 +6,20 @@ the paper quote it through flashnum.figures.quantities).
 
 `repro_fa3_table3` searches 36 protocols for the one that best matches the published
 numbers (FA3 omits N, d and the seed); a best-of-36 match overstates the agreement. Here
-the protocol is fixed before looking at the result:
+one protocol is measured over seeds. Its shape was chosen after the search had found it
+as the best joint match (so seeds 0-7, the table fa3_protocol, include the search's own
+seed 0); conf/table/fa3_protocol_heldout.yaml runs it on seeds 100-115, committed before
+that table's only run:
 
 * FA3's own description: each entry of Q, K, V is N(0, 1) + N(0, 100) Bernoulli(0.001)
   (variance 100: outlier std 10), softmax scale 1/sqrt(d), RMSE against attention in
   float64 on the *unrounded* inputs;
-* what FA3 does not state, chosen once: d = 128 (the head dimension of FA3's fp8 rows and
-  of its headline benchmarks) and N = 8192 (the N of the fp8 rows of the same table, so
-  that all six rows share one shape); 8 heads of 128 query rows against all N keys per
-  seed (rows are independent, so the subsample estimates the RMSE of all N rows); fp16
-  `naive` (standard attention) and `fa2` with FlashAttention-2's forward tiles 128 x 64.
+* what FA3 does not state, chosen once, after the search: d = 128 (the head dimension of
+  FA3's fp8 rows and of its headline benchmarks) and N = 8192 (the N of the fp8 rows of
+  the same table, so that all six rows share one shape); 8 heads of 128 query rows against
+  all N keys per seed (rows are independent, so the subsample estimates the RMSE of all N
+  rows); fp16 `naive` (standard attention) and `fa2` with FlashAttention-2's forward tiles
+  128 x 64.
 
 One row per seed: the protocol's parameters, then the two RMSEs and their ratio.
 `summary(df)` gives the spread over seeds (mean, min, max, relative standard deviation).
