@@ -125,9 +125,12 @@ NUMBERS = {
     "SlopeNBfSixteenAll": "exponent a of median error ~ N^a over every distribution of "
                           "seqlen_growth pooled, bf16 fa2",
     "SlopeNDists": "distributions of seqlen_growth",
-    "SlopeNDistLo": "the smallest exponent a of one distribution, bf16 fa2 (seqlen_growth)",
+    "SlopeNOthers": "distributions of seqlen_growth other than gaussian",
+    "SlopeNDistLo": "the smallest exponent a of one non-gaussian distribution, bf16 fa2 "
+                    "(seqlen_growth)",
     "SlopeNDistLoName": "that distribution",
-    "SlopeNDistHi": "the largest exponent a of one distribution, bf16 fa2 (seqlen_growth)",
+    "SlopeNDistHi": "the largest exponent a of one non-gaussian distribution, bf16 fa2 "
+                    "(seqlen_growth)",
     "SlopeNDistHiName": "that distribution",
     **{f"BoundOverErrN{p}": f"median bound / error over N, {p} fa2 (seqlen_growth)"
        for p in ("BfSixteen", "FpSixteen", "FpThirtyTwo")},
