@@ -40,6 +40,7 @@ def _row(exp, i, **kw):
         policy="fa2", variant="fa2", distribution="gaussian", dist_params="{}",
         seq_len_q=256, seq_len_k=256, head_dim=64, block_m=64, block_n=64, order="forward",
         causal=False, seed=0, max_abs_err=1e-3, rmse=1e-4, max_rel_err=1e-2, max_ulp_err=1.0,
+        normwise_rel_err=1e-3,
         mean_signed_err=0.0, bound=1e-1, bound_prob=1e-2, dominant_site="p_cast",
         reference_method="certified", m_ok=True, l_ok=True, wall_s=0.01,
     )
@@ -62,12 +63,14 @@ def synthetic_tree(root: Path, skip=()) -> Path:
     rng = np.random.default_rng(0)
     dists = ["gaussian", "late_max", "ties", "sink"]
     t = {}
+    # gaussian grows like sqrt(N); late_max (a second input) like N
     t["seqlen_growth"] = [
         _row("seqlen_growth", i, precision=p, seq_len_q=n, seq_len_k=n, seed=s,
-             max_abs_err=_err(p, n, s, rng), bound=40 * U[p] * n, bound_prob=4 * U[p] * n**0.5,
-             normwise_rel_err=U[p])
-        for i, (p, n, s) in enumerate(
-            (p, n, s) for p in U for n in (256, 512, 1024, 2048) for s in range(3))
+             distribution=d, max_abs_err=_err(p, n, s, rng) * (n**0.5 if d != "gaussian" else 1),
+             bound=40 * U[p] * n, bound_prob=4 * U[p] * n**0.5, normwise_rel_err=U[p])
+        for i, (p, n, s, d) in enumerate(
+            (p, n, s, d) for p in U for n in (256, 512, 1024, 2048) for s in range(3)
+            for d in ("gaussian", "late_max"))
     ]
     t["block_size"] = [
         _row("block_size", i, policy=pol, block_n=b, seq_len_k=1024, seed=s,
@@ -428,6 +431,8 @@ def test_quoted_numbers_come_from_the_data(full):
     fact = _facts((out / "numbers.tex").read_text())
     # planted: error ~ u sqrt(N) (times 1 + 0.01 seed, which the median keeps per N)
     assert _close(m["SlopeNBfSixteen"], SLOPE_BF16)
+    # the other input, late_max, grows like N: the range of the others is that one
+    assert _close(m["SlopeNDistLo"], 1.0) and m["SlopeNDistLoName"] == r"\texttt{late\_max}"
     assert m["NMin"] == "256" and m["NMax"] == "2{,}048"
     # planted: error ~ block_n^-1/4, so 16 -> 128 gives 8^(1/4) = 1.68
     assert _close(m["SlopeBlockN"], -0.25)

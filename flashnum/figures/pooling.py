@@ -124,3 +124,23 @@ def worst_case_ratios(df: pd.DataFrame, dist: str) -> pd.DataFrame:
                              ulp=d.max_ulp_err, gauss_ulp=g.max_ulp_err,
                              err=d.max_abs_err, rel_err=d.normwise_rel_err,
                              gauss_rel_err=g.normwise_rel_err)).reset_index()
+
+
+PCAST_KEYS = ["n", "height", "order", "p_scale"]
+
+
+def pcast_by_config(df: pd.DataFrame) -> pd.DataFrame:
+    """repro_fp8_pcast per length, asked sink height, order and scale over its seeds: the
+    median of each measure, the seeds' min and max of the gains, how many seeds."""
+    df = seeded(df)
+    if "height" not in df:  # a table stored before the asked height was kept
+        df = df.assign(height=df.realised_height)
+    g = df.groupby(PCAST_KEYS, sort=False)
+    med = g[["ours", "ours_se", "underflow_fraction", "ratio_vs_forward",
+             "realised_height"] + (["ratio_vs_forward_same_scale"]
+                                   if "ratio_vs_forward_same_scale" in df else [])].median()
+    out = med.assign(ratio_min=g.ratio_vs_forward.min(), ratio_max=g.ratio_vs_forward.max(),
+                     seeds=g.seed.nunique(),
+                     published_ratio_lo=g.published_ratio_lo.first(),
+                     published_ratio_hi=g.published_ratio_hi.first())
+    return out.reset_index()

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from flashnum.figures import quoting
-from flashnum.figures.pooling import qiu_yao_pooled, worst_case_ratios
+from flashnum.figures.pooling import pcast_by_config, qiu_yao_pooled, worst_case_ratios
 from flashnum.figures.quoting import (  # noqa: F401  (the renderers, also for the tests)
     Fact,
     Quantity,
@@ -326,12 +326,16 @@ def _at(n: int) -> Callable:
 
 def _pcast(order: str, col: str, how: Callable, height=None) -> Callable[[object], object]:
     """The fp8 P cast (repro_fp8_pcast): a gain at the largest static scale in `order`,
-    reduced by how(), over every length and sink height or at one height."""
+    each configuration's median over its seeds, reduced by how() over every length and
+    sink height or at one height (col ratio_min / ratio_max: the seeds' extremes)."""
     def value(F):
         df = F.table("repro_fp8_pcast")
-        if df is None or col not in df:
+        if df is None or "ratio_vs_forward" not in df:
             return None
-        d = df[(df.order == order) & (df.p_scale == df.p_scale.max())]
+        c = pcast_by_config(df)
+        if col not in c:
+            return None
+        d = c[(c.order == order) & (c.p_scale == c.p_scale.max())]
         if height is not None:
             d = d[d.height == height]
         return float(how(d[col])) if len(d) else math.nan
@@ -806,6 +810,13 @@ QUANTITIES = {
                               "forward", _pcast("reverse", "ratio_vs_forward", min), md=two),
     "PcastRatioMax": Quantity("repro_fp8_pcast: largest such gain",
                               _pcast("reverse", "ratio_vs_forward", max), md=two),
+    **{f"PcastRatioSeed{k}": Quantity(f"repro_fp8_pcast: the {w} gain of reverse + scale "
+                                      "over forward of one seed, any length and height",
+                                      _pcast("reverse", col, how), md=two)
+       for k, w, col, how in (("Min", "smallest", "ratio_min", min),
+                              ("Max", "largest", "ratio_max", max))},
+    "PcastSeeds": Quantity("repro_fp8_pcast: seeds per configuration",
+                           _pcast("reverse", "seeds", lambda s: int(s.max())), tex=str),
     **{f"PcastSame{k}": Quantity(f"repro_fp8_pcast: {w} gain of reverse + scale over forward "
                                  "with the same scale, sink height 12",
                                  _pcast("reverse", "ratio_vs_forward_same_scale", how, 12),
