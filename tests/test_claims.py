@@ -482,3 +482,66 @@ def test_the_dominant_sites_are_what_readme_and_the_paper_say_in_every_seed():
     assert shows(m["AttrDominantShareMax"], share.max())
     assert f["AttrDominantEverySeed"] == (per_seed.site.nunique() == 1)
     assert int(m["AttrSeeds"]) == a.seed.nunique()
+
+
+# ---------------------------------------------------------------------------
+# the fp8 P cast: the gain of reverse order and the static scale over seeds
+
+
+def test_the_p_cast_gains_are_medians_over_seeds_with_their_range():
+    """README and the paper: reverse + S = 256 lowers forward's unscaled MSE by lo-hi times
+    (each configuration's median over the seeds); against forward with the same scale
+    3.9-6.1x at sink height 12; the seeds' extremes beside."""
+    df, m = table("repro_fp8_pcast"), macros()
+    assert df.seed.nunique() >= 5
+    best = df[(df.order == "reverse") & (df.p_scale == df.p_scale.max())]
+    med = best.groupby(["n", "height"]).ratio_vs_forward.median()
+    assert shows(m["PcastRatioMin"], med.min()) and shows(m["PcastRatioMax"], med.max())
+    assert shows(m["PcastRatioSeedMin"], best.ratio_vs_forward.min())
+    assert shows(m["PcastRatioSeedMax"], best.ratio_vs_forward.max())
+    assert int(m["PcastSeeds"]) == df.seed.nunique()
+    same = best[best.height == 12].groupby("n").ratio_vs_forward_same_scale.median()
+    readme = (ROOT / "README.md").read_text()
+
+    def two(x):
+        d = 1 - math.floor(math.log10(abs(x)))
+        return f"{round(x, d):.{max(d, 0)}f}"
+
+    assert f"{two(same.min())}<!--q:PcastSameMin-->" in readme
+    assert f"{two(same.max())}<!--q:PcastSameMax-->" in readme
+    # the gain exceeds the published 3-10x in every configuration and seed, unlike the
+    # same-scale comparison, which the text says is the one that can match it
+    assert (best.ratio_vs_forward > 10).all()
+
+
+# ---------------------------------------------------------------------------
+# the findings' block order and block size: medians over seeds, per-seed ranges
+
+
+def test_block_order_and_block_size_ratios_are_medians_with_their_seed_ranges():
+    m = macros()
+    o = table("block_order")
+    o = o[(o.precision == "bf16") & (o.policy == "fa2") & (o.variant == "fa2")
+          & (o.policy_sites == "{}") & o.ref_ok.astype(bool)]
+    assert o.seed.nunique() >= 5 and int(m["OrderSeeds"]) == o.seed.nunique()
+    med = o.groupby(["distribution", "order"]).max_abs_err.median().unstack()
+    ratio = med.div(med.forward, axis=0).drop(columns="forward").stack()
+    for name, (dist, order), r in (("OrderWorst", ratio.idxmax(), ratio.max()),
+                                   ("OrderBest", ratio.idxmin(), ratio.min())):
+        assert shows(m[f"{name}Ratio"], r)
+        assert m[f"{name}Dist"] == "\\texttt{" + dist.replace("_", "\\_") + "}"
+        per = o[o.distribution == dist].groupby(["seed", "order"]).max_abs_err.median().unstack()
+        seed_ratio = per[order] / per.forward
+        assert shows(m[f"{name}RatioMin"], seed_ratio.min())
+        assert shows(m[f"{name}RatioMax"], seed_ratio.max())
+    b = table("block_size")
+    b = b[(b.precision == "bf16") & (b.policy == "fa2") & (b.distribution == "gaussian")
+          & (b.block_m == 64) & (b.seq_len_k == b.seq_len_k.max()) & b.ref_ok.astype(bool)]
+    assert b.seed.nunique() >= 5 and int(m["BlockNSeeds"]) == b.seed.nunique()
+    med = b.groupby("block_n").max_abs_err.median().sort_index()
+    assert shows(m["BlockNRatio"], med.iloc[0] / med.iloc[-1])
+    per = b.pivot_table(index="seed", columns="block_n", values="max_abs_err", aggfunc="median")
+    seed_ratio = per[med.index[0]] / per[med.index[-1]]
+    assert shows(m["BlockNRatioMin"], seed_ratio.min())
+    assert shows(m["BlockNRatioMax"], seed_ratio.max())
+    assert value(m["BlockNAtN"]) == b.seq_len_k.max()

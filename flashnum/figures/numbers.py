@@ -145,6 +145,9 @@ NUMBERS = {
     "OrderWorstRatioMin": "the smallest per-seed ratio of the worst order and distribution "
                           "(block_order)",
     "OrderWorstRatioMax": "the largest such per-seed ratio (block_order)",
+    "OrderBestRatioMin": "the smallest per-seed ratio of the most favourable order and "
+                         "distribution (block_order)",
+    "OrderBestRatioMax": "the largest such per-seed ratio (block_order)",
     "OrderSeeds": "seeds of block_order's bf16 fa2 rows",
     "OrderWorst": "the order with the largest error ratio to forward (block_order)",
     "OrderWorstRatio": "that largest ratio (block_order)",

@@ -219,11 +219,13 @@ def error_by_order(F: Figures) -> None:
         F.num("OrderBest", tex_word(bo))
         F.num("OrderBestRatio", float(others.min()))
         F.num("OrderBestDist", tex_word(bd))
-        # the largest ratio seed by seed (each seed's median over N): how far one draw moves it
-        per = df[df.distribution == wd].groupby(["seed", "order"])[ERR].median().unstack()
-        seed_ratio = per[wo] / per["forward"]
-        F.num("OrderWorstRatioMin", float(seed_ratio.min()))
-        F.num("OrderWorstRatioMax", float(seed_ratio.max()))
+        # the largest and smallest ratio seed by seed (each seed's median over N): how far
+        # one draw moves them
+        for name, dist, order in (("OrderWorstRatio", wd, wo), ("OrderBestRatio", bd, bo)):
+            per = df[df.distribution == dist].groupby(["seed", "order"])[ERR].median().unstack()
+            seed_ratio = per[order] / per["forward"]
+            F.num(f"{name}Min", float(seed_ratio.min()))
+            F.num(f"{name}Max", float(seed_ratio.max()))
         F.num("OrderSeeds", str(int(df.seed.nunique())))
     F.select("error_by_order", sel + [f"median over seeds and N ({df.seed.nunique()} seeds)"])
     F.save(fig, "error_by_order", width=0.9)
