@@ -816,7 +816,8 @@ QUANTITIES = {
        for k, w, col, how in (("Min", "smallest", "ratio_min", min),
                               ("Max", "largest", "ratio_max", max))},
     "PcastSeeds": Quantity("repro_fp8_pcast: seeds per configuration",
-                           _pcast("reverse", "seeds", lambda s: int(s.max())), tex=str),
+                           _pcast("reverse", "seeds", lambda s: int(s.max())),
+                           tex=lambda x: str(int(x)), md=lambda x: str(int(x))),
     **{f"PcastSame{k}": Quantity(f"repro_fp8_pcast: {w} gain of reverse + scale over forward "
                                  "with the same scale, sink height 12",
                                  _pcast("reverse", "ratio_vs_forward_same_scale", how, 12),
