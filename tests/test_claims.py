@@ -9,7 +9,9 @@ if one of them contradicts what the text says: a number the text quotes (through
 paper/figures/numbers.tex, which the documents' markers quote too, tests/test_quoted.py),
 a yes/no the paper branches on, or a sentence's wording. Where a claim is about the
 project's history (when a protocol was fixed), the test reads the git history and is
-skipped without it.
+skipped without it. `python tests/mutate_claims.py` checks that each test fails when the
+text or its table says something else (a misquoted number, a flipped yes/no, a sentence
+without its setting, a table with fewer seeds).
 """
 
 from __future__ import annotations
