@@ -50,14 +50,15 @@ def test_the_papers_quantities_have_a_macro_and_only_they():
 
 
 def test_a_changed_number_or_an_unknown_name_is_reported(F, tmp_path):
-    z = QUANTITIES["QiuYaoZ"].value(F)
+    q = QUANTITIES["QiuYaoZSixteen"]
+    z = q.value(F)
     good = tmp_path / "good.md"
-    good.write_text(f"bias z = {z:.1f}<!--q:QiuYaoZ--> at logit std 16")
+    good.write_text(f"bias z = {q.md(z)}<!--q:QiuYaoZSixteen--> at logit std 16")
     assert misquoted(F, [good]) == []
     bad = tmp_path / "bad.md"
-    bad.write_text(f"bias z = {z + 1:.1f}<!--q:QiuYaoZ-->; {z:.1f}<!--q:NoSuchThing-->")
+    bad.write_text(f"bias z = {q.md(z + 1)}<!--q:QiuYaoZSixteen-->; {q.md(z)}<!--q:NoSuchThing-->")
     said = misquoted(F, [bad])
-    assert len(said) == 2 and "QiuYaoZ" in said[0] and "NoSuchThing" in said[1]
+    assert len(said) == 2 and "QiuYaoZSixteen" in said[0] and "NoSuchThing" in said[1]
 
 
 def test_a_fact_is_quoted_as_the_words_of_its_answer(F, tmp_path):

@@ -18,7 +18,7 @@ Writes into --out (default paper/figures/):
 
 The text of the paper never hard-codes a measured number: it quotes these macros,
 says nothing about an experiment whose switch is false, and chooses between its
-sentences by the facts (e.g. \\ifQiuYaoNegative This confirms ... \\else ... \\fi).
+sentences by the facts (e.g. \\ifQiuYaoNegativeSixteen a negative bias ... \\else ... \\fi).
 A number that cannot be computed (its table is missing) is the macro \\nyr ("not yet
 run").
 
@@ -46,7 +46,8 @@ What each figure shows (the selection is also written into its \\Sel macro):
     bwd_growth          bwd_seqlen_growth: error of dQ, dK, dV vs N per backward policy
     tab_tightness       the sweeps: bound / measured error per precision and policy
     tab_presets         the presets' format per site (from flashnum.numerics.policy: no experiment)
-    tab_worst_case      worst_case: the worst distributions against gaussian
+    tab_worst_case      worst_case: the searched inputs and near_overflow against gaussian
+                        (max, relative and ulp error; median and range over seeds)
     tab_repro_*         the reproductions: published numbers beside ours
     pcast_threshold, fp8_offset, tab_block_scaled, tab_splitkv_decode
                         the low-precision measurements (flashnum.figures.lowprec)

@@ -70,6 +70,7 @@ def error_vs_n(F: Figures) -> None:
         return F.placeholder("error_vs_n", "seqlen_growth")
     plt = _style()
     sel = []
+    _growth_beyond_gaussian(F, trusted(df, []))
     df = prefer(trusted(df, sel), sel, policy="fa2", distribution="gaussian", variant="fa2",
                  order="forward", backend="emulate")
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
@@ -101,6 +102,41 @@ def error_vs_n(F: Figures) -> None:
     F.save(fig, "error_vs_n", width=0.85)
 
 
+def _growth_beyond_gaussian(F: Figures, df) -> None:
+    """The bf16 fa2 exponent of median max error ~ N^a seed by seed on gaussian inputs, on
+    each of the sweep's other distributions (median over seeds per N; their range), and
+    over all of them pooled: the abstract quotes the gaussian one, and these say how far
+    it holds."""
+    d = df[(df.policy == "fa2") & (df.precision == "bf16")]
+    if "variant" in d:
+        d = d[d.variant == "fa2"]
+    if not len(d) or d.seq_len_k.nunique() < 2:
+        return
+
+    def fit(x, col=ERR):
+        med = x.groupby("seq_len_k")[col].median().sort_index()
+        return slope(med.index.values, med.values)
+
+    g = d[d.distribution == "gaussian"]
+    if len(g) and "normwise_rel_err" in g:
+        F.num("SlopeNBfSixteenRel", fit(g, "normwise_rel_err"))
+    per_seed = [fit(x) for _, x in g.groupby("seed")] if len(g) else [math.nan]
+    F.num("SlopeNBfSixteenSeedMin", min(per_seed))
+    F.num("SlopeNBfSixteenSeedMax", max(per_seed))
+    F.num("SlopeNSeeds", str(int(g.seed.nunique())) if len(g) else r"\nyr")
+    by = {dist: fit(x) for dist, x in d.groupby("distribution") if dist != "gaussian"}
+    if not by:
+        return
+    lo, hi = min(by, key=by.get), max(by, key=by.get)
+    F.num("SlopeNBfSixteenAll", fit(d))
+    F.num("SlopeNDists", str(d.distribution.nunique()))
+    F.num("SlopeNOthers", str(len(by)))
+    F.num("SlopeNDistLo", by[lo])
+    F.num("SlopeNDistLoName", tex_word(lo))
+    F.num("SlopeNDistHi", by[hi])
+    F.num("SlopeNDistHiName", tex_word(hi))
+
+
 def error_vs_block_n(F: Figures) -> None:
     df = F.table("block_size")
     if df is None:
@@ -128,6 +164,14 @@ def error_vs_block_n(F: Figures) -> None:
         if pol == "fa2":
             F.num("SlopeBlockN", slope(b, med))
             F.num("BlockNRatio", med[0] / med[-1] if med[-1] > 0 else math.nan)
+            # the same ratio seed by seed: how far one draw moves it
+            per = df[df.policy == pol].pivot_table(index="seed", columns="block_n",
+                                                   values=ERR, aggfunc="median")
+            seed_ratio = per[b[0]] / per[b[-1]]
+            F.num("BlockNRatioMin", float(seed_ratio.min()))
+            F.num("BlockNRatioMax", float(seed_ratio.max()))
+            F.num("BlockNSeeds", str(int(per.index.nunique())))
+            F.num("BlockNAtN", n)
     F.num("BlockNMin", int(df.block_n.min()))
     F.num("BlockNMax", int(df.block_n.max()))
     ax.set(xscale="log", yscale="log", xlabel="keys per block (block_n)",
@@ -175,6 +219,14 @@ def error_by_order(F: Figures) -> None:
         F.num("OrderBest", tex_word(bo))
         F.num("OrderBestRatio", float(others.min()))
         F.num("OrderBestDist", tex_word(bd))
+        # the largest and smallest ratio seed by seed (each seed's median over N): how far
+        # one draw moves them
+        for name, dist, order in (("OrderWorstRatio", wd, wo), ("OrderBestRatio", bd, bo)):
+            per = df[df.distribution == dist].groupby(["seed", "order"])[ERR].median().unstack()
+            seed_ratio = per[order] / per["forward"]
+            F.num(f"{name}Min", float(seed_ratio.min()))
+            F.num(f"{name}Max", float(seed_ratio.max()))
+        F.num("OrderSeeds", str(int(df.seed.nunique())))
     F.select("error_by_order", sel + [f"median over seeds and N ({df.seed.nunique()} seeds)"])
     F.save(fig, "error_by_order", width=0.9)
 
@@ -211,6 +263,10 @@ def heatmap(F: Figures) -> None:
         F.num("HeatWorstDist", tex_word(fa.idxmax()))
         if "gaussian" in fa.index:
             F.num("HeatWorstRatio", float(fa.max() / fa["gaussian"]))
+            if "normwise_rel_err" in df:  # the same inputs in relative terms
+                rel = df[df.policy == "fa2"].groupby("distribution").normwise_rel_err.median()
+                F.num("HeatWorstRelRatio", float(rel[fa.idxmax()] / rel["gaussian"]))
+        F.num("HeatSeeds", str(int(df.seed.nunique())))
         for pol, name in (("naive", "HeatNaiveOverFa"), ("lowp", "HeatLowpOverFa")):
             if pol in med:
                 F.num(name, float((med[pol] / fa).median()))
@@ -256,8 +312,25 @@ def attribution(F: Figures) -> None:
     axes[0][0].invert_yaxis()  # shared y: invert once, so the sites read top-down in data order
     h, lab = axes[0][0].get_legend_handles_labels()
     fig.legend(h, lab, loc="outside lower center", ncol=3)
-    F.select("attribution", sel + ["median over cases"])
+    _attribution_seeds(F, df)
+    seeds = df.seed.nunique() if "seed" in df else 1
+    F.select("attribution", sel + [f"median over {seeds} seed{'s' * (seeds > 1)}"])
     F.save(fig, "attribution")
+
+
+def _attribution_seeds(F: Figures, df) -> None:
+    """The dominant site's share of the total on gaussian inputs, seed by seed: its range,
+    and whether every seed has the same dominant site."""
+    g = df[df.distribution == "gaussian"] if "distribution" in df else df
+    if not len(g):
+        return
+    g = g.assign(seed=g.seed if "seed" in g else 0)
+    top = g.loc[g.groupby("seed").err_only.idxmax()]
+    share = (top.err_only / top.total.where(top.total > 0)).astype(float)
+    F.num("AttrSeeds", str(int(g.seed.nunique())))
+    F.num("AttrDominantShareMin", float(share.min()))
+    F.num("AttrDominantShareMax", float(share.max()))
+    F.fact("AttrDominantEverySeed", bool(top.site.nunique() == 1))
 
 
 def kernel_vs_emulator(F: Figures) -> None:

@@ -23,7 +23,11 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
 from flashnum.figures import quoting
+from flashnum.figures.pooling import pcast_by_config, qiu_yao_pooled, worst_case_ratios
 from flashnum.figures.quoting import (  # noqa: F401  (the renderers, also for the tests)
     Fact,
     Quantity,
@@ -40,6 +44,7 @@ from flashnum.figures.tex import tex_name
 from flashnum.harness.exp_exhaustive import summary as exp_summary
 from flashnum.harness.fa3_protocol import summary as fa3_summary
 from flashnum.harness.summary import growth
+from flashnum.reproduce.qiu_yao_bias import QY_SIZES
 
 
 def _bench(F, name: str) -> dict | None:
@@ -80,12 +85,32 @@ def _ref(key: Callable[[dict], object], bits: int | None = 256) -> Callable[[obj
     return value
 
 
-def _fa3(key: Callable[[dict], object]) -> Callable[[object], object]:
-    """A number of the FA3 fp16 pair at the protocol fixed in advance (experiments/
-    fa3_protocol, python -m flashnum.run experiment=fa3_protocol), from its summary."""
+def _fa3(key: Callable[[dict], object], name: str = "fa3_protocol"
+         ) -> Callable[[object], object]:
+    """A number of the FA3 fp16 pair at the protocol N = 8192, d = 128, from its summary:
+    over seeds 0-7 (experiments/fa3_protocol, chosen after the search) or over the
+    held-out seeds fixed before their run (name fa3_protocol_heldout)."""
     def value(F):
-        df = F.table("fa3_protocol")
+        df = F.table(name)
         return None if df is None else key(fa3_summary(df))
+    return value
+
+
+def _fa3_seeds(how: Callable, name: str) -> Callable[[object], object]:
+    """The first or last seed of an fa3_protocol table."""
+    def value(F):
+        df = F.table(name)
+        return None if df is None else int(how(df.seed))
+    return value
+
+
+def _run_commit(name: str) -> Callable[[object], object]:
+    """The short commit of a table's last run (its manifest), for the text that dates it."""
+    def value(F):
+        path = Path(F.experiments) / name / "manifest.json"
+        if not path.exists():
+            return None
+        return json.loads(path.read_text())["runs"][-1]["git"]["commit"][:7]
     return value
 
 
@@ -97,31 +122,116 @@ def _exp(key: Callable[[dict], int]) -> Callable[[object], object]:
         if df is None:
             return None
         r = exp_summary(df)
-        return sum(key(r[f]) for f in ("exp", "exp2") if f in r)
-    return value
-
-
-def _qiu_yao_logit_std(F):
-    """The largest logit std of Qiu & Yao's inputs (repro_qiu_yao, the clamp sweep aside)."""
-    df = F.table("repro_qiu_yao")
-    if df is None or "logit_std" not in df:
-        return None
-    std = df[df.distribution != "clamp_sweep"].logit_std
-    return float(std.max()) if std.notna().any() else None
-
-
-def _qiu_yao_z(variant: str) -> Callable[[object], object]:
-    """z over heads of the mean signed error on tied maxima under lowp, at the largest
-    logit std (repro_qiu_yao): `variant` fa2 (no fix) or qiu_yao (the max adjustment)."""
-    def value(F):
-        df = F.table("repro_qiu_yao")
-        if df is None or "z_heads" not in df:
+        try:
+            return sum(key(r[f]) for f in ("exp", "exp2") if f in r)
+        except KeyError:  # a table stored before the check had this column: not measured
             return None
-        d = df[(df.distribution == "ties") & (df.policy == "lowp") & (df.variant == variant)]
-        if "logit_std" in d and d.logit_std.notna().any():
-            d = d[d.logit_std == d.logit_std.max()]
-        return float(d.z_heads.iloc[0]) if len(d) else math.nan
     return value
+
+
+QY_STDS = QY_SIZES["full"]["logit_stds"]  # the logit spreads repro_qiu_yao measures
+
+
+def _qy_row(F, dist: str, policy: str, variant: str, std: float | None):
+    """One row of repro_qiu_yao pooled over its seeds (flashnum.figures.pooling), or None."""
+    df = F.table("repro_qiu_yao")
+    if df is None or "z_heads" not in df:
+        return None
+    p = qiu_yao_pooled(df)
+    d = p[(p.distribution == dist) & (p.policy == policy) & (p.variant == variant)]
+    d = d[d.logit_std == std] if std is not None else d
+    return d.iloc[0] if len(d) else math.nan
+
+
+def _qy(dist: str, policy: str, variant: str, col: str, std: float | None,
+        how: Callable = float) -> Callable[[object], object]:
+    """A column of one pooled row of repro_qiu_yao (NaN when the row is not there)."""
+    def value(F):
+        r = _qy_row(F, dist, policy, variant, std)
+        return r if r is None or not isinstance(r, pd.Series) else how(r[col])
+    return value
+
+
+def _qy_fact(test: Callable[[dict], bool], **cols) -> Callable[[object], object]:
+    """A yes/no of pooled repro_qiu_yao numbers: test({name: value}) over cols, each
+    name -> (dist, policy, variant, col, std)."""
+    def value(F):
+        vals = {k: _qy(*spec)(F) for k, spec in cols.items()}
+        if any(v is None for v in vals.values()):
+            return None
+        return bool(test(vals))
+    return value
+
+
+def _qy_quantities() -> dict:
+    """Qiu & Yao's pooled numbers and the facts the sentences branch on, per logit std:
+    QiuYaoZ<Std> (ties, lowp, no fix), ZMin/ZMax (its seeds' range), ZFixed (the
+    idealised fix), ZFix (the fix's paired z, > 0: it shrinks |bias|), ZBroken (ties
+    broken), ZFaTwo (fa2 state); NaN where not measured."""
+    out = {}
+    for std in QY_STDS:
+        S, at = tex_name(str(int(std))), f"logit std {std:g}"
+        tie, fix = ("ties", "lowp", "fa2"), ("ties", "lowp", "qiu_yao")
+        for k, spec, w in (
+                ("Z", (*tie, "z"), "z of the bias pooled over seeds, ties, lowp, no fix"),
+                ("ZMin", (*tie, "z_min"), "the smallest z of one seed, ties, lowp, no fix"),
+                ("ZMax", (*tie, "z_max"), "the largest z of one seed, ties, lowp, no fix"),
+                ("ZFixed", (*fix, "z"), "pooled z with the idealised fix, ties, lowp"),
+                ("ZFix", (*fix, "z_fix"), "pooled paired z of the fix's shrinkage of "
+                                            "|bias| (> 0: smaller), ties, lowp"),
+                ("ZFixMin", (*fix, "z_fix_min"), "the smallest z_fix of one seed"),
+                ("ZFixMax", (*fix, "z_fix_max"), "the largest z_fix of one seed"),
+                ("ZBroken", ("ties_broken", "lowp", "fa2", "z"), "pooled z, ties broken, "
+                                                                 "lowp, no fix"),
+                ("ZFaTwo", ("ties", "fa2", "fa2", "z"), "pooled z, ties, fa2, no fix")):
+            out[f"QiuYao{k}{S}"] = Quantity(f"repro_qiu_yao, {at}: {w}",
+                                            _qy(*spec[:3], spec[3], std), md=two)
+        # how many seeds are significant alone: without the fix at every spread, with it
+        # where the text says what it leaves (the peaked rows)
+        counted = [("SeedsBiased", tie, "ties, lowp, no fix")] + (
+            [("SeedsBiasedFixed", fix, "ties, lowp, the idealised fix")]
+            if std == QY_STDS[-1] else [])
+        for k, spec, w in counted:
+            out[f"QiuYao{k}{S}"] = Quantity(
+                f"repro_qiu_yao, {at}: seeds whose own z has the pooled sign and |z| >= 3, {w}",
+                _qy(*spec, "seeds_significant", std, int), tex=str)
+        z, zf, zb = ((*tie, "z", std), (*fix, "z_fix", std),
+                     ("ties_broken", "lowp", "fa2", "z", std))
+        for k, test, cols, w, yes, no in (
+                ("Negative", lambda v: v["z"] <= -3, dict(z=z),
+                 "pooled z <= -3 on ties, lowp (the published negative bias)",
+                 "a negative bias", "no negative bias"),
+                ("FixHelps", lambda v: v["zf"] >= 3, dict(zf=zf),
+                 "the idealised fix shrinks |bias| by >= 3 paired standard errors",
+                 "shrinks it", "does not shrink it"),
+                ("FixHurts", lambda v: v["zf"] <= -3, dict(zf=zf),
+                 "the idealised fix grows |bias| by >= 3 paired standard errors",
+                 "makes it larger", "does not make it larger"),
+                ("BrokenBiased", lambda v: abs(v["zb"]) >= 3, dict(zb=zb),
+                 "|pooled z| >= 3 with the ties broken", "biased", "not biased"),
+                ("BrokenSameSign", lambda v: v["zb"] * v["z"] > 0, dict(z=z, zb=zb),
+                 "the control's pooled z has the sign of the ties'", "same sign",
+                 "opposite sign")):
+            out[f"QiuYao{k}{S}"] = Fact(f"repro_qiu_yao, {at}: {w}", _qy_fact(test, **cols),
+                                        yes, no, paper=True)
+    top, others = tex_name(str(int(QY_STDS[-1]))), [tex_name(str(int(x))) for x in QY_STDS[:-1]]
+
+    def only_peaked(F):
+        helps = {S: out[f"QiuYaoFixHelps{S}"].value(F) for S in (top, *others)}
+        if any(v is None for v in helps.values()):
+            return None
+        return bool(helps[top] and not any(helps[S] for S in others))
+
+    out["QiuYaoFixHelpsOnlyPeaked"] = Fact(
+        f"repro_qiu_yao: the idealised fix shrinks |bias| at logit std {QY_STDS[-1]:g} and at "
+        "no smaller spread", only_peaked, "only on the peaked rows", "not only there",
+        paper=True)
+    out["QiuYaoSeeds"] = Quantity("repro_qiu_yao: seeds pooled per cell",
+                                  _qy("ties", "lowp", "fa2", "seeds", QY_STDS[-1], int),
+                                  tex=str)
+    out["QiuYaoZGauss"] = Quantity("repro_qiu_yao: pooled z on gaussian inputs, lowp, no fix",
+                                   _qy("gaussian", "lowp", "fa2", "z", None), md=fixed(1))
+    return out
 
 
 def _fa3_measured(F):
@@ -129,13 +239,16 @@ def _fa3_measured(F):
     return None if F.table("fa3_protocol") is None else True
 
 
-def _fa3_inside(F):
+def _fa3_inside(name: str = "fa3_protocol") -> Callable[[object], object]:
     """Whether the published ratio lies inside the per-seed range of the protocol's ratio."""
-    df = F.table("fa3_protocol")
-    if df is None:
-        return None
-    r = fa3_summary(df)
-    return r["summary"]["ratio"]["min"] <= r["published_ratio"] <= r["summary"]["ratio"]["max"]
+    def value(F):
+        df = F.table(name)
+        if df is None:
+            return None
+        r = fa3_summary(df)
+        return (r["summary"]["ratio"]["min"] <= r["published_ratio"]
+                <= r["summary"]["ratio"]["max"])
+    return value
 
 
 def _fa3_published(row: str) -> Callable[[object], object]:
@@ -192,15 +305,18 @@ def _fa3_fp8_match(F):
     return float(m.iloc[0]) if len(m) else math.nan
 
 
-def _golden_length(policy: str, how: Callable) -> Callable[[object], object]:
+def _golden_length(policy: str, how: Callable, per: str = "median"
+                   ) -> Callable[[object], object]:
     """Golden et al.: the flash / standard deviation ratio over the length sweep
-    (repro_is_flash_stable), reduced by how(Series indexed by N)."""
+    (repro_is_flash_stable), per N its `per` (median, min or max) over the seeds, reduced
+    by how(Series indexed by N)."""
     def value(F):
         df = F.table("repro_is_flash_stable")
         if df is None or "ratio_to_standard" not in df:
             return None
-        d = df[(df.sweep == "length") & (df.policy == policy)].set_index("n")
-        return float(how(d.ratio_to_standard)) if len(d) else math.nan
+        d = df[(df.sweep == "length") & (df.policy == policy)]
+        r = d.groupby("n").ratio_to_standard.agg(per)
+        return float(how(r)) if len(r) else math.nan
     return value
 
 
@@ -210,12 +326,16 @@ def _at(n: int) -> Callable:
 
 def _pcast(order: str, col: str, how: Callable, height=None) -> Callable[[object], object]:
     """The fp8 P cast (repro_fp8_pcast): a gain at the largest static scale in `order`,
-    reduced by how(), over every length and sink height or at one height."""
+    each configuration's median over its seeds, reduced by how() over every length and
+    sink height or at one height (col ratio_min / ratio_max: the seeds' extremes)."""
     def value(F):
         df = F.table("repro_fp8_pcast")
-        if df is None or col not in df:
+        if df is None or "ratio_vs_forward" not in df:
             return None
-        d = df[(df.order == order) & (df.p_scale == df.p_scale.max())]
+        c = pcast_by_config(df)
+        if col not in c:
+            return None
+        d = c[(c.order == order) & (c.p_scale == c.p_scale.max())]
         if height is not None:
             d = d[d.height == height]
         return float(how(d[col])) if len(d) else math.nan
@@ -252,6 +372,84 @@ def _growth(name: str, x: str, policy: str) -> Callable[[object], object]:
     return value
 
 
+def _slope(x, y) -> float:
+    """Least-squares exponent a of y ~ x^a over the positive points (as the figures fit)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    ok = (x > 0) & (y > 0) & np.isfinite(y)
+    if len(np.unique(x[ok])) < 2:
+        return math.nan
+    return float(np.polyfit(np.log(x[ok]), np.log(y[ok]), 1)[0])
+
+
+def _exponents(F, name: str, x: str, policy: str, precision: str,
+               col: str = "normwise_rel_err") -> dict | None:
+    """{distribution: the exponent a of col ~ x^a} of one policy and precision of a sweep,
+    each fitted to the median over the seeds at each x (block_size: at its largest N and
+    block_m 64, the swapped slice aside); None without the table."""
+    df = F.table(name)
+    if df is None:
+        return None
+    d = df[(df.policy == policy) & (df.precision == precision)]
+    if name == "block_size":
+        d = d[(d.block_m == 64) & (d.seq_len_k == d.seq_len_k.max())]
+    out = {}
+    for dist, g in d.groupby("distribution"):
+        med = g.groupby(x)[col].median().sort_index()
+        out[dist] = _slope(med.index.to_numpy(float), med.to_numpy(float))
+    return out
+
+
+def _growth(name: str, x: str, policy: str, precisions: tuple, how: Callable
+            ) -> Callable[[object], object]:
+    """how(the exponents of every distribution and precision in `precisions`)."""
+    def value(F):
+        per = [_exponents(F, name, x, policy, p) for p in precisions]
+        if any(e is None for e in per):
+            return None
+        vals = [a for e in per for a in e.values()]
+        return how(vals) if vals else math.nan
+    return value
+
+
+def _seeds(name: str) -> Callable[[object], object]:
+    """How many seeds a table's rows were drawn at."""
+    def value(F):
+        df = F.table(name)
+        return None if df is None else int(df.seed.nunique())
+    return value
+
+
+def _growth_quantities() -> dict:
+    """How the normwise relative error grows with N (seqlen_growth) and with block_n
+    (block_size) per distribution: the range of the exponents of fa2 and lowp, and
+    whether lowp's has one sign on every distribution."""
+    out = {}
+    quoted = (("N", "seqlen_growth", "seq_len_k", "fa2", ("bf16", "fp16")),
+              ("NLowpBf", "seqlen_growth", "seq_len_k", "lowp", ("bf16",)),
+              ("NLowpFp", "seqlen_growth", "seq_len_k", "lowp", ("fp16",)),
+              ("BlockN", "block_size", "block_n", "fa2", ("bf16",)),
+              ("BlockNLowp", "block_size", "block_n", "lowp", ("bf16",)))
+    for key, name, x, pol, precs in quoted:
+        for m, mw, how in (("Lo", "smallest", min), ("Hi", "largest", max)):
+            out[f"Growth{key}{m}"] = Quantity(
+                f"{name}: the {mw} exponent a of normwise relative error ~ {x}^a over its "
+                f"distributions, {pol}, {'/'.join(precs)} (median over seeds per point)",
+                _growth(name, x, pol, precs, how), md=lambda a: f"{a:+.2f}", paper=False)
+    for key, name in (("SeqlenGrowth", "seqlen_growth"), ("BlockSize", "block_size"),
+                      ("Attribution", "attribution")):
+        out[f"{key}Seeds"] = Quantity(f"{name}: seeds", _seeds(name), paper=False)
+    out["GrowthNLowpAllGrow"] = Fact(
+        "seqlen_growth: lowp's normwise relative error grows with N on every distribution, "
+        "bf16 and fp16", _growth("seqlen_growth", "seq_len_k", "lowp", ("bf16", "fp16"),
+                                 lambda v: all(a > 0 for a in v)),
+        "on every one", "not on every one")
+    out["GrowthBlockNLowpAllFall"] = Fact(
+        "block_size: lowp's normwise relative error falls with block_n on every distribution",
+        _growth("block_size", "block_n", "lowp", ("bf16",), lambda v: all(a < 0 for a in v)),
+        "on every one", "not on every one")
+    return out
+
+
 def _invariants_hold(F):
     """Whether m_ok and l_ok hold in every row of every sweep (None: a sweep is missing)."""
     tables = [F.table(n) for n in INVARIANT_SWEEPS]
@@ -260,18 +458,114 @@ def _invariants_hold(F):
     return all(bool(t[c].astype(bool).all()) for t in tables for c in ("m_ok", "l_ok"))
 
 def _worst_case(col: str, precision: str = "bf16", how=None) -> Callable[[object], object]:
-    """The searched worst case of worst_case at N = 1024, d = 64: a column of its row in
-    `precision` (how=None) or reduced over both precisions."""
+    """A column of worst_case's searched rows (distribution worst_case) at d = 64 and the
+    largest N: reduced by how over precisions and seeds, or (how None) the median over the
+    seeds of `precision`."""
     def value(F):
         df = F.table("worst_case")
         if df is None or col not in df:
             return None
-        w = df[(df.distribution == "worst_case") & (df.seq_len_q == 1024) & (df.head_dim == 64)]
+        w = df[(df.distribution == "worst_case") & (df.head_dim == 64)]
+        w = w[w.seq_len_k == w.seq_len_k.max()]
         if how is not None:
             return how(w[col]) if len(w) else math.nan
         w = w[w.precision == precision]
-        return float(w[col].iloc[0]) if len(w) else math.nan
+        return float(w[col].median()) if len(w) else math.nan
     return value
+
+
+def _worst(dist: str, col: str, how: Callable, precision: str | None = "bf16",
+           n: str | None = "max") -> Callable[[object], object]:
+    """A measure of worst_case's `dist` rows beside gaussian's (flashnum.figures.pooling.
+    worst_case_ratios: abs, rel, ulp, gauss_ulp, err), reduced over the seeds by how, at
+    `precision` (None: every precision) and the largest N (None: every N)."""
+    def value(F):
+        df = F.table("worst_case")
+        if df is None or "normwise_rel_err" not in df:
+            return None
+        r = worst_case_ratios(df, dist)
+        if precision is not None:
+            r = r[r.precision == precision]
+        if n is not None:
+            r = r[r.seq_len_k == r.seq_len_k.max()]
+        return float(how(r[col])) if len(r) else math.nan
+    return value
+
+
+def _near_overflow_v(F):
+    """The level of near_overflow's V (its dist_params' v_level)."""
+    df = F.table("worst_case")
+    if df is None:
+        return None
+    d = df[df.distribution == "near_overflow"]
+    return float(json.loads(d.dist_params.iloc[0])["v_level"]) if len(d) else math.nan
+
+
+def _worst_quantities() -> dict:
+    """The worst-case search and the catalogue's largest absolute error (near_overflow),
+    each beside gaussian inputs in absolute, normwise relative and ulp terms."""
+    med, lo, hi = (lambda s: s.median()), min, max
+    w = "worst_case: the searched inputs'"
+    out = {
+        "WorstCaseSeeds": Quantity("worst_case: searches per precision and N (seeds)",
+                                   _worst_case("seed", how=lambda c: c.nunique()), tex=str),
+        "WorstCaseN": Quantity("worst_case: the largest N searched",
+                               _worst("worst_case", "seq_len_k", max), tex=lambda x: str(int(x)),
+                               md=lambda x: str(int(x))),
+        **{f"WorstCaseSearch{k}{m}": Quantity(f"{w} max error / gaussian's (|V| in the same "
+                                              f"range), {p}, largest N, {mw} over the seeds",
+                                              _worst("worst_case", "abs", how, p), md=fixed(0))
+           for k, p in (("Bf", "bf16"), ("Fp", "fp16"))
+           for m, mw, how in (("", "median", med), ("Min", "smallest", lo),
+                              ("Max", "largest", hi))},
+        **{f"WorstCaseSearch{k}": Quantity(f"{w} max error / gaussian's, {mw} over every "
+                                           "precision, N and seed",
+                                           _worst("worst_case", "abs", how, None, None),
+                                           md=fixed(0))
+           for k, mw, how in (("Lo", "smallest", lo), ("Hi", "largest", hi))},
+        "WorstCaseRelBf": Quantity(f"{w} normwise relative error / gaussian's, bf16, largest "
+                                   "N, median over the seeds", _worst("worst_case", "rel", med),
+                                   md=fixed(2)),
+        **{f"WorstCaseRel{k}": Quantity(f"{w} normwise relative error / gaussian's, {mw} over "
+                                        "every precision, N and seed",
+                                        _worst("worst_case", "rel", how, None, None),
+                                        md=fixed(2))
+           for k, mw, how in (("Lo", "smallest", lo), ("Hi", "largest", hi))},
+        "WorstCaseUlp": Quantity(f"{w} max error in ulps of the output, bf16, largest N, "
+                                 "median over the seeds", _worst("worst_case", "ulp", med),
+                                 md=fixed(1)),
+        "WorstCaseUlpHi": Quantity(f"{w} largest max ulp error over every precision, N and "
+                                   "seed", _worst("worst_case", "ulp", hi, None, None),
+                                   md=fixed(1)),
+        "WorstCaseGaussUlp": Quantity("worst_case: gaussian inputs' max ulp error, bf16, "
+                                      "largest N, median over the seeds",
+                                      _worst("worst_case", "gauss_ulp", med), md=sci(2)),
+        "WorstCaseRelBelow": Fact(f"{w} normwise relative error is below gaussian's at "
+                                  "every precision, N and seed",
+                                  lambda F: (lambda x: None if x is None else x < 1)(
+                                      _worst("worst_case", "rel", hi, None, None)(F)),
+                                  "below", "not below", paper=True),
+        "NearOverflowV": Quantity("worst_case: the level of near_overflow's V",
+                                  _near_overflow_v, md=lambda x: f"{x:.0e}".replace("e+0", "e")),
+        "NearOverflowErr": Quantity("worst_case: near_overflow's max error, bf16, largest N, "
+                                    "median over the seeds", _worst("near_overflow", "err", med),
+                                    md=fixed(0)),
+        "NearOverflowAbsBf": Quantity("worst_case: near_overflow's max error / gaussian's, "
+                                      "bf16, largest N, median over the seeds",
+                                      _worst("near_overflow", "abs", med), md=sci(2)),
+        "NearOverflowRelBf": Quantity("worst_case: near_overflow's normwise relative error / "
+                                      "gaussian's, bf16, largest N, median over the seeds",
+                                      _worst("near_overflow", "rel", med), md=fixed(2)),
+        "NearOverflowRelHi": Quantity("worst_case: near_overflow's largest normwise relative "
+                                      "error / gaussian's over every precision, N and seed",
+                                      _worst("near_overflow", "rel", hi, None, None),
+                                      md=fixed(2)),
+        "NearOverflowUlpHi": Quantity("worst_case: near_overflow's largest max ulp error over "
+                                      "every precision, N and seed",
+                                      _worst("near_overflow", "ulp", hi, None, None),
+                                      md=fixed(2)),
+    }
+    return out
 
 
 def _tightness_median(F):
@@ -282,18 +576,6 @@ def _tightness_median(F):
         return None
     fa = t[(t.policy == "fa2") & t.precision.isin(["bf16", "fp16"]) & t.bound.map(math.isfinite)]
     return float(fa.tightness.median())
-
-
-def _qiu_yao_released(F):
-    """Mean signed error of Qiu & Yao's fix as released, ties, lowp, largest logit std."""
-    df = F.table("repro_qiu_yao")
-    if df is None:
-        return None
-    d = df[(df.distribution == "ties") & (df.policy == "lowp")
-           & (df.variant == "qiu_yao_released")]
-    if "logit_std" in d and d.logit_std.notna().any():
-        d = d[d.logit_std == d.logit_std.max()]
-    return float(d.ours.iloc[0]) if len(d) else math.nan
 
 
 def _clamp(how: Callable) -> Callable[[object], object]:
@@ -355,18 +637,48 @@ _BWD_BENCH = {
 
 
 _PROTOCOL = "experiments/fa3_protocol"
+_HELD = "fa3_protocol_heldout"
+# the same protocol on seeds fixed before their run (conf/table/fa3_protocol_heldout.yaml)
+_FA3_HELDOUT = {
+    "FaThreeHeldoutMeasured": Fact(f"experiments/{_HELD} exists",
+                                   lambda F: None if F.table(_HELD) is None else True,
+                                   "measured", "not measured", paper=True),
+    "FaThreeHeldoutInside": Fact(f"{_HELD}: the published ratio lies inside the per-seed "
+                                 "range", _fa3_inside(_HELD), "inside", "outside", paper=True),
+    "FaThreeHeldoutSeeds": Quantity(f"{_HELD}: seeds", _fa3(lambda r: r["seeds"], _HELD),
+                                    tex=str),
+    **{f"FaThreeHeldoutSeed{k}": Quantity(f"{_HELD}: the {w} seed", _fa3_seeds(how, _HELD),
+                                          tex=str)
+       for k, w, how in (("First", "first", min), ("Last", "last", max))},
+    "FaThreeHeldoutCommit": Quantity(f"{_HELD}: the commit its run ran at",
+                                     _run_commit(_HELD), tex=str),
+    "FaThreeProtocolCommit": Quantity("fa3_protocol: the commit its last run ran at",
+                                      _run_commit("fa3_protocol"), tex=str),
+    **{f"FaThreeHeldout{k}": Quantity(f"{_HELD}: {w}'s mean RMSE",
+                                      _fa3(lambda r, p=p: r["summary"][p]["mean"], _HELD),
+                                      md=sci(2))
+       for k, w, p in (("Std", "standard attention", "naive"),
+                       ("Flash", "FlashAttention-2", "fa2"))},
+    **{f"FaThreeHeldout{k}Sd": Quantity(f"{_HELD}: {w}'s relative standard deviation over "
+                                        "seeds",
+                                        _fa3(lambda r, p=p: r["summary"][p]["rel_sd"], _HELD),
+                                        tex=lambda x: f"{100 * x:.0f}", md=percent)
+       for k, w, p in (("Std", "standard attention", "naive"),
+                       ("Flash", "FlashAttention-2", "fa2"))},
+    **{f"FaThreeHeldout{k}": Quantity(f"{_HELD}: {w}", _fa3(f, _HELD), tex=fixed(2),
+                                      md=fixed(2))
+       for k, w, f in (("Ratio", "ratio of the means",
+                        lambda r: r["summary"]["ratio_of_means"]),
+                       ("RatioMin", "smallest per-seed ratio",
+                        lambda r: r["summary"]["ratio"]["min"]),
+                       ("RatioMax", "largest per-seed ratio",
+                        lambda r: r["summary"]["ratio"]["max"]))},
+}
 QUANTITIES = {
     "SweepCases": Quantity("rows in bf16_sweep", _rows("bf16_sweep"), md=count),
     **{f"Rows{tex_name(n)}": Quantity(f"rows in {n}", _rows(n), md=count, paper=False)
        for n in COUNTED},
-    **{f"SweepGrowth{k}": Quantity(f"{n}: the fitted exponent a of max error ~ {x}^a, {p} "
-                                   "(the sweep's summary)", _growth(n, x, p),
-                                   md=lambda a: f"{a:+.2f}", paper=False)
-       for k, n, x, p in (("NFa", "bf16_sweep", "seq_len_k", "fa2"),
-                          ("NLowp", "bf16_sweep", "seq_len_k", "lowp"),
-                          ("BlockNLowp", "bf16_sweep", "block_n", "lowp"),
-                          ("NLowpFp", "fp16_sweep", "seq_len_k", "lowp"),
-                          ("BlockNLowpFp", "fp16_sweep", "block_n", "lowp"))},
+    **_growth_quantities(),
     "SweepInvariantsHold": Fact("m_ok and l_ok hold in every row of every sweep",
                                 _invariants_hold,
                                 "In every row of every sweep m_ok and l_ok hold",
@@ -421,29 +733,21 @@ QUANTITIES = {
        for k, w, i in (("Start", "start", 0), ("End", "end", 1))},
     **{f"Job{J}{K}": Quantity(f"bench_jobs: {what}, {w}", _job(name, f), md=md, paper=False)
        for J, name, what in JOBS for K, w, f, md in JOB_FIGURES},
-    "QiuYaoLogitStdMax": Quantity("repro_qiu_yao: the largest logit std", _qiu_yao_logit_std,
-                                  md=lambda x: f"{x:g}"),
-    "QiuYaoZ": Quantity("repro_qiu_yao: z over heads of the bias, ties, lowp, no fix",
-                        _qiu_yao_z("fa2"), md=fixed(1)),
-    "QiuYaoZFixed": Quantity("repro_qiu_yao: the same with the max adjustment",
-                             _qiu_yao_z("qiu_yao"), md=fixed(1)),
+    **_qy_quantities(),
     **{f"FaThreePublished{k}": Quantity(f"repro_fa3_table3: the published fp16 RMSE, {w}",
                                         _fa3_published(f"fp16 {w}"), md=sci(2))
        for k, w in (("Std", "standard"), ("Flash", "FlashAttention-2"))},
-    **{f"WorstCaseSearch{k}": Quantity(f"worst_case: the searched inputs' max error / "
-                                       f"gaussian's, {p}, N = 1024, d = 64",
-                                       _worst_case("search_ratio", p), md=fixed(0), paper=False)
-       for k, p in (("Bf", "bf16"), ("Fp", "fp16"))},
-    "WorstCaseEvals": Quantity("worst_case: the most evaluations a search took (N = 1024, "
+    **_worst_quantities(),
+    "WorstCaseEvals": Quantity("worst_case: the most evaluations a search took (largest N, "
                                "d = 64)", _worst_case("search_n_evals", how=lambda c: int(c.max())),
                                paper=False),
-    "WorstCaseUlp": Quantity("worst_case: the searched bf16 inputs' max error, ulps of the "
-                             "output", _worst_case("max_ulp_err"), md=fixed(1), paper=False),
     "TightnessMedianFp": Quantity("bound_tightness: median bound / error, "
                                   "fa2, bf16 and fp16, finite bounds", _tightness_median,
                                   md=fixed(0), paper=False),
-    "QiuYaoReleasedErr": Quantity("repro_qiu_yao: mean signed error of their released fix, "
-                                  "ties, lowp", _qiu_yao_released, md=lambda x: f"{x:+.2f}"),
+    "QiuYaoReleasedErr": Quantity(f"repro_qiu_yao: mean signed error of their released fix, "
+                                  f"ties, lowp, logit std {QY_STDS[-1]:g}, pooled over seeds",
+                                  _qy("ties", "lowp", "qiu_yao_released", "ours", QY_STDS[-1]),
+                                  md=lambda x: f"{x:+.2f}"),
     "QiuYaoOnset": Quantity("repro_qiu_yao: derived max logit where the released clamp acts, "
                             "ln(2/1e-10)", _clamp(lambda sw: float(sw.onset.iloc[0])),
                             tex=sig(4), md=fixed(2)),
@@ -484,17 +788,36 @@ QUANTITIES = {
                                   "rows, % (rounded up)", _fa3_fp8_worst,
                                   md=lambda x: f"{x}%", paper=False),
     **{f"GoldenFa{k}": Quantity(f"repro_is_flash_stable: {w} flash / standard deviation "
-                                "ratio over N, fa2", _golden_length("fa2", how), md=two,
-                                paper=False)
+                                "ratio over N (median over the seeds), fa2",
+                                _golden_length("fa2", how), md=two, paper=False)
        for k, w, how in (("Min", "smallest", min), ("Max", "largest", max))},
-    **{f"GoldenLowpAt{k}": Quantity(f"repro_is_flash_stable: flash / standard deviation "
-                                    f"ratio at N = {n}, lowp", _golden_length("lowp", _at(n)),
-                                    md=two, paper=False)
-       for k, n in (("Quarter", 256), ("One", 1024), ("Four", 4096), ("Sixteen", 16384))},
+    **{f"GoldenLowpAt{k}{m}": Quantity(f"repro_is_flash_stable: flash / standard deviation "
+                                       f"ratio at N = {n}, lowp, {per} over the seeds",
+                                       _golden_length("lowp", _at(n), per), md=two,
+                                       paper=False)
+       for k, n in (("Quarter", 256), ("One", 1024), ("Four", 4096), ("Sixteen", 16384))
+       # the seeds' range where README quotes it: the shortest and the longest N
+       for m, per in (("", "median"), ("Min", "min"), ("Max", "max"))
+       if m == "" or k in ("Quarter", "Sixteen")},
+    "GoldenFaSeedMax": Quantity("repro_is_flash_stable: the largest flash / standard ratio of "
+                                "fa2 over every N and seed", _golden_length("fa2", max, "max"),
+                                md=two),
+    "GoldenSeeds": Quantity("repro_is_flash_stable: seeds per cell",
+                             lambda F: None if F.table("repro_is_flash_stable") is None
+                             else int(F.table("repro_is_flash_stable").get(
+                                 "seed", pd.Series([0])).nunique()), tex=str),
     "PcastRatioMin": Quantity("repro_fp8_pcast: smallest MSE gain of reverse + scale over "
                               "forward", _pcast("reverse", "ratio_vs_forward", min), md=two),
     "PcastRatioMax": Quantity("repro_fp8_pcast: largest such gain",
                               _pcast("reverse", "ratio_vs_forward", max), md=two),
+    **{f"PcastRatioSeed{k}": Quantity(f"repro_fp8_pcast: the {w} gain of reverse + scale "
+                                      "over forward of one seed, any length and height",
+                                      _pcast("reverse", col, how), md=two)
+       for k, w, col, how in (("Min", "smallest", "ratio_min", min),
+                              ("Max", "largest", "ratio_max", max))},
+    "PcastSeeds": Quantity("repro_fp8_pcast: seeds per configuration",
+                           _pcast("reverse", "seeds", lambda s: int(s.max())),
+                           tex=lambda x: str(int(x)), md=lambda x: str(int(x))),
     **{f"PcastSame{k}": Quantity(f"repro_fp8_pcast: {w} gain of reverse + scale over forward "
                                  "with the same scale, sink height 12",
                                  _pcast("reverse", "ratio_vs_forward_same_scale", how, 12),
@@ -503,7 +826,8 @@ QUANTITIES = {
     "FaThreeProtocolMeasured": Fact("experiments/fa3_protocol exists", _fa3_measured,
                                     "measured", "not measured", paper=True),
     "FaThreeProtocolInside": Fact("the published ratio lies inside the per-seed range",
-                                  _fa3_inside, "inside", "outside", paper=True),
+                                  _fa3_inside(), "inside", "outside", paper=True),
+    **_FA3_HELDOUT,
     "FaThreeProtocolN": Quantity(f"{_PROTOCOL}: N", _fa3(lambda r: r["protocol"]["n"]),
                                  tex=sig(4)),
     **{f"FaThreeProtocol{k}": Quantity(f"{_PROTOCOL}: {w}", _fa3(f), tex=str)

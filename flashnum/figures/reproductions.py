@@ -21,8 +21,16 @@ import numpy as np
 import pandas as pd
 
 from flashnum.figures.context import Figures, slope
+from flashnum.figures.pooling import QY_KEYS, pcast_by_config, qiu_yao_pooled, seeded
 from flashnum.figures.quantities import QUANTITIES
-from flashnum.figures.tex import cell, pm, tabular, tex_escape, tex_num, tex_word
+from flashnum.figures.tex import (
+    cell,
+    pm,
+    tabular,
+    tex_escape,
+    tex_num,
+    tex_word,
+)
 
 AGREE = 2.0  # a published number and ours "agree" within this factor (and in sign)
 
@@ -95,21 +103,49 @@ def repro_fa3(F: Figures, df: pd.DataFrame, key: str) -> None:
         for r in off))
 
 
+GOLDEN_KEYS = ["sweep", "policy", "n", "block_m", "block_n", "sram", "swapped"]
+
+
+def golden_by_cell(df: pd.DataFrame) -> pd.DataFrame:
+    """Golden et al.'s cells over their seeds: the median max deviation (`ours`), the median
+    flash / standard ratio (`ratio_to_standard`) with its seeds' min and max, how many."""
+    df = seeded(df)
+    keys = [k for k in GOLDEN_KEYS if k in df]
+    g = df.groupby(keys, sort=False, dropna=False)
+    out = g.agg(ours=("ours", "median"), ratio_to_standard=("ratio_to_standard", "median"),
+                ratio_min=("ratio_to_standard", "min"), ratio_max=("ratio_to_standard", "max"),
+                published_ratio=("published_ratio", "first"), seeds=("seed", "nunique"))
+    if "block_m_effect" in df:
+        out["block_m_effect"] = g.block_m_effect.max()
+    return out.reset_index()
+
+
 def repro_golden(F: Figures, df: pd.DataFrame, key: str) -> None:
-    """Golden et al.: flash / standard max deviation over N, tiles and swapped tiles."""
-    df = _sort(df, sweep=("length", "tiles"), policy=("naive", "fa2", "lowp"), n=None,
-               sram=None, swapped=None)
+    """Golden et al.: flash / standard max deviation over N, tiles and swapped tiles, each
+    cell the median over its seeds with the seeds' range of the ratio beside."""
+    cells = golden_by_cell(df)
+    cells = _sort(cells, sweep=("length", "tiles"), policy=("naive", "fa2", "lowp"), n=None,
+                  sram=None, swapped=None)
     rows = []
-    for _, r in df.iterrows():
+    for _, r in cells.iterrows():
         tiles = "--" if r.policy == "naive" else f"{int(r.block_m)}$\\times${int(r.block_n)}"
+        spread = (f"{cell(r.ratio_min)}--{cell(r.ratio_max)}"
+                  if r.seeds > 1 and r.policy != "naive" else "--")
         rows.append([cell(r.sweep), cell(r.policy), tex_num(int(r.n)), tiles,
                      "yes" if bool(r.get("swapped", False)) else "",
-                     cell(r.ours), cell(r.ratio_to_standard), cell(r.published_ratio)])
+                     cell(r.ours), cell(r.ratio_to_standard), spread, cell(r.published_ratio)])
     cols = ["sweep", "policy", "$N$", "$B_r\\times B_c$", "swapped", r"max$|\hat o - o|$",
-            "/ standard", "published"]
-    F.write_table("tab_repro_is_flash_stable", tabular(cols, rows, "llrrlrrr"))
-    length = df[df.sweep == "length"]
-    pub = float(df.published_ratio.dropna().iloc[0]) if df.published_ratio.notna().any() else 10
+            "/ standard", "per seed", "published"]
+    F.write_table("tab_repro_is_flash_stable", tabular(cols, rows, "llrrlrrrr"))
+    _golden_facts(F, cells, key)  # its seeds are a named quantity (GoldenSeeds)
+
+
+def _golden_facts(F: Figures, cells: pd.DataFrame, key: str) -> None:
+    """The numbers and facts of the length and tile sweeps, from the cells' medians (a
+    statement about every N or every seed reads the seeds' extremes)."""
+    length = cells[cells.sweep == "length"]
+    pub = (float(cells.published_ratio.dropna().iloc[0]) if cells.published_ratio.notna().any()
+           else 10)
     F.num(f"{key}Published", pub)
     near, below = {}, {}
     for pol, name in (("fa2", "Fa"), ("lowp", "Lowp")):
@@ -126,7 +162,7 @@ def repro_golden(F: Figures, df: pd.DataFrame, key: str) -> None:
         ok = d[[_agrees(r, pub) for r in d.ratio_to_standard]]
         if len(ok):
             near[pol] = ", ".join(tex_num(int(n)) for n in ok.n)
-        below[pol] = bool((d.ratio_to_standard < 1).all())
+        below[pol] = bool((d.ratio_max < 1).all())  # in every seed at every N
     F.fact(f"{key}Matched", bool(near))
     F.fact(f"{key}Measured", bool(below))
     F.num(f"{key}Near", " and ".join(f"\\texttt{{{p}}} at $N={n}$" for p, n in near.items()))
@@ -142,14 +178,14 @@ def repro_golden(F: Figures, df: pd.DataFrame, key: str) -> None:
             slopes.append(f"$N^{{{a:.2f}}}$ ({'standard' if pol == 'naive' else pol})")
     F.fact(f"{key}Slopes", bool(slopes))
     F.num(f"{key}SlopeList", ", ".join(slopes))
-    tiles = df[(df.sweep == "tiles") & ~df.swapped.astype(bool)]
+    tiles = cells[(cells.sweep == "tiles") & ~cells.swapped.astype(bool)]
     for pol, name in (("fa2", "Fa"), ("lowp", "Lowp")):
         d = tiles[tiles.policy == pol].sort_values("sram")
         if len(d) >= 2:
             F.fact(f"{key}Tiles{name}", True)
             F.num(f"{key}Tiles{name}", float(d.ours.iloc[-1] / d.ours.iloc[0]))
-    if "block_m_effect" in df and df.block_m_effect.notna().any():
-        e = float(df.block_m_effect.max())
+    if "block_m_effect" in cells and cells.block_m_effect.notna().any():
+        e = float(cells.block_m_effect.max())
         F.num(f"{key}SwapEffect", e)
         F.fact(f"{key}Swap", True)
         F.fact(f"{key}SwapExact", e == 0)
@@ -157,65 +193,52 @@ def repro_golden(F: Figures, df: pd.DataFrame, key: str) -> None:
 
 def repro_qiu_yao(F: Figures, df: pd.DataFrame, key: str) -> None:
     """Qiu & Yao: the bias (mean signed error, z over heads) without the fix, with the
-    paper's idealised fix and with their released code's; the released clamp's onset."""
+    paper's idealised fix and with their released code's, pooled over the seeds with each
+    seed's z beside, at every logit std; the released clamp's onset."""
     sweep = df[df.distribution == "clamp_sweep"] if "max_logit" in df else df.iloc[:0]
-    df = df[df.distribution != "clamp_sweep"]
-    df = _sort(df, distribution=("ties", "ties_broken", "gaussian"), logit_std=None,
-               policy=("lowp", "fa2"), variant=("fa2", "qiu_yao", "qiu_yao_released"))
-    # one row per input and policy: without the adjustment, with it, with their release
-    rows = []
-    keys = [c for c in ("distribution", "logit_std", "policy") if c in df]
-    for _, g in df.groupby(keys, sort=False, dropna=False):
-        plain, fix = g[g.variant == "fa2"], g[g.variant == "qiu_yao"]
-        rel = g[g.variant == "qiu_yao_released"]
-        r = (plain if len(plain) else g).iloc[0]
-        rf = fix.iloc[0] if len(fix) else None
-        rr = rel.iloc[0] if len(rel) else None
-        finding = " / ".join(x for x in (r.get("published_finding", ""),
-                                         "" if rf is None else rf.get("published_finding", ""))
-                             if isinstance(x, str) and x)
-        rows.append([cell(r.distribution), cell(r.get("logit_std")), cell(r.policy),
-                     pm(r.ours, r.get("ours_se")) if len(plain) else "--",
-                     cell(r.z_heads) if len(plain) else "--",
-                     "--" if rf is None else cell(rf.z_heads),
-                     "--" if rf is None else cell(rf.z_fix),
-                     "--" if rr is None else pm(rr.ours, rr.get("ours_se")),
-                     "--" if rr is None else cell(rr.z_heads), finding or "--"])
-    cols = ["inputs", "logit std", "policy", "mean signed error", "$z$", "$z$ with fix",
-            "$z$ of the fix", "released fix: error", "$z$", "published"]
-    F.write_table("tab_repro_qiu_yao", tabular(cols, rows, "lrlrrrrrrl"))
-
-    def pick(dist, pol, variant):
-        d = df[(df.distribution == dist) & (df.policy == pol) & (df.variant == variant)]
-        if "logit_std" in d and d.logit_std.notna().any():
-            d = d[d.logit_std == d.logit_std.max()]
-        return d.iloc[0] if len(d) else None
-
-    def z(dist, pol, variant):
-        r = pick(dist, pol, variant)
-        return math.nan if r is None else float(r.z_heads)
-
-    # the bias without and with the fix are named quantities (README and docs quote them)
-    zt, zf = QUANTITIES[f"{key}Z"].value(F), QUANTITIES[f"{key}ZFixed"].value(F)
-    zg, z2 = z("gaussian", "lowp", "fa2"), z("ties", "fa2", "fa2")
-    zb = z("ties_broken", "lowp", "fa2")
-    for name, v in (("ZGauss", zg), ("ZFaTwo", z2), ("ZBroken", zb)):
-        F.num(f"{key}{name}", v)
-    e_rel = QUANTITIES[f"{key}ReleasedErr"].value(F)
+    pooled = _sort(qiu_yao_pooled(df), distribution=("ties", "ties_broken", "gaussian"),
+                   logit_std=None, policy=("lowp", "fa2"),
+                   variant=("fa2", "qiu_yao", "qiu_yao_released"))
+    F.write_table("tab_repro_qiu_yao", tabular(_QY_COLS, _qiu_yao_rows(pooled, df),
+                                               "lrlrrrrrrrl"))
+    # the pooled z per logit std and what the sentences branch on are named quantities
+    # (flashnum.figures.quantities: QiuYaoZ<Std>, \\ifQiuYaoFixHelps<Std>, ...)
+    F.fact(f"{key}Ties", bool(((pooled.distribution == "ties") & (pooled.policy == "lowp")).any()))
     _qiu_yao_onset(F, sweep, key)
-    F.fact(f"{key}Ties", bool(np.isfinite(zt)))
-    F.fact(f"{key}LogitStd", QUANTITIES[f"{key}LogitStdMax"].value(F) is not None)
-    # the published finding is a negative bias; |z| >= 3 is significant
-    F.fact(f"{key}Negative", bool(zt <= -3))
-    F.fact(f"{key}Positive", bool(zt >= 3))
-    F.fact(f"{key}HaveFix", bool(np.isfinite(zf)))
-    F.fact(f"{key}FixRemoves", bool(abs(zf) < 2))
-    F.fact(f"{key}FixReduces", bool(abs(zf) < abs(zt)))
-    F.fact(f"{key}HaveReleased", bool(np.isfinite(e_rel)))
-    F.fact(f"{key}HaveBroken", bool(np.isfinite(zb)))
-    F.fact(f"{key}BrokenVanishes", bool(abs(zb) < 3))
-    F.fact(f"{key}BrokenSameSign", bool(zb * zt > 0))
-    F.fact(f"{key}HaveFaTwo", bool(np.isfinite(z2)))
+    e_rel = QUANTITIES[f"{key}ReleasedErr"].value(F)
+    F.fact(f"{key}HaveReleased", bool(e_rel is not None and np.isfinite(e_rel)))
+
+
+_QY_COLS = ["inputs", "logit std", "policy", "mean signed error", "$z$", "$z$ per seed",
+            "$z$ with fix", "$z$ of the fix", "released fix: error", "$z$", "published"]
+
+
+def _qiu_yao_rows(pooled: pd.DataFrame, df: pd.DataFrame) -> list[list[str]]:
+    """One table row per input, logit std and policy: without the fix, with it (pooled z,
+    the fix's paired z), with the release; each seed's z range without the fix; what the
+    paper published for the row (their finding, where it speaks of it)."""
+    said = {}
+    if "published_finding" in df:
+        for _, r in df[df.published_finding.astype(str) != ""].iterrows():
+            k = (r.distribution, r.get("logit_std"), r.policy)
+            said.setdefault(k, [])
+            if r.published_finding not in said[k]:
+                said[k].append(r.published_finding)
+    rows = []
+    for _, g in pooled.groupby(QY_KEYS, sort=False, dropna=False):
+        by = {r.variant: r for _, r in g.iterrows()}
+        r, rf, rr = by.get("fa2"), by.get("qiu_yao"), by.get("qiu_yao_released")
+        if r is None:
+            continue
+        finding = " / ".join(said.get((r.distribution, r.logit_std, r.policy), [])) or "--"
+        per_seed = (f"{cell(r.z_min)} to {cell(r.z_max)}" if r.seeds > 1 else "--")
+        rows.append([cell(r.distribution), cell(r.logit_std), cell(r.policy),
+                     pm(r.ours, r.ours_se), cell(r.z), per_seed,
+                     "--" if rf is None else cell(rf.z),
+                     "--" if rf is None else cell(rf.get("z_fix")),
+                     "--" if rr is None else pm(rr.ours, rr.ours_se),
+                     "--" if rr is None else cell(rr.z), finding])
+    return rows
 
 
 def _qiu_yao_onset(F: Figures, sweep: pd.DataFrame, key: str) -> None:
@@ -233,39 +256,49 @@ def _qiu_yao_onset(F: Figures, sweep: pd.DataFrame, key: str) -> None:
         F.num(f"{key}CollapseAt", float(sw.max_logit.max()))
 
 def repro_pcast(F: Figures, df: pd.DataFrame, key: str) -> None:
-    """fp8 P cast: MSE by key order and static scale, its gain over forward order."""
-    df = _sort(df, n=None, realised_height=None, p_scale=None, order=("forward", "reverse"))
+    """fp8 P cast: MSE by key order and static scale, its gain over forward order, each
+    the median over the seeds (the best gain's range over them beside)."""
+    c = _sort(pcast_by_config(df), n=None, height=None, p_scale=None,
+              order=("forward", "reverse"))
     # one row per length and sink: the baseline (forward, no scale) and the gains over it
-    top = df.p_scale.max()
+    top = c.p_scale.max()
     rows = []
-    for _, g in df.groupby(["n", "realised_height"], sort=False):
+    for _, g in c.groupby(["n", "height"], sort=False):
         def at(order, sc, col, g=g):
             d = g[(g.order == order) & (g.p_scale == sc)]
             return d[col].iloc[0] if len(d) else math.nan
         best = g[(g.order == "reverse") & (g.p_scale == top)]
         pub = (f"{cell(best.published_ratio_lo.iloc[0])}--{cell(best.published_ratio_hi.iloc[0])}"
                if len(best) and np.isfinite(best.published_ratio_lo.iloc[0]) else "--")
-        rows.append([tex_num(int(g.n.iloc[0])), cell(g.realised_height.iloc[0]),
+        lo, hi = at("reverse", top, "ratio_min"), at("reverse", top, "ratio_max")
+        spread = f"{cell(lo)}--{cell(hi)}" if at("reverse", top, "seeds") > 1 else "--"
+        rows.append([tex_num(int(g.n.iloc[0])), cell(g.realised_height.median()),
                      pm(at("forward", 1, "ours"), at("forward", 1, "ours_se")),
                      cell(at("forward", 1, "underflow_fraction")),
                      cell(at("reverse", 1, "ratio_vs_forward")),
                      cell(at("forward", top, "ratio_vs_forward")),
-                     cell(at("reverse", top, "ratio_vs_forward")),
+                     cell(at("reverse", top, "ratio_vs_forward")), spread,
                      cell(at("reverse", top, "underflow_fraction")), pub])
     cols = ["$N$", "sink height", "MSE, forward", "underflow", "reverse",
-            f"$S={tex_num(top)}$", f"reverse, $S={tex_num(top)}$", "underflow", "published"]
-    F.write_table("tab_repro_fp8_pcast", tabular(cols, rows, "rrrrrrrrr"))
-    top = df.p_scale.max()
-    best = df[(df.order == "reverse") & (df.p_scale == top)].ratio_vs_forward
-    rev = df[(df.order == "reverse") & (df.p_scale == 1)].ratio_vs_forward
-    sc = df[(df.order == "forward") & (df.p_scale == top)].ratio_vs_forward
-    und = df[(df.order == "forward") & (df.p_scale == 1)].underflow_fraction
+            f"$S={tex_num(top)}$", f"reverse, $S={tex_num(top)}$", "per seed", "underflow",
+            "published"]
+    F.write_table("tab_repro_fp8_pcast", tabular(cols, rows, "rrrrrrrrrr"))
+    _pcast_facts(F, c, key)
+
+
+def _pcast_facts(F: Figures, c: pd.DataFrame, key: str) -> None:
+    """The gains the sentences quote (medians over the seeds) and whether they agree."""
+    top = c.p_scale.max()
+    best = c[(c.order == "reverse") & (c.p_scale == top)].ratio_vs_forward
+    rev = c[(c.order == "reverse") & (c.p_scale == 1)].ratio_vs_forward
+    sc = c[(c.order == "forward") & (c.p_scale == top)].ratio_vs_forward
+    und = c[(c.order == "forward") & (c.p_scale == 1)].underflow_fraction
     F.fact(f"{key}Best", bool(len(best)))
     if not len(best):
         return
     F.num(f"{key}Scale", top)
-    F.num(f"{key}PublishedLo", float(df.published_ratio_lo.dropna().min()))
-    F.num(f"{key}PublishedHi", float(df.published_ratio_hi.dropna().max()))
+    F.num(f"{key}PublishedLo", float(c.published_ratio_lo.dropna().min()))
+    F.num(f"{key}PublishedHi", float(c.published_ratio_hi.dropna().max()))
     F.num(f"{key}Ratio", float(best.median()))  # its min and max are named quantities
     F.fact(f"{key}OneCase", len(best) == 1)
     if len(rev) and len(sc):
@@ -276,8 +309,8 @@ def repro_pcast(F: Figures, df: pd.DataFrame, key: str) -> None:
     if len(und):
         F.fact(f"{key}Underflow", True)
         F.num(f"{key}UnderflowForward", float(und.median()))
-    lo_pub = float(df.published_ratio_lo.dropna().min())
-    hi_pub = float(df.published_ratio_hi.dropna().max())
+    lo_pub = float(c.published_ratio_lo.dropna().min())
+    hi_pub = float(c.published_ratio_hi.dropna().max())
     F.fact(f"{key}Agrees", bool(best.min() >= lo_pub / AGREE and best.max() <= hi_pub * AGREE))
     F.fact(f"{key}Larger", bool(best.median() > hi_pub))
 

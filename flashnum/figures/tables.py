@@ -1,7 +1,7 @@
 """The paper's tables from the sweeps and the presets (booktabs, via tex.tabular).
 
     tab_tightness   the bf16/fp16/fp32 sweeps: bound / measured error per precision, policy
-    tab_worst_case  worst_case: the worst distributions against gaussian
+    tab_worst_case  worst_case: the searched inputs and near_overflow against gaussian
     tab_presets     the presets' format per site (flashnum.numerics.policy: no experiment)
 
 A new table: a function tab_<name>(F) here and a line in flashnum.figures.FIGURES.
@@ -14,8 +14,9 @@ import math
 
 import pandas as pd
 
-from flashnum.figures.context import ERR, SWEEPS, Figures
-from flashnum.figures.tex import tabular, tex_escape, tex_num, tex_word
+from flashnum.figures.context import ERR, SWEEPS, Figures, Unplottable
+from flashnum.figures.pooling import worst_case_ratios
+from flashnum.figures.tex import tabular, tex_num, tex_word
 from flashnum.numerics.policy import PRESETS, SITES, make_policy
 
 
@@ -49,31 +50,36 @@ def tab_tightness(F: Figures) -> None:
     F.write_table("tab_tightness", tabular(cols, rows, "llrrrrrr"))
 
 
+def _med_range(s: pd.Series) -> str:
+    """median (min--max) over the seeds, or the one value."""
+    s = s.dropna()
+    if not len(s):
+        return r"\nyr"
+    if len(s) == 1:
+        return tex_num(float(s.iloc[0]))
+    return f"{tex_num(float(s.median()))} ({tex_num(float(s.min()))}--{tex_num(float(s.max()))})"
+
+
 def tab_worst_case(F: Figures) -> None:
+    """The searched inputs and the catalogue's largest absolute error (near_overflow) beside
+    gaussian inputs of the same precision, N and seed: max error, normwise relative error
+    and ulps; median and range over the seeds (the numbers the text quotes are named
+    quantities, flashnum.figures.quantities)."""
     df = F.table("worst_case")
     if df is None:
         return F.placeholder("tab_worst_case", "worst_case")
-    keys = [c for c in ("precision", "policy", "seq_len_k") if c in df]
-    worst = df.loc[df.groupby("distribution")[ERR].idxmax()].sort_values(ERR, ascending=False)
-    base = df[df.distribution == "gaussian"].groupby(keys)[ERR].max() if keys else None
+    if "normwise_rel_err" not in df or not (df.distribution == "worst_case").any():
+        raise Unplottable("has no searched rows with a normwise relative error")
+    found, near = worst_case_ratios(df, "worst_case"), worst_case_ratios(df, "near_overflow")
     rows = []
-    for _, r in worst.head(10).iterrows():
-        ratio = math.nan
-        if base is not None:
-            k = tuple(r[c] for c in keys)
-            k = k[0] if len(k) == 1 else k
-            if k in base.index and base[k] > 0:
-                ratio = r[ERR] / base[k]
-        rows.append([tex_word(r.distribution)] + [tex_word(r[c]) for c in keys]
-                    + [tex_num(r[ERR]), tex_num(ratio)])
-    top = worst.iloc[0]
-    F.num("WorstCaseDist", tex_word(top.distribution))
-    F.num("WorstCaseErr", float(top[ERR]))
-    if rows and rows[0][-1] != r"\nyr":
-        F.num("WorstCaseRatio", rows[0][-1])
-    cols = ["distribution"] + [tex_escape(c) for c in keys] + [r"max$|\hat o - o|$",
-                                                               "/ gaussian"]
-    F.write_table("tab_worst_case", tabular(cols, rows, "l" * (1 + len(keys)) + "rr"))
+    for (prec, n), d in found.groupby(["precision", "seq_len_k"], sort=True):
+        o = near[(near.precision == prec) & (near.seq_len_k == n)]
+        rows.append([tex_word(prec), tex_num(int(n)), _med_range(d["abs"]), _med_range(d.rel),
+                     _med_range(d.ulp), _med_range(d.gauss_ulp), _med_range(o["abs"]),
+                     _med_range(o.rel)])
+    cols = ["precision", "$N$", "found: max err", "rel.\\ err", "ulps", "gaussian ulps",
+            "near\\_overflow: max err", "rel.\\ err"]
+    F.write_table("tab_worst_case", tabular(cols, rows, "lrrrrrrr"))
 
 
 def tab_presets(F: Figures) -> None:

@@ -6,16 +6,20 @@ the paper quote it through flashnum.figures.quantities).
 
 `repro_fa3_table3` searches 36 protocols for the one that best matches the published
 numbers (FA3 omits N, d and the seed); a best-of-36 match overstates the agreement. Here
-the protocol is fixed before looking at the result:
+one protocol is measured over seeds. Its shape was chosen after the search had found it
+as the best joint match (so seeds 0-7, the table fa3_protocol, include the search's own
+seed 0); conf/table/fa3_protocol_heldout.yaml runs it on seeds 100-115, committed before
+that table's only run:
 
 * FA3's own description: each entry of Q, K, V is N(0, 1) + N(0, 100) Bernoulli(0.001)
   (variance 100: outlier std 10), softmax scale 1/sqrt(d), RMSE against attention in
   float64 on the *unrounded* inputs;
-* what FA3 does not state, chosen once: d = 128 (the head dimension of FA3's fp8 rows and
-  of its headline benchmarks) and N = 8192 (the N of the fp8 rows of the same table, so
-  that all six rows share one shape); 8 heads of 128 query rows against all N keys per
-  seed (rows are independent, so the subsample estimates the RMSE of all N rows); fp16
-  `naive` (standard attention) and `fa2` with FlashAttention-2's forward tiles 128 x 64.
+* what FA3 does not state, chosen once, after the search: d = 128 (the head dimension of
+  FA3's fp8 rows and of its headline benchmarks) and N = 8192 (the N of the fp8 rows of
+  the same table, so that all six rows share one shape); 8 heads of 128 query rows against
+  all N keys per seed (rows are independent, so the subsample estimates the RMSE of all N
+  rows); fp16 `naive` (standard attention) and `fa2` with FlashAttention-2's forward tiles
+  128 x 64.
 
 One row per seed: the protocol's parameters, then the two RMSEs and their ratio.
 `summary(df)` gives the spread over seeds (mean, min, max, relative standard deviation).
@@ -55,13 +59,16 @@ def rmse_at(seed: int, n: int, d: int, heads: int, rows: int, outlier_std: float
 
 def fa3_protocol_table(seeds: int = 8, n: int = 8192, d: int = 128, heads: int = 8,
                        rows: int = 128, outlier_std: float = 10.0, p: float = 0.001,
-                       block_m: int = 128, block_n: int = 64) -> pd.DataFrame:
-    """One row per seed 0 .. seeds-1 (one torch thread: the float64 reference's sums)."""
+                       block_m: int = 128, block_n: int = 64,
+                       first_seed: int = 0) -> pd.DataFrame:
+    """One row per seed first_seed .. first_seed + seeds - 1 (one torch thread: the float64
+    reference's sums). first_seed > 0 draws a seed set no earlier run has seen
+    (conf/table/fa3_protocol_heldout.yaml)."""
     torch.set_num_threads(1)
     protocol = dict(n=n, d=d, heads=heads, rows=rows, outlier_std=outlier_std, p=p,
                     block_m=block_m, block_n=block_n)
     out = []
-    for seed in range(seeds):
+    for seed in range(first_seed, first_seed + seeds):
         r = rmse_at(seed, **protocol)
         out.append(dict(seed=seed, **protocol, **r))
         print(f"seed {seed}: standard {r['rmse_naive']:.3e}, FA2 {r['rmse_fa2']:.3e}, "

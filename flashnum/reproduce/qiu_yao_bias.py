@@ -23,11 +23,13 @@ from flashnum.reproduce.measure import (
 )
 from flashnum.reproduce.reproduction import Reproduction
 
+# seeds: independent draws (seed, seed + 1, ...) of every input: each cell is reported
+# over them, so that no single draw carries a finding
 QY_SIZES = dict(
     full=dict(n=512, heads=32, rows=128, d=64, logit_stds=(1.0, 4.0, 16.0),
-              policies=("lowp", "fa2"), broken=True, sweep=(20.0, 40.0, 0.25)),
+              policies=("lowp", "fa2"), broken=True, sweep=(20.0, 40.0, 0.25), seeds=5),
     quick=dict(n=512, heads=32, rows=32, d=64, logit_stds=(16.0,), policies=("lowp",),
-               broken=False, sweep=(22.0, 26.0, 0.5)),
+               broken=False, sweep=(22.0, 26.0, 0.5), seeds=1),
 )
 QY_VARIANTS = ("fa2", "qiu_yao", "qiu_yao_released")  # no fix, the paper's, their code's
 QY_FLOOR = 1e-10  # their block_row_sums.clamp(min=1e-10)
@@ -67,13 +69,24 @@ def qiu_yao(quick: bool = False, seed: int = 0, beta: float = 2.0) -> pd.DataFra
     across independent heads; `z_entries` treats every entry as independent (as
     flashnum.analysis.metrics does) and overstates the evidence. For the adjusted variants,
     `z_fix` is |mean bias without fix| - |mean bias with fix| over the standard error of
-    the paired difference over heads (the paired z towards 0 while the fix keeps the
-    sign; negative when it makes |bias| larger). The rows `clamp_sweep` (qiu_yao_clamp_sweep)
-    measure the released fix's collapse against the max logit.
+    the paired difference over heads, `fix_diff_se` (the paired z towards 0 while the fix
+    keeps the sign; negative when it makes |bias| larger). Every input is drawn at
+    sizes["seeds"] seeds (seed, seed + 1, ...; column `seed`): the figures pool the heads
+    of all seeds and show each seed's z beside. The rows `clamp_sweep`
+    (qiu_yao_clamp_sweep, no random draw: seed NaN) measure the released fix's collapse
+    against the max logit.
     """
     sz = QY_SIZES["quick" if quick else "full"]
+    rows = []
+    for s in range(int(seed), int(seed) + sz["seeds"]):
+        for dist, ls, q, k, v in _draws(sz, s):
+            rows += [dict(r, seed=s) for r in _bias_rows(sz, dist, ls, q, k, v, beta)]
+    return pd.DataFrame(rows + [dict(r, seed=math.nan) for r in qiu_yao_clamp_sweep(sz, beta)])
+
+
+def _draws(sz: dict, seed: int) -> list[tuple]:
+    """(distribution, logit std, q, k, v) of every input of one seed."""
     n, d, heads, nrows = sz["n"], sz["d"], sz["heads"], sz["rows"]
-    scale = 1.0 / math.sqrt(d)
     draws = []
     for ls in sz["logit_stds"]:
         inp = make("ties", heads=heads, seq_len_q=nrows, seq_len_k=n, head_dim=d, seed=seed,
@@ -87,37 +100,42 @@ def qiu_yao(quick: bool = False, seed: int = 0, beta: float = 2.0) -> pd.DataFra
     inp = make("gaussian", heads=heads, seq_len_q=nrows, seq_len_k=n, head_dim=d, seed=seed,
                grid="common")
     draws.append(("gaussian", math.nan, *inp.tensors()))
+    return draws
+
+
+def _bias_rows(sz: dict, dist: str, ls: float, q, k, v, beta: float) -> list[dict]:
+    """The bias of every policy and variant on one input (one row each)."""
+    n, d, heads, nrows = sz["n"], sz["d"], sz["heads"], sz["rows"]
+    ref = reference64(q, k, v, 1.0 / math.sqrt(d))
+    frac_neg = float((v < 0).double().mean())
     rows = []
-    for dist, ls, q, k, v in draws:
-        ref = reference64(q, k, v, scale)
-        for pol in sz["policies"]:
-            head_bias = {}
-            for variant in QY_VARIANTS:
-                res = attention(q, k, v, precision="bf16", policy=pol, block_m=512,
-                                block_n=512, variant=variant, beta=beta)
-                e = errors(res.out, ref)
-                head_bias[variant] = mean(res.out - ref, (-1, -2)).reshape(-1)
-                z_fix = math.nan
-                fix = "beta" in VARIANTS[variant].params()  # a max adjustment, not plain fa2
-                if fix:
-                    # the shrinkage of |mean bias| over the paired standard error (when the
-                    # fix keeps the sign: the paired z of the difference, towards 0)
-                    _, se_d, _ = head_mean_z(head_bias["fa2"] - head_bias[variant])
-                    shrink = (abs(float(mean(head_bias["fa2"])))
-                              - abs(float(mean(head_bias[variant]))))
-                    z_fix = shrink / se_d if se_d > 0 else math.nan
-                frac_neg = float((v < 0).double().mean())
-                rows.append(dict(
-                    distribution=dist, logit_std=ls, precision="bf16", policy=pol,
-                    variant=variant, beta=beta if fix else math.nan, n=n, d=d,
-                    heads=heads, query_rows=nrows, block_m=512, block_n=512,
-                    v_negative_fraction=frac_neg, metric="mean_signed_err",
-                    ours=e["mean_signed_err"], ours_se=e["signed_err_se"],
-                    z_heads=e["z_heads"], z_entries=e["z_entries"], z_fix=z_fix,
-                    rmse=e["rmse"], published=math.nan,
-                    published_finding=("removed" if fix else "negative bias")
-                    if dist == "ties" and pol == "lowp" else ""))
-    return pd.DataFrame(rows + qiu_yao_clamp_sweep(sz, beta))
+    for pol in sz["policies"]:
+        head_bias = {}
+        for variant in QY_VARIANTS:
+            res = attention(q, k, v, precision="bf16", policy=pol, block_m=512,
+                            block_n=512, variant=variant, beta=beta)
+            e = errors(res.out, ref)
+            head_bias[variant] = mean(res.out - ref, (-1, -2)).reshape(-1)
+            z_fix = se_d = math.nan
+            fix = "beta" in VARIANTS[variant].params()  # a max adjustment, not plain fa2
+            if fix:
+                # the shrinkage of |mean bias| over the paired standard error (when the
+                # fix keeps the sign: the paired z of the difference, towards 0)
+                _, se_d, _ = head_mean_z(head_bias["fa2"] - head_bias[variant])
+                shrink = (abs(float(mean(head_bias["fa2"])))
+                          - abs(float(mean(head_bias[variant]))))
+                z_fix = shrink / se_d if se_d > 0 else math.nan
+            rows.append(dict(
+                distribution=dist, logit_std=ls, precision="bf16", policy=pol,
+                variant=variant, beta=beta if fix else math.nan, n=n, d=d,
+                heads=heads, query_rows=nrows, block_m=512, block_n=512,
+                v_negative_fraction=frac_neg, metric="mean_signed_err",
+                ours=e["mean_signed_err"], ours_se=e["signed_err_se"],
+                z_heads=e["z_heads"], z_entries=e["z_entries"], z_fix=z_fix,
+                fix_diff_se=se_d, rmse=e["rmse"], published=math.nan,
+                published_finding=("removed" if fix else "negative bias")
+                if dist == "ties" and pol == "lowp" else ""))
+    return rows
 
 
 def qiu_yao_clamp_sweep(sz: dict, beta: float = 2.0) -> list[dict]:
@@ -164,5 +182,6 @@ def qiu_yao_clamp_sweep(sz: dict, beta: float = 2.0) -> list[dict]:
 REPRODUCTION = Reproduction(
     "qiu_yao", qiu_yao, QY_SIZES,
     display=[
-        "distribution", "logit_std", "max_logit", "policy", "variant", "ours", "ours_se",
+        "distribution", "logit_std", "seed", "max_logit", "policy", "variant", "ours",
+        "ours_se",
         "z_heads", "z_entries", "z_fix", "predicted", "published_finding"])

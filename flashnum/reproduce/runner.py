@@ -42,7 +42,7 @@ MEASURES = {
     "ours", "ours_se", "ours_over_published", "match", "best", "ratio_std_over_flash",
     "match_joint", "best_joint",
     "max_abs_err", "rmse", "rmse_se", "mse", "mse_se", "ratio_to_standard",
-    "rmse_ratio_to_standard", "block_m_effect", "z_heads", "z_entries", "z_fix",
+    "rmse_ratio_to_standard", "block_m_effect", "z_heads", "z_entries", "z_fix", "fix_diff_se",
     "v_negative_fraction", "underflow_fraction", "ratio_vs_forward",
     "ratio_vs_forward_same_scale", "realised_height",
     "err_over_u_vmax", "rescaled", "predicted_saturation", "budget_ok", "rel_err",
