@@ -100,7 +100,7 @@ def test_the_public_api_with_its_own_forward_equals_torch(torch_grads):
                                                                            t["lse"])
     for name in ("dq", "dk", "dv"):
         assert _bitwise_share(getattr(g, name), t[name]) == 1.0
-    assert g.info["policy"] == "torch_cpu" and g.info["causal"] == "top_left"
+    assert g.info["model"] == "torch_cpu" and g.info["causal"] == "top_left"
     assert g.info["variant"] == "fa2"  # the forward ran here
 
 

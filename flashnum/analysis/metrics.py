@@ -44,7 +44,7 @@ import math
 
 import torch
 
-from flashnum.numerics.accumulate import rowsum
+from flashnum.numerics.accumulate import mean, rowsum, std
 from flashnum.numerics.formats import EXACT, FORMATS, Exact, Format, get_format
 
 
@@ -105,6 +105,21 @@ def rmse(out, ref) -> float:
     out, ref = _pair(out, ref)
     e = out - ref
     return float((_total(e * e) / e.numel()).sqrt()) if e.numel() else 0.0
+
+
+def head_rmse(out, ref) -> tuple[float, float]:
+    """RMSE over all entries and its standard error from the spread of per-head MSEs.
+
+    Heads are independent draws of Q, K, V, so the per-head MSEs are i.i.d.; the delta
+    method turns se(MSE) into se(RMSE) = se(MSE) / (2 RMSE).
+    """
+    e2 = (out - ref).pow(2)
+    per_head = mean(e2, (-1, -2)).reshape(-1)
+    mse = float(mean(per_head))
+    n = per_head.numel()
+    se_mse = float(std(per_head)) / math.sqrt(n) if n > 1 else math.nan
+    r = math.sqrt(mse)
+    return r, (se_mse / (2 * r) if r > 0 else 0.0)
 
 
 def normwise_rel_err(out, ref) -> float:

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 
-from flashnum.analysis.metrics import max_abs_err, signed_err
+from flashnum.analysis.metrics import head_rmse, max_abs_err, signed_err
 from flashnum.numerics import elementary
 from flashnum.numerics.accumulate import dot, mean, rowsum, std
 from flashnum.numerics.formats import FORMATS
@@ -41,21 +41,6 @@ def reference64(q, k, v, scale: float) -> torch.Tensor:
 def uniform(precision: str) -> Policy:
     """Every site in `precision`, dot accumulations included (the textbook model)."""
     return Policy(**{s: precision for s in SITES}, name="uniform")
-
-
-def head_rmse(out, ref) -> tuple[float, float]:
-    """RMSE over all entries and its standard error from the spread of per-head MSEs.
-
-    Heads are independent draws of Q, K, V, so the per-head MSEs are i.i.d.; the delta
-    method turns se(MSE) into se(RMSE) = se(MSE) / (2 RMSE).
-    """
-    e2 = (out - ref).pow(2)
-    per_head = mean(e2, (-1, -2)).reshape(-1)
-    mse = float(mean(per_head))
-    n = per_head.numel()
-    se_mse = float(std(per_head)) / math.sqrt(n) if n > 1 else math.nan
-    r = math.sqrt(mse)
-    return r, (se_mse / (2 * r) if r > 0 else 0.0)
 
 
 def head_mean_z(x: torch.Tensor) -> tuple[float, float, float]:
