@@ -91,11 +91,11 @@ def docs_say_first_run_184():
     text_edit("docs/reproductions.md", "Its first run gave 1.72 (per seed 1.29-2.44)",
               "Its first run gave 1.84 (per seed 1.29-2.44)")
 
-@mut("test_the_held_out_seeds_were_fixed_before_their_only_run")
+@mut("test_the_held_out_seeds_were_fixed_before_their_first_run")
 def heldout_reuses_seed_0():
     table_edit("fa3_protocol_heldout", lambda d: d.assign(seed=d.seed.where(d.seed != 100, 0)))
 
-@mut("test_the_held_out_seeds_were_fixed_before_their_only_run")
+@mut("test_the_held_out_seeds_were_fixed_before_their_first_run")
 def docs_name_another_commit():
     text_edit("docs/reproductions.md", "was fixed in e06769a", "was fixed in 03d63a8")
 

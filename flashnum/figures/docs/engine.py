@@ -29,8 +29,8 @@ def engine_bench(F):
 
 
 def exp_claims(F):
-    """Hard inputs: torch's float64 value within 4 float64 ulps of an fp32 boundary; the
-    exact (mpmath) distance of some is above 4."""
+    """Hard inputs: the correctly rounded float64 value within 4 float64 ulps of an fp32
+    boundary; the exact (mpmath) distance of some is above 4."""
     e = exp_summary(table(F, "exp_exhaustive"))
     fs = ("exp", "exp2")
     hard = sum(len(e[f]["hard_inputs"]) for f in fs)
@@ -43,7 +43,7 @@ def exp_claims(F):
     miss = [x for x in e["exp2"]["float64_misses"] if x < 0][0]
     n = sum(e[f]["inputs"] for f in fs)
     return [f"over all {n / 1e9:.1f}e9 float32 arguments of exp and exp2",
-            f"{hard} have a float64 value (torch's) within 4 float64 ulps of an fp32 "
+            f"{hard} have a correctly rounded float64 value within 4 float64 ulps of an fp32 "
             f"rounding boundary ({exact} of them lie that close exactly, by mpmath)",
             f"rounds {misses} of them to the wrong fp32 value (exp2({miss!r}) lies "
             f"{dist[miss]:.3f} float64 ulp from the boundary; the closest, "
@@ -66,7 +66,7 @@ def engine_docs(F):
     s = bench(F, "engine")["speed"]
     return rows + [
         f"exp2({closest!r}), {nonzero[closest]:.3f} float64 ulp away",
-        f"torch's float64 exp2 misses exp2({lo!r}) ({dist[lo]:.3f} ulp away:",
+        f"correctly rounded float64 exp2 misses exp2({lo!r}) ({dist[lo]:.3f} ulp away:",
         f"exp2({hi!r}) ({dist[hi]:.2f} ulp away)",
         f"{s['emulate_bf16_fa2_s']:.3f} s against {s['sdpa_fp32_s']:.3f} s, a ratio of "
         f"{s['ratio']:.2f} ({s['ratio_one_thread']:.2f} on one thread; "
