@@ -184,8 +184,8 @@ def ties_table(F):
 
 
 PASSAGES = {
-    "BoundAccounting": Passage("README.md: the bound's verdicts over every stored forward "
-                               "table", bound_accounting),
+    "BoundAccounting": Passage("docs/experiments.md: the bound's verdicts over every stored "
+                               "forward table", bound_accounting),
     "BoundSweepLine": Passage("docs/experiments.md: bf16_sweep's summary line",
                               bf16_sweep_summary_line),
     "ReadmeTightness": Passage("README.md: bound_tightness in short", tightness_readme),

@@ -79,7 +79,7 @@ def engine_docs(F):
 
 
 PASSAGES = {
-    "ReadmeEngineSpeed": Passage("README.md: the emulator against torch's SDPA "
+    "BenchEngineSpeed": Passage("docs/benchmarks.md: the emulator against torch's SDPA "
                                  "(bench/results/engine.json)", engine_bench),
     "ReadmeExpSite": Passage("README.md: the exhaustive check of the fp32 exp site "
                              "(experiments/exp_exhaustive)", exp_claims),

@@ -38,7 +38,7 @@ def distributions_docs(F):
 
 
 PASSAGES = {
-    "ReadmeProvenance": Passage("README.md: the clean commit each sweep's rows come from",
+    "SweepProvenance": Passage("docs/experiments.md: the clean commit each sweep's rows come from",
                                 provenance_readme),
     "DistributionsWorstCase": Passage("docs/distributions.md: the baseline and plateau "
                                       "(worst_case)", distributions_docs),

@@ -62,8 +62,8 @@ def kernel_docs(F):
 
 
 PASSAGES = {
-    "ReadmeInterpreter": Passage("README.md: the interpreter's fp16/bf16 outputs within 1 ulp",
-                                 triton_readme),
+    "BenchInterpreter": Passage("docs/benchmarks.md: the interpreter's fp16/bf16 outputs "
+                                "within 1 ulp", triton_readme),
     "KernelInterpreter": Passage("docs/kernel.md: the interpreter's fidelity table",
                                  kernel_docs),
 }

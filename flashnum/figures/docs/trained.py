@@ -175,5 +175,5 @@ PASSAGES = {
     "TrainedFindings": Passage("docs/trained_model.md: the heads beside the catalogue",
                                finding_claims),
     "TrainedBackward": Passage("docs/trained_model.md: bwd_trained_model", backward_claims),
-    "ReadmeTrained": Passage("README.md: the trained model in short", readme_claims),
+    "TrainedInShort": Passage("docs/trained_model.md: the trained model in short", readme_claims),
 }
