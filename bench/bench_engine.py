@@ -2,6 +2,8 @@
 
     python bench/bench_engine.py            # speed vs torch SDPA, memory at N = 65536, mp cost
     python bench/bench_engine.py --quick    # smaller memory case
+    python bench/bench_engine.py --simd avx2    # the speed alone, on accumulate.c's AVX2
+                                                # (or scalar) path: engine_simd_avx2.json
 
 1. Speed: emulated bf16 `fa2` (and `lowp`), batch x heads = 8, N = 4096, d = 64, 64 x 64 blocks,
    against torch.nn.functional.scaled_dot_product_attention in fp32 on the same
@@ -152,8 +154,13 @@ def mp_cost():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="N = 16384 for the memory case")
+    ap.add_argument("--simd", choices=("avx512", "avx2", "scalar"),
+                    help="the speed part alone, with FLASHNUM_SIMD set: what a CPU without "
+                         "AVX-512 runs (the same bits); writes engine_simd_<isa>.json")
     args = ap.parse_args()
-    res = {**timing.facts(), "fused": fused.status()}
+    if args.simd:
+        os.environ["FLASHNUM_SIMD"] = args.simd  # read by accumulate.isa() at each call
+    res = {**timing.facts(), "fused": fused.status(), "simd": args.simd}
     res["speed"] = speed()
     res["load_average_after"] = os.getloadavg()
     sp = res["speed"]
@@ -167,6 +174,9 @@ def main():
           f"{sp['cpu_ratio_one_thread_in_place']:.2f}); "
           f"{sp['step_overhead_us']:.0f} us fixed cost per step; "
           f"the GEMMs alone {sp['gemms_s']:.3f} s")
+    if args.simd:
+        timing.write(OUT / f"engine_simd_{args.simd}.json", res)
+        return
     res["memory"] = memory(16384 if args.quick else 65536)
     mem = res["memory"]
     print(f"memory: N={mem['N']} peak RSS {mem['peak_rss_gib']:.2f} GiB (goal <= 1), "

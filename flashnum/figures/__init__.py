@@ -64,7 +64,7 @@ What each figure shows (the selection is also written into its \\Sel macro):
                         catalogue distribution nearest it in error profile
 
 Where things are (a new figure or table goes into the module that holds its kind, and
-into the FIGURES registry below):
+is declared there with @figure(its sources): flashnum.figures.registry):
 
     tex.py      TeX text: macro names, numbers, escapes, booktabs tables
     numbers.py  the registry of experiments (EXPERIMENTS) and quoted numbers (NUMBERS),
@@ -88,36 +88,17 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashnum.figures.audit import qiu_yao_clamp, tab_kernel_audit, tab_kernel_table
+# imported for their @figure declarations (flashnum.figures.registry), in this order
+from flashnum.figures import audit, lowprec, plots, registry, tables, trained  # noqa: F401
 from flashnum.figures.context import Figures, Unplottable
-from flashnum.figures.lowprec import (
-    fp8_offset,
-    pcast_threshold,
-    tab_block_scaled,
-    tab_splitkv_decode,
-)
 from flashnum.figures.numbers import (
     EXPERIMENTS,
     NUMBERS,
     quantities,
     write_numbers,
 )
-from flashnum.figures.plots import (
-    attribution,
-    bwd_error,
-    bwd_growth,
-    bwd_order,
-    error_by_order,
-    error_vs_block_n,
-    error_vs_n,
-    heatmap,
-    kernel_vs_emulator,
-    precision_bits,
-)
 from flashnum.figures.reproductions import REPRO, tab_repro
-from flashnum.figures.tables import tab_presets, tab_tightness, tab_worst_case
 from flashnum.figures.tex import tex_name
-from flashnum.figures.trained import tab_trained_model, trained_model
 from flashnum.harness.cli import main_of
 from flashnum.harness.config import StoreConf
 
@@ -129,29 +110,12 @@ __all__ = ["EXPERIMENTS", "FIGURES", "NUMBERS", "PLOTS", "REPROS", "SOURCES", "F
 EXPERIMENTS_DIR = Path("experiments")
 OUT = Path("paper") / "figures"
 
-# The registry: every figure and table, in the order they are made, each a function
-# F -> None named after the file stem it writes. A new one: its function in plots.py
-# (tables.py for a table, named tab_<name>), a line here and its experiment in SOURCES.
-FIGURES = (error_vs_n, error_vs_block_n, error_by_order, heatmap, attribution,
-           kernel_vs_emulator, precision_bits, bwd_error, bwd_order, bwd_growth, tab_tightness,
-           tab_worst_case, tab_presets, pcast_threshold, fp8_offset, tab_block_scaled,
-           tab_splitkv_decode, tab_kernel_audit, tab_kernel_table, qiu_yao_clamp,
-           trained_model, tab_trained_model)
+# The registry: every figure and table, each declared with its sources where it is
+# defined (@figure in plots.py, tables.py, lowprec.py, audit.py, trained.py), made in the
+# order of those modules' imports above.
+FIGURES = tuple(registry.FIGURES)
+SOURCES = {stem: sources[0] for stem, sources in registry.SOURCES.items()}
 PLOTS = tuple(f.__name__ for f in FIGURES if not f.__name__.startswith("tab_"))
-# the experiment each figure reads (for messages; tab_tightness reads all three sweeps)
-SOURCES = {"error_vs_n": "seqlen_growth", "error_vs_block_n": "block_size",
-           "error_by_order": "block_order", "heatmap": "bf16_sweep",
-           "attribution": "attribution", "kernel_vs_emulator": "kernel_vs_emulator",
-           "precision_bits": "precision_bits", "tab_tightness": "bf16_sweep",
-           "tab_worst_case": "worst_case", "tab_presets": "policy",
-           "bwd_error": "bwd_bf16_sweep", "bwd_order": "bwd_order",
-           "bwd_growth": "bwd_seqlen_growth",
-           "pcast_threshold": "repro_pcast_threshold", "fp8_offset": "repro_fp8_offset",
-           "tab_block_scaled": "repro_block_scaled",
-           "tab_splitkv_decode": "repro_splitkv_decode", "tab_kernel_audit": "kernel_audit",
-           "tab_kernel_table": "kernel_table",
-           "qiu_yao_clamp": "repro_qiu_yao", "trained_model": "trained_model",
-           "tab_trained_model": "trained_model"}
 
 REPROS = tuple(REPRO)  # the reproductions' tables, after the figures (reproductions.py)
 

@@ -22,6 +22,7 @@ import pandas as pd
 
 from flashnum.audit.targets import TARGETS
 from flashnum.figures.context import Figures
+from flashnum.figures.registry import figure
 from flashnum.figures.tex import tabular, tex_num, tex_word
 
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -32,6 +33,7 @@ def _median_ratio(a: pd.Series, b: pd.Series) -> float:
     return float(r.median()) if len(r) else math.nan
 
 
+@figure("kernel_audit")
 def tab_kernel_audit(F: Figures) -> None:
     df = F.table("kernel_audit")
     if df is None:
@@ -70,6 +72,7 @@ def tab_kernel_audit(F: Figures) -> None:
     F.num("AuditBfOverLowp", _median_ratio(bf.err_max, bf.lowp_err_max))
 
 
+@figure("repro_qiu_yao")
 def qiu_yao_clamp(F: Figures) -> None:
     """repro_qiu_yao's clamp_sweep rows: out / ref of Qiu & Yao's released fix against the
     row's max logit M (two tied maxima), the derived 2 exp(-M) / 1e-10 dashed, the onset
@@ -202,6 +205,7 @@ def kernel_grad_markdown(df: pd.DataFrame) -> str:
     return _markdown(_GRAD_COLS, kernel_grad_rows(df))
 
 
+@figure("kernel_table")
 def tab_kernel_table(F: Figures) -> None:
     df = F.table("kernel_table")
     if df is None:

@@ -17,9 +17,11 @@ import numpy as np
 
 from flashnum.figures.context import Figures
 from flashnum.figures.plots import _style
+from flashnum.figures.registry import figure
 from flashnum.figures.tex import cell, tabular, tex_num, tex_word
 
 
+@figure("repro_pcast_threshold")
 def pcast_threshold(F: Figures) -> None:
     df = F.table("repro_pcast_threshold")
     if df is None:
@@ -48,6 +50,7 @@ def pcast_threshold(F: Figures) -> None:
     F.save(fig, "pcast_threshold")
 
 
+@figure("repro_fp8_offset")
 def fp8_offset(F: Figures) -> None:
     df = F.table("repro_fp8_offset")
     if df is None:
@@ -77,6 +80,7 @@ def fp8_offset(F: Figures) -> None:
     F.save(fig, "fp8_offset")
 
 
+@figure("repro_block_scaled")
 def tab_block_scaled(F: Figures) -> None:
     df = F.table("repro_block_scaled")
     if df is None:
@@ -103,6 +107,7 @@ def tab_block_scaled(F: Figures) -> None:
     F.write_table("tab_block_scaled", tabular(["format", "Q, K, V", "P", "both"], rows, "lrrr"))
 
 
+@figure("repro_splitkv_decode")
 def tab_splitkv_decode(F: Figures) -> None:
     df = F.table("repro_splitkv_decode")
     if df is None:

@@ -2,8 +2,8 @@
 
 Each function reads one experiment through F.table, selects its rows (the selection is
 written into its \\Sel macro), sets the numbers the text quotes (F.num) and saves the
-figure (F.save); with no table it leaves a placeholder. A new plot: a function here, a
-line in flashnum.figures.FIGURES, its numbers in flashnum.figures.numbers.NUMBERS.
+figure (F.save); with no table it leaves a placeholder. A new plot: a function here
+declared with @figure(its tables), its numbers in flashnum.figures.numbers.NUMBERS.
 matplotlib is imported inside _style() only (heavy optional dependency).
 """
 
@@ -23,6 +23,7 @@ from flashnum.figures.context import (
     slope,
     trusted,
 )
+from flashnum.figures.registry import figure
 from flashnum.figures.tex import tex_name, tex_word
 from flashnum.harness.grid import CASE_FIELDS
 from flashnum.numerics.formats import get_format
@@ -64,6 +65,7 @@ def _color(key: str) -> str:
     return COLORS.get(key, "C9")
 
 
+@figure("seqlen_growth")
 def error_vs_n(F: Figures) -> None:
     df = F.table("seqlen_growth")
     if df is None:
@@ -137,6 +139,7 @@ def _growth_beyond_gaussian(F: Figures, df) -> None:
     F.num("SlopeNDistHiName", tex_word(hi))
 
 
+@figure("block_size")
 def error_vs_block_n(F: Figures) -> None:
     df = F.table("block_size")
     if df is None:
@@ -182,6 +185,7 @@ def error_vs_block_n(F: Figures) -> None:
     F.save(fig, "error_vs_block_n", width=0.8)
 
 
+@figure("block_order")
 def error_by_order(F: Figures) -> None:
     df = F.table("block_order")
     if df is None:
@@ -231,6 +235,7 @@ def error_by_order(F: Figures) -> None:
     F.save(fig, "error_by_order", width=0.9)
 
 
+@figure("bf16_sweep")
 def heatmap(F: Figures) -> None:
     df = F.table("bf16_sweep")
     if df is None:
@@ -274,6 +279,7 @@ def heatmap(F: Figures) -> None:
     F.save(fig, "heatmap", width=0.75)
 
 
+@figure("attribution")
 def attribution(F: Figures) -> None:
     df = F.table("attribution")
     if df is None:
@@ -333,6 +339,7 @@ def _attribution_seeds(F: Figures, df) -> None:
     F.fact("AttrDominantEverySeed", bool(top.site.nunique() == 1))
 
 
+@figure("kernel_vs_emulator")
 def kernel_vs_emulator(F: Figures) -> None:
     df = F.table("kernel_vs_emulator")
     if df is None:
@@ -366,6 +373,7 @@ def kernel_vs_emulator(F: Figures) -> None:
     F.save(fig, "kernel_vs_emulator")
 
 
+@figure("precision_bits")
 def precision_bits(F: Figures) -> None:
     df = F.table("precision_bits")
     if df is None:
@@ -397,6 +405,7 @@ def precision_bits(F: Figures) -> None:
     F.save(fig, "precision_bits", width=0.75)
 
 
+@figure("bwd_bf16_sweep")
 def bwd_error(F: Figures) -> None:
     """bwd_bf16_sweep: median relative error of dQ, dK, dV per backward policy, beside
     torch's bf16 autograd of standard attention on the same inputs."""
@@ -432,6 +441,7 @@ def bwd_error(F: Figures) -> None:
     F.save(fig, "bwd_error", width=0.7)
 
 
+@figure("bwd_order")
 def bwd_order(F: Figures) -> None:
     """bwd_order: how far the dQ accumulation order moves dQ, against dQ's error."""
     df = F.table("bwd_order")
@@ -458,6 +468,7 @@ def bwd_order(F: Figures) -> None:
     F.save(fig, "bwd_order", width=0.5)
 
 
+@figure("bwd_seqlen_growth")
 def bwd_growth(F: Figures) -> None:
     """bwd_seqlen_growth: max|g^ - g| / max|g| of dQ, dK, dV vs N (median over seeds,
     gaussian inputs), one line per policy, bf16 solid and fp16 dashed; the exponents alpha

@@ -4,7 +4,7 @@
     tab_worst_case  worst_case: the searched inputs and near_overflow against gaussian
     tab_presets     the presets' format per site (flashnum.numerics.policy: no experiment)
 
-A new table: a function tab_<name>(F) here and a line in flashnum.figures.FIGURES.
+A new table: a function tab_<name>(F) here, declared with @figure(its tables).
 The reproductions' tables are written by flashnum.figures.reproductions.
 """
 
@@ -16,10 +16,12 @@ import pandas as pd
 
 from flashnum.figures.context import ERR, SWEEPS, Figures, Unplottable
 from flashnum.figures.pooling import worst_case_ratios
+from flashnum.figures.registry import figure
 from flashnum.figures.tex import tabular, tex_num, tex_word
 from flashnum.numerics.policy import PRESETS, SITES, make_policy
 
 
+@figure("bf16_sweep", "fp16_sweep", "fp32_sweep")
 def tab_tightness(F: Figures) -> None:
     frames = [F.table(s) for s in SWEEPS]
     frames = [f for f in frames if f is not None and "bound" in f]
@@ -60,6 +62,7 @@ def _med_range(s: pd.Series) -> str:
     return f"{tex_num(float(s.median()))} ({tex_num(float(s.min()))}--{tex_num(float(s.max()))})"
 
 
+@figure("worst_case")
 def tab_worst_case(F: Figures) -> None:
     """The searched inputs and the catalogue's largest absolute error (near_overflow) beside
     gaussian inputs of the same precision, N and seed: max error, normwise relative error
@@ -82,6 +85,7 @@ def tab_worst_case(F: Figures) -> None:
     F.write_table("tab_worst_case", tabular(cols, rows, "lrrrrrrr"))
 
 
+@figure("policy")
 def tab_presets(F: Figures) -> None:
     """The presets' format per site (from flashnum.numerics.policy, not from an experiment)."""
     pols = [make_policy(name, "bf16") for name in PRESETS if name != "exact"]

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from flashnum.figures.context import Figures
+from flashnum.figures.registry import figure
 from flashnum.figures.tex import tabular, tex_num, tex_word
 
 METRIC = "normwise_rel_err"
@@ -83,6 +84,7 @@ def model_info(F: Figures) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+@figure("trained_model")
 def trained_model(F: Figures) -> None:
     df = F.table("trained_model")
     if df is None or not (df.distribution == "captured").any():
@@ -169,6 +171,7 @@ def _backward(F: Figures, heads: list[str]) -> None:
     F.num("TrainedBwdDqOverGaussMax", float(r.max()))
 
 
+@figure("trained_model")
 def tab_trained_model(F: Figures) -> None:
     df, st = F.table("trained_model"), F.table("trained_model_stats")
     if df is None or st is None or not (df.distribution == "captured").any():
