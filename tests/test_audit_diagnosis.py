@@ -60,11 +60,35 @@ def test_a_port_that_forgets_to_rescale_l_is_caught_and_diagnosed():
     rep = fa.audit(forgets_to_rescale_l, precision="bf16", budget="quick")
     assert "fa_rule" in rep.broken() and len(rep.broken()["fa_rule"]) >= 5
     d = rep.diagnosis
-    # no model reproduces it: lowp is still the closest, far from every value
+    # no model reproduces it: lowp is still the closest, far from every value, and the
+    # sites of a model that does not compute what the port computes are not its sites
     assert d["closest"]["policy"] == "lowp" and d["closest"]["bitwise"] < 0.9
+    assert d["reproduced"] is False and d["site"] is None
     assert d["worst"]["ratio"] > 10
     s = rep.summary()
-    assert "there the kernel errs by" in s and "more than the model's roundings" in s, s
+    assert "no flashnum model reproduces the kernel" in s and "no site is attributed" in s, s
+    assert "closest, lowp, block_n 64, equals it bit for bit on" in s, s
+
+
+def _rounds_logits_to_3_bits(q, k, v, causal, scale):
+    """Attention whose logits keep 3 significand bits: no flashnum model computes that."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = (q.float() @ k.float().transpose(-1, -2)) * scale
+    m, e = torch.frexp(s)
+    s = torch.ldexp(torch.round(m * 8) / 8, e)
+    if causal:
+        nq, nk = s.shape[-2:]
+        s = s.masked_fill(torch.ones(nq, nk, dtype=torch.bool).triu(1), float("-inf"))
+    return (torch.softmax(s, -1) @ v.float()).to(q.dtype)
+
+
+def test_a_kernel_no_model_fits_is_reported_as_such():
+    rep = fa.audit(_rounds_logits_to_3_bits, precision="bf16", budget="quick")
+    assert not rep.passed
+    d = rep.diagnosis
+    assert d["reproduced"] is False and d["site"] is None
+    assert d["closest"]["bitwise"] < 0.99  # the closest is named, with its share
+    assert "no flashnum model reproduces the kernel" in rep.summary()
 
 
 def test_a_passing_audit_runs_no_diagnosis_unless_asked():
@@ -143,3 +167,12 @@ def test_the_diagnosis_of_captured_calls_sends_each_model_the_recorded_do(tmp_pa
     rep = fa.audit("torch_sdpa", inputs=path, precision="bf16", backward=True, diagnose=True)
     best = rep.diagnosis["closest"]
     assert best["policy"] == "torch_cpu" and best["dq_bitwise"] == 1.0, rep.summary()
+
+
+def test_a_kernel_that_answers_no_case_is_not_blamed_on_the_models():
+    def raises(q, k, v, causal, scale):
+        raise NotImplementedError("no kernel for this device")
+
+    rep = fa.audit(raises, precision="bf16", budget="quick")
+    assert not rep.passed and rep.diagnosis["answered"] == 0
+    assert "the kernel answered none of the cases" in rep.summary()

@@ -11,7 +11,10 @@ kernel answered, and the share of the kernel's values it equals bit for bit is c
 (the output, and dQ, dK, dV in a gradient audit; `bitwise` pools every value of every
 case the model could take). The best candidate with a flash structure is then tried with
 the other key block sizes (models.BLOCK_NS). A share near 100% says what the kernel
-computes; the sites of that model then say where its error comes from.
+computes; the sites of that model then say where its error comes from. Under REPRODUCES
+(99%) no model reproduces the kernel: the diagnosis says so (`reproduced` False), still
+names the closest with its share, and attributes no site to it (a site of a model that
+does not compute what the kernel computes says nothing about the kernel).
 
 The dominant site: flashnum.analysis.attribution (forward) or attribution_backward (the
 gradient of the worst ratio) of the closest model on the worst case (or, where the model
@@ -39,6 +42,9 @@ import torch
 from flashnum.audit import gradients, models
 from flashnum.audit.rules import ALIGNMENTS, DTYPES, _bound, _check_out, aligned_reference
 from flashnum.audit.standard import standard_attention
+
+# the share of the kernel's values a model must equal bit for bit to count as reproducing it
+REPRODUCES = 0.99
 
 QUANTITIES = {"out": ("err_max", "fa_bound", "std_err_max"),
               **{g: (f"{g}_err_max", f"{g}_bound", f"{g}_std_err_max") for g in gradients.GRADS}}
@@ -149,8 +155,9 @@ def _site(c, case, quantity, precision, alignment) -> dict | None:
 
 def diagnose(kept: dict, table: pd.DataFrame, case_list, *, precision: str, alignment: str,
              backward: bool = False, candidates=None, progress: bool = False) -> dict:
-    """The closest model, its shares table, its dominant site and the worst case (see the
-    module docstring). candidates: default models.available(precision, backward)."""
+    """The closest model, whether it reproduces the kernel, its shares table, its dominant
+    site (None unless it reproduces the kernel) and the worst case (see the module
+    docstring). candidates: default models.available(precision, backward)."""
     cands = list(candidates) if candidates is not None else models.available(precision,
                                                                              backward)
     it = cands
@@ -174,8 +181,9 @@ def diagnose(kept: dict, table: pd.DataFrame, case_list, *, precision: str, alig
         table_ = table_.sort_values(key, ascending=False, na_position="last",
                                     kind="stable").reset_index(drop=True)
     worst = worst_case(table)
+    reproduced = best is not None and best[key] >= REPRODUCES
     site = None
-    if best is not None and worst is not None:
+    if reproduced and worst is not None:
         c = _candidate(best)
         by_id = {cs.id: cs for cs in case_list}
         order = _worst_first(table, worst["quantity"])
@@ -189,7 +197,9 @@ def diagnose(kept: dict, table: pd.DataFrame, case_list, *, precision: str, alig
                 err = row.get(QUANTITIES[worst["quantity"]][0])
                 site["kernel_err"] = float(err) if _num(err) else None
                 break
-    return dict(closest=best, shares=table_, site=site, worst=worst,
+    answered = sum(1 for c in case_list if c.id in kept and kept[c.id][0] is not None)
+    return dict(closest=best, reproduced=reproduced, answered=answered, shares=table_,
+                site=site, worst=worst,
                 candidates=[c.label for c in cands],
                 alignment=other_alignment(kept, table, case_list, precision=precision,
                                           alignment=alignment))

@@ -70,8 +70,12 @@ def port_row(name: str, budget: str) -> dict:
                 closest_bitwise=float(c["bitwise"]),
                 next=json.dumps([dict(model=r.model, bitwise=float(r.bitwise))
                                  for r in d["shares"].iloc[1:4].itertuples()]),
-                site=s["site"], site_format=s["format"], site_err_only=float(s["err_only"]),
-                site_total=float(s["total"]), site_kernel_err=float(s["kernel_err"]))
+                reproduced=bool(d["reproduced"]),
+                # a site only where the closest model reproduces the port (diagnosis)
+                site=s and s["site"], site_format=s and s["format"],
+                site_err_only=float(s["err_only"]) if s else math.nan,
+                site_total=float(s["total"]) if s else math.nan,
+                site_kernel_err=float(s["kernel_err"]) if s else math.nan)
 
 
 def audit_ports_table(budget: str = "default") -> pd.DataFrame:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from flashnum.audit.diagnosis import QUANTITIES, worst_case
+from flashnum.audit.diagnosis import QUANTITIES, REPRODUCES, worst_case
 from flashnum.audit.gradients import GRADS
 from flashnum.audit.rules import RULES
 
@@ -99,7 +99,8 @@ class Report:
         if self.diagnosis is not None:
             d = self.diagnosis
             d["shares"].to_csv(path / "diagnosis.csv", index=False)
-            meta["diagnosis"] = dict(closest=d["closest"], site=d["site"],
+            meta["diagnosis"] = dict(closest=d["closest"], reproduced=d.get("reproduced"),
+                                     site=d["site"],
                                      candidates=d["candidates"])
         (path / "audit.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
         (path / "report.md").write_text(_markdown(self, plots))
@@ -112,13 +113,22 @@ def _diagnosis_lines(d) -> list[str]:
     best = d["closest"]
     first = _alignment_lines(d.get("alignment"))  # the finding that changes the verdict
     if best is None:
+        if d.get("answered") == 0:  # the models ran; the kernel gave nothing to compare
+            return first + ["  diagnosis: the kernel answered none of the cases, so no "
+                            "flashnum model could be compared with it"]
         return first + ["  diagnosis: no flashnum model could be run on these cases"]
     shares = d["shares"]
     qty = ", ".join(f"{q} {100 * best[f'{q}_bitwise']:.2f}%" for q in QUANTITIES
                     if f"{q}_bitwise" in best and best[f"{q}_bitwise"] == best[f"{q}_bitwise"])
-    lines = first + [f"  diagnosis: closest flashnum model {best['model']}: equal to the kernel "
-                     f"bit for bit on {100 * best['bitwise']:.2f}% of the values ({qty}; "
-                     f"{best['cases']} cases)"]
+    share = (f"bit for bit on {100 * best['bitwise']:.2f}% of the values ({qty}; "
+             f"{best['cases']} cases)")
+    if d.get("reproduced", True):
+        lines = first + [f"  diagnosis: closest flashnum model {best['model']}: equal to the "
+                         f"kernel {share}"]
+    else:
+        lines = first + [f"  diagnosis: no flashnum model reproduces the kernel (none equals "
+                         f"it on {100 * REPRODUCES:.0f}% of the values); the closest, "
+                         f"{best['model']}, equals it {share}; no site is attributed to it"]
     others = [f"{r.model} {100 * r.bitwise:.1f}%" for r in shares.itertuples()
               if r.model != best["model"] and r.bitwise == r.bitwise][:6]
     if others:

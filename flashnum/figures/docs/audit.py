@@ -344,9 +344,11 @@ def ports(F) -> list[str]:
             f"({r.worst_quantity} error {r.worst_err:.3g}, {r.worst_ratio:.3g}x its limit). "
             f"Closest model: {r.closest_model}, equal bit for bit on "
             f"{100 * r.closest_bitwise:.2f}% of the outputs of the {r.closest_cases} cases it "
-            f"can take (next: {nxt}). Dominant site: {r.site} ({r.site_format}; alone "
-            f"{r.site_err_only:.3g}, the model's {r.site_total:.3g}).")
-        if r.site_kernel_err > 2 * r.site_total:
+            f"can take (next: {nxt})." + (
+                f" Dominant site: {r.site} ({r.site_format}; alone {r.site_err_only:.3g}, "
+                f"the model's {r.site_total:.3g})." if r.reproduced else
+                " No model reproduces it (none reaches 99%), so no site is attributed."))
+        if r.reproduced and r.site_kernel_err > 2 * r.site_total:
             out.append(f"There the kernel errs {r.site_kernel_err / r.site_total:.3g}x as much "
                        "as the model: more than the model's roundings explain.")
     return out
