@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 # first: without a CUDA GPU it sets TRITON_INTERPRET=1 before triton is imported
-from flashnum.backends.triton import _TORCH, INTERPRET, _cast, _dot, _round_rne  # isort: skip
+from flashnum.backends.triton_kernel import _TORCH, INTERPRET, _cast, _dot, _round_rne  # isort: skip
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
