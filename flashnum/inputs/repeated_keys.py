@@ -155,10 +155,10 @@ def structured(g, sh: Shape, *, logit_std: float = 1.0, distinct: float = 1.0,
     N(0, 1) per query: the gap differs per row); peak_frac = 0 means no peak. Ramp:
     key block b gets bias ramp * b (> 0: ramp/late max; < 0: early max). Values:
     V ~ N(v_mean, v_std^2), clamped to [-v_clip, v_clip] when v_clip > 0.
-    Bias channels (exact products, see the module docstring): dim 0 carries the peak
-    (q0 = peak_gap / scale, k0 = 1 on peaks), dim 1 the ramp (q1 = ramp / scale,
-    k1 = b, exact for b < 256), dim 2 the row spread (q2 = row_spread z_i / scale,
-    k2 = 1 on peaks). Needs head_dim >= 4.
+    Bias channels (exact products, as in flashnum.inputs.logit_structured): dim 0
+    carries the peak (q0 = peak_gap / scale, k0 = 1 on peaks), dim 1 the ramp (q1 =
+    ramp / scale, k1 = b, exact for b < 256), dim 2 the row spread (q2 = row_spread
+    z_i / scale, k2 = 1 on peaks). Needs head_dim >= 4.
     """
     _check(sh.d >= 4, f"structured needs head_dim >= 4, got {sh.d}")
     _check(logit_std >= 0 and v_std >= 0 and v_clip >= 0 and row_spread >= 0,
