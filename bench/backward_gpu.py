@@ -96,7 +96,7 @@ def speed(sizes):
 def _speed_one(n, d, batch=4, heads=16):
     import triton
 
-    from flashnum.backends.triton_backward import backward_kernels
+    from flashnum.backends.triton_backward import BackwardKernel, backward_kernels
 
     too_big = getattr(triton.runtime.errors, "OutOfResources", RuntimeError)
     q, k, v, do, o, lse, leaves, sc = _prepared(batch * heads, n, d)
@@ -104,12 +104,12 @@ def _speed_one(n, d, batch=4, heads=16):
     o_stored = o.detach()
     row = dict(batch=batch, heads=heads, n=n, d=d)
     for bm, bn in ((64, 64), (32, 32)):
-        kw = dict(block_m=bm, block_n=bn, causal=False, p_format="bf16", ds_format="bf16",
-                  out_format="bf16")
+        kernel = BackwardKernel(block_m=bm, block_n=bn, causal=False, p_format="bf16",
+                                ds_format="bf16", out_format="bf16")
         order = torch.arange(math.ceil(n / bn), dtype=torch.int32, device="cuda")
 
-        def kernels(kw=kw, order=order):
-            return backward_kernels(q, k, v, do, o_stored, lse, order, qk, qk, **kw)
+        def kernels(kernel=kernel, order=order):
+            return backward_kernels(q, k, v, do, o_stored, lse, order, qk, qk, kernel)
 
         try:
             row["kernel_ms"] = triton.testing.do_bench(kernels)

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from flashnum.inputs.distributions import (
-    COMMON,
     DISTRIBUTIONS,
     FROM_FILE,
     Inputs,
@@ -20,6 +19,7 @@ from flashnum.inputs.distributions import (
     make,
     params,
 )
+from flashnum.inputs.draws import COMMON
 from flashnum.numerics.formats import get_format
 
 BF16, FP16 = get_format("bf16"), get_format("fp16")
@@ -310,7 +310,7 @@ def test_dot_logits_sums_every_logit_in_the_same_fixed_order():
     """Each logit is ((0 + q0 k0) + q1 k1) + ... + q_{d-1} k_{d-1}, then times the scale,
     whatever the shape: the oracle sums in plain Python floats (IEEE doubles), one entry
     at a time. 70,000 keys make the row bands of dot_logits split the 5 query rows."""
-    from flashnum.inputs.distributions import dot_logits
+    from flashnum.inputs.draws import dot_logits
 
     g = torch.Generator().manual_seed(3)
     q = torch.randn(1, 1, 5, 16, generator=g, dtype=torch.float64)

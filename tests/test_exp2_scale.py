@@ -70,9 +70,9 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 @needs_triton
 def test_the_tutorials_in_kernel_product_is_the_twice_form():
     # the tutorial's two lines in a kernel of their own, run as Triton runs them here
-    from flashnum.backends import triton as tf
+    from flashnum.backends import triton_kernel as tk
 
-    tl, triton = tf.tl, tf.triton
+    tl, triton = tk.tl, tk.triton
 
     @triton.jit
     def qk_scale_of(sm_scale, out):

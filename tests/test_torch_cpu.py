@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import flashnum
-from flashnum.models import torch_cpu
+from flashnum.models import torch_cpu, torch_cpu_gemm
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
@@ -85,7 +85,7 @@ def test_the_packed_bf16_path_equals_torch_where_the_machine_packs(nq, nk, d, ca
     """Where cpublas::could_pack(bf16) (oneDNN's AMX brgemm), the kernel multiplies S and P V
     on VNNI-packed K and V for lengths >= 64 (need_pack): the model does the same (odd d and
     odd key blocks padded as the kernel pads them)."""
-    if not torch_cpu.need_pack("bf16", 2, nq, nk, d, 32 if nq < 192 else 64, causal,
+    if not torch_cpu_gemm.need_pack("bf16", 2, nq, nk, d, 32 if nq < 192 else 64, causal,
                                torch.get_num_threads()):
         pytest.skip("this machine's torch does not pack bf16 (no AMX)")
     q, k, v = _inputs(1, 2, nq, nk, d, torch.bfloat16, seed=1)

@@ -29,10 +29,11 @@ from flashnum.numerics.formats import FORMATS
 if importlib.util.find_spec("triton") is None:  # not importorskip: it would import triton
     pytest.skip("the kernel needs triton (pip install -e '.[triton]')", allow_module_level=True)
 from flashnum.backends import triton as tf  # noqa: E402
+from flashnum.backends import triton_kernel as tk  # noqa: E402
 from flashnum.numerics.tiling import causal_visible, key_block_order, n_blocks  # noqa: E402
 
 # triton as the kernel module imported it (TRITON_INTERPRET set first on a CPU)
-triton, tl = tf.triton, tf.tl
+triton, tl = tk.triton, tk.tl
 
 interpreter_only = pytest.mark.skipif(not tf.INTERPRET, reason="checks the CPU interpreter path")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -237,7 +238,7 @@ def test_backend_dispatch_and_result_fields():
 def _round_kernel(X, Y, N, DROP: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(X + i, mask=i < N)
-    tl.store(Y + i, tf._round_rne(x, DROP), mask=i < N)
+    tl.store(Y + i, tk._round_rne(x, DROP), mask=i < N)
 
 
 def boundary_values():

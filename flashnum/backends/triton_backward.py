@@ -42,11 +42,12 @@ accumulator's format and then added.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 # first: without a CUDA GPU it sets TRITON_INTERPRET=1 before triton is imported
-from flashnum.backends.triton import _TORCH, INTERPRET, _cast, _dot, _round_rne  # isort: skip
+from flashnum.backends.triton_kernel import _TORCH, INTERPRET, _cast, _dot, _round_rne  # isort: skip
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
@@ -75,16 +76,22 @@ def _bwd_preprocess(O, DO, DELTA, Nq, stride_z, stride_m, DV: tl.constexpr,
 
 
 @triton.jit
-def _p_and_ds(q, k_t, v_t, do, lse, delta, offs_m, cols, s_scale, Nq, Nk,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-              USE_EXP2: tl.constexpr, EMULATE: tl.constexpr):
-    """P (fp32) and dS (fp32) of one (query block, key block) tile; with USE_EXP2 the
-    logits, s_scale and the LSE are in log2 units."""
-    s = _dot(q, k_t, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), "ieee", EMULATE, None)
-    s = s * s_scale
+def _keep(offs_m, cols, Nq, Nk, CAUSAL: tl.constexpr):
+    """The (query, key) entries of a tile that are inside the matrices and, when causal,
+    on or below the bottom-right diagonal: the logits kept, every other one -inf."""
     keep = (cols[None, :] < Nk) & (offs_m[:, None] < Nq)
     if CAUSAL:
         keep = keep & (cols[None, :] <= offs_m[:, None] + (Nk - Nq))
+    return keep
+
+
+@triton.jit
+def _p_and_ds(q, k_t, v_t, do, lse, delta, keep, s_scale, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, USE_EXP2: tl.constexpr, EMULATE: tl.constexpr):
+    """P (fp32) and dS (fp32) of one (query block, key block) tile, -inf logits outside
+    `keep` (_keep); with USE_EXP2 the logits, s_scale and the LSE are in log2 units."""
+    s = _dot(q, k_t, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), "ieee", EMULATE, None)
+    s = s * s_scale
     s = tl.where(keep, s, float("-inf"))
     if USE_EXP2:
         p = tl.exp2(s - lse[:, None])
@@ -122,8 +129,9 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, qk_scale, s_scale, Nq, Nk, n_
                      mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
         lse = tl.load(LSE + z * Nq + offs_m, mask=row_ok, other=0.0)
         delta = tl.load(DELTA + z * Nq + offs_m, mask=row_ok, other=0.0)
-        p, ds = _p_and_ds(q, k_t, v_t, do, lse, delta, offs_m, cols, s_scale, Nq, Nk,
-                          BLOCK_M, BLOCK_N, CAUSAL, USE_EXP2, EMULATE)
+        keep = _keep(offs_m, cols, Nq, Nk, CAUSAL)
+        p, ds = _p_and_ds(q, k_t, v_t, do, lse, delta, keep, s_scale, BLOCK_M, BLOCK_N,
+                          USE_EXP2, EMULATE)
         p_c = _cast(p, P_FORMAT, DO.dtype.element_ty, EMULATE)
         dv = _dot(tl.trans(p_c), do, dv, "ieee", EMULATE, None)
         ds_c = _cast(ds, DS_FORMAT, Q.dtype.element_ty, EMULATE)
@@ -165,8 +173,9 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, ORDER, qk_scale, s_scale, Nq, Nk, n_kb,
                       mask=(cols[None, :] < Nk) & (offs_d[:, None] < D), other=0.0)
         v_t = tl.load(V + z * stride_vz + cols[None, :] * stride_vn + offs_dv[:, None],
                       mask=(cols[None, :] < Nk) & (offs_dv[:, None] < DV), other=0.0)
-        p, ds = _p_and_ds(q, k_t, v_t, do, lse, delta, offs_m, cols, s_scale, Nq, Nk,
-                          BLOCK_M, BLOCK_N, CAUSAL, USE_EXP2, EMULATE)
+        keep = _keep(offs_m, cols, Nq, Nk, CAUSAL)
+        p, ds = _p_and_ds(q, k_t, v_t, do, lse, delta, keep, s_scale, BLOCK_M, BLOCK_N,
+                          USE_EXP2, EMULATE)
         ds_c = _cast(ds, DS_FORMAT, Q.dtype.element_ty, EMULATE)
         dq = _dot(ds_c, tl.trans(k_t), dq, "ieee", EMULATE, None)
     dq = dq * qk_scale
@@ -187,13 +196,29 @@ def _storage(x: torch.Tensor, fmt: str) -> torch.Tensor:
     return x.to(_TORCH[fmt]).to(DEVICE).contiguous()
 
 
-def backward_kernels(q3, k3, v3, do3, o3, lse32, order, qk_scale, s_scale, *, block_m,
-                     block_n, causal, p_format, ds_format, out_format, exp2=False):
+@dataclass(frozen=True)
+class BackwardKernel:
+    """The constexprs of the three launches, as the policy sets them: the tiles, the mask,
+    the formats P and dS are cast to before their dots, the gradients' stored format, and
+    exp2 (the logits and the LSE in log2 units)."""
+
+    block_m: int
+    block_n: int
+    causal: bool
+    p_format: str
+    ds_format: str
+    out_format: str
+    exp2: bool = False
+
+
+def backward_kernels(q3, k3, v3, do3, o3, lse32, order, qk_scale, s_scale,
+                     kernel: BackwardKernel):
     """The three launches on prepared (Z, N, .) tensors of the kernel's device: q3, k3,
     v3, do3, o3 stored (_storage), lse32 the fp32 LSE (log2 units with exp2, 0 on masked
     rows), order int32 key blocks in dQ's order, qk_scale the fp32 scale of dK and dQ,
     s_scale that of the logits (times log2 e with exp2). Returns delta, dq, dk, dv in the
     output's storage dtype (what bench/backward_gpu.py times)."""
+    block_m, block_n, out_format = kernel.block_m, kernel.block_n, kernel.out_format
     Z, nq, d = q3.shape
     nk, dv = k3.shape[1], v3.shape[-1]
     n_qb, n_kb = n_blocks(nq, block_m), n_blocks(nk, block_n)
@@ -209,28 +234,39 @@ def backward_kernels(q3, k3, v3, do3, o3, lse32, order, qk_scale, s_scale, *, bl
     strides = (q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0),
                v3.stride(1))
     common = dict(D=d, DV=dv, HEAD_DIM=hd, HEAD_DIM_V=hdv, BLOCK_M=block_m, BLOCK_N=block_n,
-                  CAUSAL=bool(causal), DS_FORMAT=ds_format, OUT_FORMAT=out_format,
-                  USE_EXP2=bool(exp2), EMULATE=INTERPRET)
+                  CAUSAL=bool(kernel.causal), DS_FORMAT=kernel.ds_format,
+                  OUT_FORMAT=out_format, USE_EXP2=bool(kernel.exp2), EMULATE=INTERPRET)
     _bwd_dkdv[(n_kb, Z)](q3, k3, v3, do3, lse32, delta, dk, dvv, qk_scale, s_scale, nq, nk,
-                         n_qb, *strides, P_FORMAT=p_format, **common)
+                         n_qb, *strides, P_FORMAT=kernel.p_format, **common)
     _bwd_dq[(n_qb, Z)](q3, k3, v3, do3, lse32, delta, dq, order, qk_scale, s_scale, nq, nk,
                        n_kb, *strides, **common)
     return delta, dq, dk, dvv
 
 
+# what the kernels take beside precision, policy and the blocks, with flashnum's defaults
+# (flashnum.engine.call.BackwardCall): causal, scale, dq_order, seed, out, lse, exp2
+OPTIONS = ("causal", "scale", "dq_order", "seed", "out", "lse", "exp2")
+
+
 def attention_backward_triton(q, k, v, do, *, precision="bf16", policy="fa2", block_m=32,
-                              block_n=32, causal=False, scale=None, dq_order="forward", seed=0,
-                              out=None, lse=None, exp2=False) -> Gradients:
-    """dQ, dK, dV by the Triton kernels (see the module docstring)."""
+                              block_n=32, **options) -> Gradients:
+    """dQ, dK, dV by the Triton kernels (see the module docstring). options: OPTIONS, as
+    flashnum.attention_backward takes them (out, lse: the forward's, else recomputed by
+    flashnum.backends.triton.attention_triton)."""
+    bad = sorted(set(options) - set(OPTIONS))
+    if bad:  # what a signature listing them would refuse
+        raise TypeError(f"attention_backward_triton() got an unexpected keyword argument "
+                        f"{bad[0]!r}")
     call = backward_call_of(q, k, v, do, precision=precision, policy=policy, block_m=block_m,
-                            block_n=block_n, causal=causal, scale=scale, seed=seed,
-                            dq_order=dq_order, out=out, lse=lse, exp2=exp2)
+                            block_n=block_n, **options)
     check_backward(call)
     if call.causal == "top_left":  # the kernels write the bottom-right rule out themselves
         raise ValueError("causal='top_left' is not supported by backend 'triton' (its "
                          "kernels are bottom-right aligned); valid there: False, True, "
                          "'bottom_right'")
     causal, scale, seed = call.causal, call.scale, call.seed
+    dq_order, out, lse = call.dq_order, call.out, call.lse
+    exp2 = options.get("exp2", False)  # as given (a numpy bool stays one in info)
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} not in the kernel; valid: "
                          f"{', '.join(PRECISIONS)}")
@@ -266,8 +302,7 @@ def attention_backward_triton(q, k, v, do, *, precision="bf16", policy="fa2", bl
     order = key_block_order(dq_order, 1, n_blocks(nk, block_n), seed)[0]
     delta, dq, dk, dvv = backward_kernels(
         q3, k3, v3, do3, o3, lse32, order.to(torch.int32).to(DEVICE).contiguous(), qk_scale,
-        s_scale, block_m=block_m, block_n=block_n, causal=causal, p_format=pol.p_cast,
-        ds_format=pol.ds_cast, out_format=fout, exp2=exp2)
+        s_scale, BackwardKernel(block_m, block_n, causal, pol.p_cast, pol.ds_cast, fout, exp2))
     home = q.device
 
     def back(x, *tail):
@@ -311,4 +346,5 @@ def compare_backward(q, k, v, do, **kw) -> dict:
     return out
 
 
-__all__ = ["attention_backward_triton", "backward_kernels", "compare_backward", "PRECISIONS"]
+__all__ = ["attention_backward_triton", "backward_kernels", "BackwardKernel", "compare_backward",
+           "OPTIONS", "PRECISIONS"]

@@ -75,6 +75,7 @@ is declared there with @figure(its sources): flashnum.figures.registry):
     reproductions.py  the reproductions' tables and the numbers and facts the paper's
                 sentences about them read
     quantities.py  the named quantities paper, README and docs quote (QUANTITIES)
+    quantities_*.py  the functions computing them, one module per topic
     quoting.py  how a document quotes a quantity, a fact or a passage, and the check
     docs/       the passages README and docs quote, one module per topic (QUOTED)
     lowprec.py  block-scaled formats, FA4's fp8 offset, the P-cast threshold, split-KV

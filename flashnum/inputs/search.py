@@ -55,7 +55,8 @@ from scipy.optimize import differential_evolution
 from scipy.stats import qmc
 
 from flashnum.api import attention
-from flashnum.inputs.distributions import DISTRIBUTIONS, FROM_FILE, Inputs, dot_logits, make
+from flashnum.inputs.distributions import DISTRIBUTIONS, FROM_FILE, Inputs, make
+from flashnum.inputs.draws import dot_logits
 from flashnum.inputs.io import load_inputs, save_inputs
 from flashnum.numerics import elementary
 from flashnum.numerics.accumulate import rowsum

@@ -15,7 +15,7 @@ its kernel does (torch_cpu.c calls the same MKL sgemm as torch's kernel): its ta
 compared on the CPU class that stored them (flashnum.harness.compare).
 
   torch_cpu        torch's CPU SDPA flash kernel, forward and backward (torch_cpu.py,
-                   torch_cpu_backward.py)
+                   its exps torch_cpu_exp.py and GEMMs torch_cpu_gemm.py, torch_cpu_backward.py)
   torch_math       ATen's _scaled_dot_product_attention_math (library.py)
   jax_xla          jax.nn.dot_product_attention(implementation="xla") (library.py)
   ort_cpu          ONNX Runtime's CPU Attention (library.py)

@@ -45,342 +45,45 @@ length; the model calls the same exported brgemm, from its Python loop (the kern
 cpu_flash_attention<..., with_pack=true>). Everything else is torch elementwise arithmetic
 on fp32 tensors, each operation the one IEEE operation the kernel performs; FMAs are
 evaluated exactly (fp64 product and sum, rounded to odd, then to fp32).
+
+The exponentials are in flashnum.models.torch_cpu_exp, the GEMM calls (MKL, brgemm and
+the packing) in flashnum.models.torch_cpu_gemm; here: the splits, the row softmax
+(torch_cpu.c or torch) and the kernel's loop.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import math
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from flashnum.engine.result import Result
+from flashnum.models.torch_cpu_exp import _fma, _logf, exp64, exp_u20, expf, fexp_u20
+from flashnum.models.torch_cpu_gemm import (
+    _brgemm,
+    _brgemm_call,
+    _mkl,
+    _omp_set_num_threads,
+    _one_thread,
+    _Packed,
+    _pv,
+    _qk,
+    need_pack,
+)
 from flashnum.numerics import build
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LANES = 16  # AVX-512 float vector width (Vectorized<float>::size())
 KV_SPLIT = 512
 
-# exp_u20's constants (ATen vec512_float.h), as fp32 values
-_F32 = np.float32
-_C = [_F32(0.999999701), _F32(0.499991506), _F32(0.166676521), _F32(0.0418978221),
-      _F32(0.00828929059)]
-_LOG2E = np.array([0x3FB8AA3B], dtype=np.uint32).view(np.float32)[0]
-_LN2 = np.array([0x3F317218], dtype=np.uint32).view(np.float32)[0]
-_LN_MIN = np.array([0xC2AEAC50], dtype=np.uint32).view(np.float32)[0]
-_LN_MAX = np.array([0x42B17218], dtype=np.uint32).view(np.float32)[0]
-
 
 def split_sizes(nq: int, nk: int) -> tuple[int, int]:
     """(q_split, kv_split) the kernel uses for these lengths (flash_attention_kernel_impl)."""
     q_split = 256 if nq >= 768 else 64 if nq >= 192 else 32
     return min(q_split, nq), min(KV_SPLIT, nk)
-
-
-# ---------------------------------------------------------------------------
-# the two exponentials
-
-
-def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """fp32 fma(a, b, c), rounded once: the fp64 product is exact, the fp64 sum is
-    rounded to odd (so that its rounding to fp32 is the correct one)."""
-    p = a.double() * b.double()
-    c64 = c.double() if isinstance(c, torch.Tensor) else torch.tensor(float(c), dtype=torch.float64)
-    s = p + c64
-    bb = s - p
-    err = (p - (s - bb)) + (c64 - bb)  # s + err = p + c exactly (TwoSum)
-    even = (s.view(torch.int64) & 1) == 0
-    fix = (err != 0) & even & torch.isfinite(s)
-    if bool(fix.any()):
-        s = torch.where(fix, torch.nextafter(s, s + err), s)
-    return s.float()
-
-
-def exp_u20(x: torch.Tensor) -> torch.Tensor:
-    """ATen's Vectorized<float>::exp_u20 (AVX-512) on fp32 x, elementwise."""
-    f32 = torch.float32
-    below = x < float(_LN_MIN)
-    src = torch.clamp(torch.clamp(x, max=float(_LN_MAX)), min=float(_LN_MIN))
-    fx = torch.floor(_fma(src, torch.tensor(float(_LOG2E), dtype=f32), 0.5))
-    r = _fma(-fx, torch.tensor(float(_LN2), dtype=f32), src)
-    res = _fma(r, torch.tensor(float(_C[4]), dtype=f32), float(_C[3]))
-    for c in (_C[2], _C[1], _C[0], _F32(1.0)):
-        res = _fma(r, res, float(c))
-    # 2^(fx - 1) built from its exponent bits; fx >= -126 after the clamp
-    e = (fx - 1).to(torch.int32) + 127
-    two = torch.where(e > 0, e << 23, torch.zeros_like(e)).view(f32)
-    two = torch.where(below, torch.zeros_like(two), two)
-    return (res * two) * 2.0
-
-
-# fexp_u20's constants (ATen vec512_float.h; double literals cast to float)
-_D = [_F32(0.00010703434948458272), _F32(0.30354260500649682), _F32(-0.22433836478672356),
-      _F32(-0.079204240219773236)]
-
-
-def fexp_u20(x: torch.Tensor) -> torch.Tensor:
-    """ATen's Vectorized<float>::fexp_u20 (AVX-512; Malossi et al.'s fast exp: 2^frac by a
-    cubic, the result assembled in the exponent bits by one fma and a truncation)."""
-    f32 = torch.float32
-    lo, hi = x < float(_LN_MIN), x > float(_LN_MAX)
-    src = x * torch.tensor(float(_LOG2E), dtype=f32)
-    frac = src - torch.floor(src)
-    res = _fma(frac, torch.tensor(float(_D[3]), dtype=f32), float(_D[2]))
-    res = _fma(frac, res, float(_D[1]))
-    res = _fma(frac, res, float(_D[0]))
-    src = src - res
-    tmp = _fma(torch.tensor(2.0**23, dtype=f32), src, 2.0**23 * 127)
-    bits = torch.trunc(torch.nan_to_num(tmp, nan=0.0, posinf=0.0, neginf=0.0)).to(torch.int32)
-    bits = torch.where(lo, torch.zeros_like(bits), bits)
-    bits = torch.where(hi, torch.full_like(bits, 0x7F800000), bits)
-    return bits.view(f32)
-
-
-@functools.cache
-def _expf():
-    name = ctypes.util.find_library("m") or "libm.so.6"
-    f = ctypes.CDLL(name).expf
-    f.restype = ctypes.c_float
-    f.argtypes = [ctypes.c_float]
-    return f
-
-
-@functools.cache
-def _exp64():
-    name = ctypes.util.find_library("m") or "libm.so.6"
-    f = ctypes.CDLL(name).exp
-    f.restype = ctypes.c_double
-    f.argtypes = [ctypes.c_double]
-    return f
-
-
-def exp64(x: torch.Tensor) -> torch.Tensor:
-    """The C library's double exp of fp32 x (float64 result); rounded to fp32 it is the
-    correctly rounded exp that the kernel's tail loop delivers (measured)."""
-    f = _exp64()
-    flat = x.detach().contiguous().reshape(-1).double().numpy()
-    out = np.fromiter((f(v) for v in flat.tolist()), dtype=np.float64, count=flat.size)
-    return torch.from_numpy(out).reshape(x.shape)
-
-
-@functools.cache
-def _logf():
-    name = ctypes.util.find_library("m") or "libm.so.6"
-    f = ctypes.CDLL(name).logf
-    f.restype = ctypes.c_float
-    f.argtypes = [ctypes.c_float]
-    return f
-
-
-def expf(x: torch.Tensor, f=None) -> torch.Tensor:
-    """The C library's expf (what std::exp(float) calls), elementwise, on fp32 x."""
-    f = f or _expf()
-    flat = x.detach().contiguous().reshape(-1).numpy()
-    out = np.fromiter((f(v) for v in flat.tolist()), dtype=np.float32, count=flat.size)
-    return torch.from_numpy(out).reshape(x.shape)
-
-
-# ---------------------------------------------------------------------------
-# the library's GEMMs
-
-
-@functools.cache
-def _mkl():
-    """MKL's Fortran GEMMs inside the libtorch_cpu torch loaded, or None."""
-    lib_dir = Path(torch.__file__).parent / "lib"
-    try:
-        lib = ctypes.CDLL(str(lib_dir / "libtorch_cpu.so"))
-        fns = {"fp32": lib.sgemm_, "bf16": lib.gemm_bf16bf16f32_, "fp16": lib.gemm_f16f16f32_}
-    except (OSError, AttributeError):
-        return None
-    for f in fns.values():
-        f.restype = None
-    return fns
-
-
-@functools.cache
-def _omp_set_num_threads():
-    """The address of omp_set_num_threads in the OpenMP runtime torch (and MKL) use, or None."""
-    lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
-    try:
-        return ctypes.cast(lib.omp_set_num_threads, ctypes.c_void_p).value
-    except AttributeError:
-        return None
-
-
-def mkl_available() -> bool:
-    return _mkl() is not None
-
-
-def _gemm(prec, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc):
-    """Column-major C (m x n) = op(A) op(B) + beta C through the library, as cpublas::gemm."""
-    fns = _mkl()
-    ci = ctypes.c_int
-    one, bet = ctypes.c_float(1.0), ctypes.c_float(beta)
-    fns[prec](ctypes.c_char_p(trans_a), ctypes.c_char_p(trans_b), ctypes.byref(ci(m)),
-              ctypes.byref(ci(n)), ctypes.byref(ci(k)), ctypes.byref(one),
-              ctypes.c_void_p(a.data_ptr()), ctypes.byref(ci(lda)),
-              ctypes.c_void_p(b.data_ptr()), ctypes.byref(ci(ldb)), ctypes.byref(bet),
-              ctypes.c_void_p(c.data_ptr()), ctypes.byref(ci(ldc)))
-
-
-@functools.cache
-def _thread_setters():
-    """(omp_set_num_threads, MKL_Set_Num_Threads_Local) of the runtimes torch loaded, or
-    None."""
-    lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
-    try:
-        omp, mkl = lib.omp_set_num_threads, lib.MKL_Set_Num_Threads_Local
-    except AttributeError:
-        return None
-    omp.argtypes, omp.restype = [ctypes.c_int], None
-    mkl.argtypes, mkl.restype = [ctypes.c_int], ctypes.c_int
-    return omp, mkl
-
-
-class _one_thread:
-    """The library calls of the calling thread on one thread while the model runs, as each
-    task of the kernel's parallel loop runs its GEMMs sequentially; restored after. It sets
-    this thread's OpenMP team size and MKL's thread-local count, not torch.set_num_threads:
-    that one also switches MKL's dynamic threading off for the rest of the process, after
-    which torch's own kernels split their fp32 GEMMs differently (measured on the backward).
-    MKL's own local thread setting alone leaves its OpenMP team spinning (15x the CPU time
-    per GEMM here), hence both. active=False leaves everything as it is."""
-
-    def __init__(self, active: bool = True):
-        self.active = active
-
-    def __enter__(self):
-        if not self.active:
-            return
-        setters = _thread_setters()
-        self.old = torch.get_num_threads()
-        if setters is None:
-            torch.set_num_threads(1)
-            return
-        setters[0](1)
-        self.mkl_old = setters[1](1)
-
-    def __exit__(self, *exc):
-        if not self.active:
-            return
-        setters = _thread_setters()
-        if setters is None:
-            torch.set_num_threads(self.old)
-            return
-        setters[0](self.old)
-        setters[1](self.mkl_old)
-
-
-def _qk(prec, q, k, s) -> None:
-    """s (qB, kvB) fp32 = q (qB, d) @ k (kvB, d)^T, as the kernel calls
-    gemm(T, N, kvB, qB, d, 1, k, d, q, d, 0, s, kvB). q, k are views into the inputs and s
-    a view into the thread's buffer: MKL's result can depend on the operands' alignment."""
-    qb, d = q.shape
-    kvb = k.shape[0]
-    if _mkl() is None:
-        s.copy_(torch.matmul(q.float(), k.float().T))
-        return
-    _gemm(prec, b"T", b"N", kvb, qb, d, k, d, q, d, 0.0, s, kvb)
-
-
-def _pv(prec, p, v, o, first: bool) -> None:
-    """o (qB, d) fp32 <- p (qB, kvB) @ v (kvB, d) + (0 if first else 1) o, as the kernel
-    calls gemm(N, N, d, qB, kvB, 1, v, d, p, kvB, beta, o, d)."""
-    qb, kvb = p.shape
-    d = v.shape[-1]
-    if _mkl() is None:
-        pv = torch.matmul(p.float(), v.float())
-        o.copy_(pv if first else pv + o)
-        return
-    _gemm(prec, b"N", b"N", d, qb, kvb, v, d, p, kvb, 0.0 if first else 1.0, o, d)
-
-
-# ---------------------------------------------------------------------------
-# the packed path: oneDNN's brgemm on VNNI-packed K and V (bf16 on AMX machines)
-
-_SCALAR_TYPE = {"bf16": 15, "fp16": 5}  # c10::ScalarType of BFloat16, Half
-
-
-@functools.cache
-def _brgemm():
-    """(could_pack, brgemm, brgemm_release) of at::native::cpublas in libtorch_cpu, or None."""
-    lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
-    names = {"bf16": "_ZN2at6native7cpublas6brgemmEllllllbPKN3c108BFloat16ES5_Pfb",
-             "fp16": "_ZN2at6native7cpublas6brgemmEllllllbPKN3c104HalfES5_Pfb"}
-    try:
-        could = lib._ZN2at6native7cpublas10could_packEN3c1010ScalarTypeE
-        release = lib._ZN2at6native7cpublas14brgemm_releaseEb
-        fns = {p: getattr(lib, n) for p, n in names.items()}
-    except AttributeError:
-        return None
-    could.argtypes, could.restype = [ctypes.c_int8], ctypes.c_bool
-    release.argtypes, release.restype = [ctypes.c_bool], None
-    i64, vp = ctypes.c_int64, ctypes.c_void_p
-    for f in fns.values():
-        f.argtypes = [i64] * 6 + [ctypes.c_bool, vp, vp, vp, ctypes.c_bool]
-        f.restype = None
-    return could, fns, release
-
-
-def need_pack(prec, bh, nq, nk, d, qs, causal, threads) -> bool:
-    """flash_attention_kernel_impl's could_pack (bf16/fp16 where cpublas::could_pack says
-    so: oneDNN's AMX brgemm) and cpu_flash_attention's need_pack: both lengths at least 64
-    (bf16) or 16 (fp16), and the GEMM work per thread at least 4x (bf16) or 1x (fp16) the
-    packing work."""
-    lib = _brgemm()
-    if prec not in _SCALAR_TYPE or lib is None or not lib[0](_SCALAR_TYPE[prec]):
-        return False
-    thresh = 64 if prec == "bf16" else 16
-    if nk < thresh or nq < thresh:
-        return False
-    pack_size = float(bh * nk * d)
-    q_slice = -(-nq // qs)
-    qs_per_thread = float((bh * q_slice + threads - 1) // threads)  # integer division
-    gemm_size = qs_per_thread * qs * (min(nq, nk) if causal else nk) * d
-    return gemm_size / pack_size >= (4 if prec == "bf16" else 1)
-
-
-def pack_vnni2(src: torch.Tensor) -> torch.Tensor:
-    """at::vec::pack_vnni2: [K, N] -> [K/2, N, 2] (pairs of rows interleaved), K padded to
-    even with a zero row, flattened."""
-    k, n = src.shape
-    if k % 2:
-        src = torch.cat([src, src.new_zeros(1, n)])
-    return src.reshape(-1, 2, n).transpose(1, 2).reshape(-1)
-
-
-class _Packed:
-    """The kernel's reordered K and V (need_pack): key_reorder [bh, eheadSize, Nk], each key
-    block at n * eheadSize, the block's K^T packed; value_reorder [bh, kv_padding_size, d],
-    each block at (n / kvS) * ekvS * d, the block's V packed (odd blocks padded to even)."""
-
-    def __init__(self, k3, v3, ks):
-        bh, nk, d = k3.shape
-        self.ehead = d + d % 2
-        self.eks = ks + ks % 2
-        tail = (nk - 1) % ks + 1
-        self.kv_padding = (nk - 1) // ks * self.eks + tail + tail % 2
-        self.key = torch.empty(bh, self.ehead * nk, dtype=k3.dtype)
-        self.value = torch.empty(bh, self.kv_padding * d, dtype=k3.dtype)
-        for h in range(bh):
-            for n in range(0, nk, ks):
-                kvb = min(ks, nk - n)
-                kt = pack_vnni2(k3[h, n : n + kvb].T.contiguous())
-                self.key[h, n * self.ehead : n * self.ehead + kt.numel()] = kt
-                vt = pack_vnni2(v3[h, n : n + kvb])
-                p0 = n // ks * self.eks * d
-                self.value[h, p0 : p0 + vt.numel()] = vt
-
-
-def _brgemm_call(prec, m, n, k, lda, ldb, ldc, add_c, a, b, c) -> None:
-    """cpublas::brgemm(M, N, K, ld_a, ld_b, ld_c, add_C, A, B (VNNI), C): C (+)= A B."""
-    _brgemm()[1][prec](m, n, k, lda, ldb, ldc, add_c, a.data_ptr(), b.data_ptr(),
-                        c.data_ptr(), True)
 
 
 # ---------------------------------------------------------------------------

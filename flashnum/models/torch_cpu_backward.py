@@ -73,13 +73,12 @@ from flashnum.models.torch_cpu import (
     DTYPES,
     LANES,
     _clib,
-    _fma,
-    _mkl,
-    _one_thread,
     attention_torch_cpu,
     check_alignment,
     split_sizes,
 )
+from flashnum.models.torch_cpu_exp import _fma
+from flashnum.models.torch_cpu_gemm import _mkl, _one_thread
 
 _F32 = torch.float32
 

@@ -13,7 +13,8 @@ import torch
 
 from flashnum.api import attention
 from flashnum.engine.variants import VARIANTS, Variant
-from flashnum.inputs.distributions import COMMON, make
+from flashnum.inputs.distributions import make
+from flashnum.inputs.draws import COMMON
 from flashnum.numerics.accumulate import mean
 from flashnum.numerics.policy import make_policy
 from flashnum.reproduce.measure import (

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from flashnum.figures.docs.digits import sci
 from flashnum.figures.docs.sources import last_run, table
-from flashnum.figures.quantities import INVARIANT_SWEEPS
+from flashnum.figures.quantities_sweeps import INVARIANT_SWEEPS
 from flashnum.figures.quoting import Passage, require
 
 
