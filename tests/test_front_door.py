@@ -51,6 +51,25 @@ def test_each_verb_runs_its_module_entry_point(monkeypatch):
     assert seen == {m: ["a=1", "b"] for m, _ in door.VERBS.values()}
 
 
+def _status(argv) -> int:
+    try:
+        return door.main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "colour=red"], ["run", "experiment=nope"], ["audit", "colour=red"],
+    ["figures", "colour=red"], ["stored", "bf16_sweep", "colour=red"], ["stored", "nope"],
+    ["worst-case", "colour=red"], ["attribute", "colour=red"], ["verify", "nope"],
+], ids=" ".join)
+def test_bad_input_is_exit_2_and_one_line_naming_it_from_every_verb(argv, capsys):
+    assert _status(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert ("colour" if "colour=red" in argv else "nope") in err and "valid: " in err
+
+
 def test_run_through_the_door_is_python_m_flashnum_run(tmp_path):
     args = ["experiment=smoke", "dry_run=true", f"store.root={tmp_path}"]
     a, b = _flashnum("flashnum", "run", *args), _flashnum("flashnum.run", *args)
