@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from flashnum.harness import experiments
+from flashnum import run
 
 PROG = "flashnum verify"
 
@@ -64,9 +64,9 @@ def parse(argv: list[str]) -> tuple[list[str], Path, Path, list[str]] | str:
             names += [n for n in value.split(",") if n]
         else:
             rest.append(a)
-    bad = [n for n in names if experiments.find(n) is None]
+    bad = [n for n in names if run.find(n) is None]
     if bad:
-        return experiments.unknown(bad[0])
+        return run.unknown(bad[0])
     if Path(root).resolve() == Path(other).resolve():
         return (f"store.root={root} is the store compared with; valid: a scratch store "
                 f"(store.root=scratch)")

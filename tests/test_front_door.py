@@ -145,3 +145,28 @@ def test_verify_reruns_into_the_scratch_store_and_says_identical(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.startswith("bwd_order: identical, ")
     assert (tmp_path / "verify.txt").read_text() == p.stdout
+
+
+def test_every_experiment_conf_says_its_kind_and_the_router_has_one_runner_per_kind():
+    import yaml
+
+    from flashnum import run
+    from flashnum.harness import experiments
+    from flashnum.harness.paths import CONF
+
+    for folder, kinds in experiments.FOLDERS.items():
+        for path in sorted((CONF / folder).glob("*.yaml")):
+            kind = yaml.safe_load(path.read_text()).get("kind")
+            assert kind in kinds, path
+            assert run.find(path.stem).kind == kind
+    assert set(run.RUNNERS) | {"forward"} == {*experiments.YAML_KINDS, "head_stats",
+                                              "reproduction", "attribution"}
+
+
+def test_a_kind_its_folder_does_not_hold_is_one_line(tmp_path):
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text("experiment: mine\nkind: audit\n")
+    p = _flashnum("flashnum.run", "experiment=mine", f"--config-dir={tmp_path}",
+                  f"store.root={tmp_path / 's'}")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    assert "kind 'audit'; valid in experiment/: forward, backward" in p.stderr

@@ -438,7 +438,7 @@ def precheck(overrides: list[str], dirs=()):
             cfg = compose("config", overrides=overrides)
     except Exception as e:
         raise ConfigError(cli.explain(e)) from None
-    named(cfg, _choice(overrides))
+    named(cfg, choice_of(overrides))
     return cfg, _checked(cfg)
 
 
@@ -448,13 +448,13 @@ def named(cfg, choice: str | None) -> None:
     cfg.experiment = cfg.get("name") or choice or cfg.experiment
 
 
-def _choice(overrides: list[str]) -> str | None:
+def choice_of(overrides: list[str]) -> str | None:
     """The experiment=NAME of the overrides (the last one), or None."""
     names = [o.split("=", 1)[1] for o in overrides if o.startswith("experiment=")]
     return names[-1] if names else None
 
 
-def _user_dirs(args) -> list[str]:
+def user_dirs(args) -> list[str]:
     """The user's config folders, absolute: --config-dir and hydra.searchpath's file:// ones."""
     dirs = [args.config_dir] if args.config_dir else []
     for o in args.overrides:
@@ -499,97 +499,25 @@ def _hydra_main(cfg) -> None:
     _go(cfg, cases, None)
 
 
-ABOVE = ("audit", "reproduction", "attribution")  # kinds whose runners sit above the harness
-
-
-def _rest(overrides: list[str]) -> list[str]:
-    """The overrides that go with an experiment to its own runner: all but experiment= and
-    Hydra's."""
-    return [o for o in overrides if not o.startswith(("experiment=", "hydra.", "hydra/"))]
-
-
-def compared(name: str, overrides: list[str], runner) -> int:
-    """runner(overrides) for an experiment whose own runner has no `compare_with=`: a table,
-    head statistics, a reproduction, an audit or the attribution table. With
-    compare_with=ROOT, every row of the run's store (store.root=, experiments by default)
-    is then compared with ROOT/name by flashnum.harness.compare, as the sweeps do; the
-    exit status is then the comparison's: 1 if any non-timing column differs."""
-    other = [o.split("=", 1)[1] for o in overrides if o.startswith("compare_with=")]
-    rest = [o for o in overrides if not o.startswith("compare_with=")]
-    if not other:
-        return runner(rest)
-    root = Path(next((o.split("=", 1)[1] for o in reversed(rest)
-                      if o.startswith("store.root=")), "experiments"))
-    if root.resolve() == Path(other[-1]).resolve():
-        cli.fail(PROG, f"compare_with={other[-1]} is the store this run writes to; "
-                       "give another store.root=")
-    code = runner(rest)
-    if code not in (0, 1):  # stopped (bad input): nothing to compare
-        return code
-    # exit 1 from an audit means a kernel broke a rule, not that the run failed; with
-    # compare_with= the question is whether the table reproduces, so its answer decides
-    try:
-        now = store.load(root / name)
-    except FileNotFoundError:
-        now = None
-    text, same = compare.against(now, Path(other[-1]) / name)
-    print(text, flush=True)
-    return 0 if same else 1
-
-
-def handed_over(argv: list[str]) -> tuple[experiments.Experiment, list[str]] | None:
-    """(experiment, overrides) when argv names one run (not a multirun) of an experiment
-    whose runner sits above the harness (ABOVE: the audit, a reproduction, the attribution
-    table): flashnum/run.py, the entry point on top of them all, runs it. Else None."""
-    args = cli.hydra_args(argv)
-    choice = _choice(args.overrides)
-    if choice is None or args.multirun:
-        return None
-    found = [experiments.find(c, _user_dirs(args)) for c in choice.split(",")]
-    if None in found or found[0].kind not in ABOVE:
-        return None  # unknown names: main says so
-    return found[0], _rest(args.overrides)
-
-
-def _elsewhere(exp, overrides: list[str]) -> int:
-    """Run a backward sweep by its runner (flashnum.harness.backward), a forward sweep's
-    head statistics by theirs (flashnum.harness.head_stats); the overrides but
-    experiment= and Hydra's go with it."""
-    if exp.kind in ABOVE:
-        cli.fail(PROG, f"experiment {exp.name} ({exp.kind}) runs through python -m flashnum.run")
-    if exp.kind == "table":
-        from flashnum.harness import tables
-
-        return compared(exp.name, _rest(overrides),
-                        lambda rest: tables.main([f"experiment={exp.name}", *rest]))
-    if exp.kind == "head_stats":
-        from flashnum.harness import head_stats
-
-        return compared(exp.name, _rest(overrides),
-                        lambda rest: head_stats.main([f"experiment={exp.path.stem}", *rest]))
-    from flashnum.harness import backward
-
-    shipped = exp.path.parent == CONF / "experiment"  # else the user's own YAML
-    return backward.main([f"experiment={exp.name if shipped else exp.path}",
-                          *_rest(overrides)])
-
-
 def main(argv: list[str] | None = None) -> int:
-    """python -m flashnum.run [key=value ...]: one run composes conf/ once and runs it;
-    -m (multirun) and Hydra's own flags (--help, --cfg, --info) go through hydra.main.
-    A backward sweep goes to its own runner (_elsewhere); flashnum/run.py hands the kinds
-    above the harness (ABOVE) to theirs first."""
+    """python -m flashnum.run [key=value ...] for a forward sweep: one run composes conf/
+    once and runs it; -m (multirun) and Hydra's own flags (--help, --cfg, --info) go
+    through hydra.main. flashnum/run.py routes every other kind to its runner first."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = cli.hydra_args(argv)
-    dirs = _user_dirs(args)
-    choice = _choice(args.overrides)
+    dirs = user_dirs(args)
+    choice = choice_of(args.overrides)
     if choice is not None:
-        found = [experiments.find(c, dirs) for c in choice.split(",")]
-        if None in found:
-            bad = choice.split(",")[found.index(None)]
-            cli.fail(PROG, experiments.unknown(bad, dirs))
-        if found[0].kind != "forward" and not args.multirun:
-            return _elsewhere(found[0], args.overrides)
+        for c in choice.split(","):
+            try:
+                exp = experiments.find(c, dirs)
+            except ValueError as e:
+                cli.fail(PROG, str(e))
+            if exp is None:
+                cli.fail(PROG, experiments.unknown(c, experiments.names(dirs)))
+            if exp.kind != "forward":
+                cli.fail(PROG, f"experiment {c} is kind {exp.kind}; valid here: forward "
+                               f"(python -m flashnum.run experiment={c} routes it)")
     if args.help or args.hydra_help or args.info or args.shell_completion or args.cfg:
         _hydra_main()
         return 0
@@ -606,9 +534,5 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if result.get("failures") or result.get("reproduces") is False else 0
 
 
-if __name__ == "__main__":
-    # run the importable module, not __main__: workers and submitit jobs unpickle
-    # functions by module name, and `__main__` is another module in their process
-    from flashnum.harness.run import main as _main
-
-    sys.exit(_main())
+if __name__ == "__main__":  # an alias of python -m flashnum.run, the router of every kind
+    cli.alias(lambda argv: argv)
