@@ -5,15 +5,15 @@ reproductions and the attribution table have no YAML) and RUNNERS holds one runn
 kind; a forward sweep (and a multirun, -m) goes to flashnum.harness.run.main. The
 overrides but experiment= and Hydra's go with the experiment to its runner.
 `compare_with=ROOT` works for every kind: the backward and forward runners compare the
-rows they computed; for the others `compared` compares the table the run wrote.
+rows they computed; for the others flashnum.harness.run.compared compares the table the
+run wrote.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from flashnum.harness import cli, compare, experiments, store
+from flashnum.harness import cli, experiments
 from flashnum.harness import run as forward
 from flashnum.harness.experiments import Experiment
 from flashnum.harness.paths import CONF
@@ -48,35 +48,6 @@ def unknown(name: str, dirs=()) -> str:
     return experiments.unknown(name, names(dirs))
 
 
-def compared(name: str, overrides: list[str], runner) -> int:
-    """runner(overrides) for a kind whose runner has no `compare_with=`: a table, head
-    statistics, a reproduction, an audit or the attribution table. With compare_with=ROOT,
-    every row of the run's store (store.root=, experiments by default) is then compared
-    with ROOT/name by flashnum.harness.compare, as the sweeps do; the exit status is then
-    the comparison's: 1 if any non-timing column differs."""
-    other = [o.split("=", 1)[1] for o in overrides if o.startswith("compare_with=")]
-    rest = [o for o in overrides if not o.startswith("compare_with=")]
-    if not other:
-        return runner(rest)
-    root = Path(next((o.split("=", 1)[1] for o in reversed(rest)
-                      if o.startswith("store.root=")), "experiments"))
-    if root.resolve() == Path(other[-1]).resolve():
-        cli.fail(PROG, f"compare_with={other[-1]} is the store this run writes to; "
-                       "give another store.root=")
-    code = runner(rest)
-    if code not in (0, 1):  # stopped (bad input): nothing to compare
-        return code
-    # exit 1 from an audit means a kernel broke a rule, not that the run failed; with
-    # compare_with= the question is whether the table reproduces, so its answer decides
-    try:
-        now = store.load(root / name)
-    except FileNotFoundError:
-        now = None
-    text, same = compare.against(now, Path(other[-1]) / name)
-    print(text, flush=True)
-    return 0 if same else 1
-
-
 def _backward(exp: Experiment, rest: list[str]) -> int:
     from flashnum.harness import backward
 
@@ -87,33 +58,33 @@ def _backward(exp: Experiment, rest: list[str]) -> int:
 def _table(exp: Experiment, rest: list[str]) -> int:
     from flashnum.harness import tables
 
-    return compared(exp.name, rest, lambda r: tables.main([f"experiment={exp.name}", *r]))
+    return forward.compared(exp.name, rest, lambda r: tables.main([f"experiment={exp.name}", *r]))
 
 
 def _head_stats(exp: Experiment, rest: list[str]) -> int:
     from flashnum.harness import head_stats
 
-    return compared(exp.name, rest,
+    return forward.compared(exp.name, rest,
                     lambda r: head_stats.main([f"experiment={exp.path.stem}", *r]))
 
 
 def _audit(exp: Experiment, rest: list[str]) -> int:
     from flashnum.audit.__main__ import main as audit_main
 
-    return compared(exp.name, rest, lambda r: audit_main([f"experiment={exp.name}", *r]))
+    return forward.compared(exp.name, rest, lambda r: audit_main([f"experiment={exp.name}", *r]))
 
 
 def _reproduction(exp: Experiment, rest: list[str]) -> int:
     from flashnum.reproduce import main as reproduce_main
 
-    return compared(exp.name, rest,
+    return forward.compared(exp.name, rest,
                     lambda r: reproduce_main([exp.name.removeprefix("repro_"), *r]))
 
 
 def _attribution(exp: Experiment, rest: list[str]) -> int:
     from flashnum.attribute import main as attribution_main
 
-    return compared(exp.name, rest, lambda r: attribution_main(["experiment=true", *r]))
+    return forward.compared(exp.name, rest, lambda r: attribution_main(["experiment=true", *r]))
 
 
 # kind -> runner(experiment, overrides) -> exit status; forward: flashnum.harness.run.main

@@ -14,15 +14,8 @@ from dataclasses import dataclass, field
 from flashnum.harness import cli
 from flashnum.harness.config import StoreConf
 from flashnum.harness.files import unreadable
-from flashnum.harness.store import (
-    check_store,
-    compact,
-    done_ids,
-    experiment_dir,
-    load,
-    problems,
-    repair,
-)
+from flashnum.harness.repair import check_store, repair
+from flashnum.harness.store import compact, done_ids, experiment_dir, load, problems
 
 
 @dataclass

@@ -159,20 +159,8 @@ def run_case(case: Case, inp, ref_of, experiment: str, opts: dict,
     # round-to-nearest formats: none for more splits, block-scaled, scaled or truncating
     # sites (a bound on them would be a wrong finite number)
     if opts["bound"] and pol is not None and case.num_splits == 1 and plain_formats(pol):
-        try:
-            # q, k, v are already in the inputs format and the reference saw them:
-            # the input rounding contributes nothing here, so the bound must not charge it
-            b = bounds.bound(q, k, v, policy=pol.without("inputs"), block_n=case.block_n,
-                             n_rescales=res.n_rescales, causal=causal, scale=inp.scale,
-                             variant=case.variant, rounding=case.rounding, tau=case.tau,
-                             beta=case.beta, prob=opts["bound_prob"],
-                             rows=memo.setdefault(("rows", fin), {}))
-            terms = {s: _num(t) for s, t in (b.get("terms") or {}).items()}
-            row.update(bound=_num(b["bound"]), bound_prob=_num(b.get("bound_prob")),
-                       dominant_site=b.get("dominant_site"),
-                       bound_terms=json.dumps(terms, sort_keys=True))
-        except (ValueError, NotImplementedError):
-            pass  # no bound for this policy or variant: the row says NaN
+        row.update(_bound(case, pol, q, k, v, res, causal, inp.scale, opts,
+                          memo.setdefault(("rows", fin), {})))
     # an infinite bound is vacuous: it neither held nor failed (bound_holds None)
     row["bound_finite"], row["bound_holds"] = bounds.verdict(row["bound"], row["max_abs_err"])
     err_bound = ref.err_bound[~ref.masked] if ref.masked.any() else ref.err_bound
@@ -187,6 +175,23 @@ def run_case(case: Case, inp, ref_of, experiment: str, opts: dict,
     row["attention_s"] = attention_s
     row["wall_s"] = time.perf_counter() - t0
     return row
+
+
+def _bound(case: Case, pol, q, k, v, res, causal, scale, opts: dict, rows: dict) -> dict:
+    """The row's bound columns (flashnum.analysis.bounds.bound), {} where none applies."""
+    try:
+        # q, k, v are already in the inputs format and the reference saw them:
+        # the input rounding contributes nothing here, so the bound must not charge it
+        b = bounds.bound(q, k, v, policy=pol.without("inputs"), block_n=case.block_n,
+                         n_rescales=res.n_rescales, causal=causal, scale=scale,
+                         variant=case.variant, rounding=case.rounding, tau=case.tau,
+                         beta=case.beta, prob=opts["bound_prob"], rows=rows)
+    except (ValueError, NotImplementedError):
+        return {}  # no bound for this policy or variant: the row says NaN
+    terms = {s: _num(t) for s, t in (b.get("terms") or {}).items()}
+    return dict(bound=_num(b["bound"]), bound_prob=_num(b.get("bound_prob")),
+                dominant_site=b.get("dominant_site"),
+                bound_terms=json.dumps(terms, sort_keys=True))
 
 
 def _inputs(case: Case, cache: dict):
@@ -497,6 +502,36 @@ def _hydra_main(cfg) -> None:
     except ConfigError as e:
         cli.fail(PROG, str(e))
     _go(cfg, cases, None)
+
+
+def compared(name: str, overrides: list[str], runner) -> int:
+    """runner(overrides) for a kind whose runner has no `compare_with=` (flashnum/run.py
+    routes them): a table, head statistics, a reproduction, an audit or the attribution
+    table. With compare_with=ROOT,
+    every row of the run's store (store.root=, experiments by default) is then compared
+    with ROOT/name by flashnum.harness.compare, as the sweeps do; the exit status is then
+    the comparison's: 1 if any non-timing column differs."""
+    other = [o.split("=", 1)[1] for o in overrides if o.startswith("compare_with=")]
+    rest = [o for o in overrides if not o.startswith("compare_with=")]
+    if not other:
+        return runner(rest)
+    root = Path(next((o.split("=", 1)[1] for o in reversed(rest)
+                      if o.startswith("store.root=")), "experiments"))
+    if root.resolve() == Path(other[-1]).resolve():
+        cli.fail(PROG, f"compare_with={other[-1]} is the store this run writes to; "
+                       "give another store.root=")
+    code = runner(rest)
+    if code not in (0, 1):  # stopped (bad input): nothing to compare
+        return code
+    # exit 1 from an audit means a kernel broke a rule, not that the run failed; with
+    # compare_with= the question is whether the table reproduces, so its answer decides
+    try:
+        now = store.load(root / name)
+    except FileNotFoundError:
+        now = None
+    text, same = compare.against(now, Path(other[-1]) / name)
+    print(text, flush=True)
+    return 0 if same else 1
 
 
 def main(argv: list[str] | None = None) -> int:
