@@ -170,3 +170,18 @@ def test_a_kind_its_folder_does_not_hold_is_one_line(tmp_path):
                   f"store.root={tmp_path / 's'}")
     assert p.returncode == 2 and p.stderr.count("\n") == 1
     assert "kind 'audit'; valid in experiment/: forward, backward" in p.stderr
+
+
+def test_a_rerun_that_differs_from_the_compared_store_is_exit_1(tmp_path):
+    """1 is a check that failed: here one changed bit of one stored row."""
+    df = store.load("experiments/bwd_order")
+    mine = {c["case_id"] for c in backward.expand(backward.load_conf("bwd_order"))
+            if int(c["case_id"], 16) % 16 == 0}
+    i = df.index[df.case_id.isin(mine)][0]
+    df.loc[i, "err_dq"] = float(df.loc[i, "err_dq"]) * (1 + 2 ** -52)
+    store.replace(tmp_path / "cmp" / "bwd_order", df)
+    p = _flashnum("flashnum", "run", "experiment=bwd_order", "num_shards=16", "shard=0",
+                  "progress=false", f"store.root={tmp_path / 'now'}",
+                  f"compare_with={tmp_path / 'cmp'}")
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "err_dq" in p.stdout
