@@ -2,7 +2,7 @@
 flashnum.harness.store; this module holds only its commands).
 
     python -m flashnum.stored bf16_sweep          # print size and columns; compact=true
-    python -m flashnum.stored check bf16_sweep    # read every file; exit status 2 if one fails
+    python -m flashnum.stored check bf16_sweep    # read every file; exit status 1 if one fails
     python -m flashnum.stored repair bf16_sweep   # unreadable files to quarantine/, recount
 """
 
@@ -14,15 +14,8 @@ from dataclasses import dataclass, field
 from flashnum.harness import cli
 from flashnum.harness.config import StoreConf
 from flashnum.harness.files import unreadable
-from flashnum.harness.store import (
-    check_store,
-    compact,
-    done_ids,
-    experiment_dir,
-    load,
-    problems,
-    repair,
-)
+from flashnum.harness.repair import check_store, repair
+from flashnum.harness.store import compact, done_ids, experiment_dir, load, problems
 
 
 @dataclass
@@ -31,7 +24,7 @@ class Args:
 
     EXPERIMENT          the table's size and columns (compact=true: merge the parts first)
     check EXPERIMENT    read every file whole; one line per file a run or repair would trip
-                        on (unreadable, or not flashnum's), exit status 2
+                        on (unreadable, or not flashnum's), exit status 1 (a check failed)
     repair EXPERIMENT   move those files to quarantine/ (nothing readable is deleted),
                         reconcile dead runs' records, compact, and count what is missing;
                         a folder that is not a flashnum store is refused (one line, exit 2)
@@ -69,7 +62,7 @@ def _run(a) -> int:
             print(unreadable(f, why), file=sys.stderr)
         if not bad:
             print(f"{exp_dir}: every file readable; {len(done_ids(exp_dir))} cases stored")
-        return 2 if bad else 0
+        return 1 if bad else 0
     if a.action == "repair":
         r = repair(exp_dir)
         for m in r["quarantined"]:
@@ -84,9 +77,10 @@ def _run(a) -> int:
         print(f"compacted: {n} rows")
     try:
         df = load(a.experiment, root)
-    except FileNotFoundError as e:
-        print(e, file=sys.stderr)
-        return 1
+    except FileNotFoundError as e:  # a name that is no stored table: bad input
+        there = sorted(p.name for p in exp_dir.parent.iterdir() if p.is_dir()
+                       and not p.name.startswith(".")) if exp_dir.parent.is_dir() else []
+        cli.fail("flashnum.stored", f"{e}; valid: {', '.join(there) or 'none stored'}")
     print(f"{exp_dir}: {len(df)} rows, {len(df.columns)} columns")
     print(", ".join(df.columns))
     return 0

@@ -141,12 +141,12 @@ def test_ulp_keys_of_neighbouring_floats_differ_by_one_across_zero(dtype):
 
 
 def test_flashnum_run_hands_an_audit_table_to_the_audit():
-    from flashnum.harness.run import handed_over
+    from flashnum.run import routed
 
-    exp, rest = handed_over(["experiment=kernel_table", "store.root=x"])
+    exp, rest = routed(["experiment=kernel_table", "store.root=x"])
     assert (exp.name, exp.kind, rest) == ("kernel_table", "audit", ["store.root=x"])
-    assert handed_over(["experiment=bf16_sweep"]) is None
-    assert handed_over(["target=torch_sdpa"]) is None
+    assert routed(["experiment=bf16_sweep"]) is None
+    assert routed(["target=torch_sdpa"]) is None
 
 
 def test_torch_maths_split_scale_breaks_the_rule_in_fp32_on_large_logits():

@@ -1,9 +1,10 @@
 """The store's files under faults: corrupt, unreadable, read-only, a full disk, lost races.
 
 Each is one line, never a traceback: the file, what is wrong and the command that
-repairs it, exit status 2; `python -m flashnum.stored check|repair` find and quarantine
-unreadable files and never delete a readable one; a finished read-only store still
-prints its summary; a full disk at compaction keeps a store the next run uses.
+repairs it, exit status 2; `python -m flashnum.stored check|repair` find (check: exit
+status 1, a check failed) and quarantine unreadable files and never delete a readable
+one; a finished read-only store still prints its summary; a full disk at compaction keeps
+a store the next run uses.
 """
 
 import errno
@@ -100,7 +101,7 @@ def test_check_finds_every_unreadable_file_and_repair_quarantines_them_deleting_
     bad = {exp / store.RESULTS: (exp / store.RESULTS).read_bytes(),
            exp / store.MANIFEST: b"garbage"}
     root = f"store.root={exp.parent}"
-    assert store_command.main(["check", "smoke", root]) == 2
+    assert store_command.main(["check", "smoke", root]) == 1
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and all("is unreadable" in ln for ln in err)
     assert {ln.split(" is unreadable")[0] for ln in err} == {str(p) for p in bad}

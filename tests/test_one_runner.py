@@ -124,7 +124,7 @@ def test_a_table_that_runs_a_third_partys_file_stops_in_one_line_without_it(tmp_
 def test_a_rerun_of_any_kind_compares_with_a_stored_table_and_fails_on_one_changed_number(
         tmp_path):
     # compare_with= is not only the sweeps': a table experiment (and a reproduction, an
-    # audit, head statistics, which share flashnum.harness.run.compared) checks the rows it
+    # audit, head statistics, which share flashnum.run.compared) checks the rows it
     # wrote against ROOT/NAME, exit 1 on the first changed bit
     import subprocess
     import sys

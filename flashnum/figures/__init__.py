@@ -167,9 +167,18 @@ def _run(a) -> int:
     return 0
 
 
+def _check(a) -> None:
+    """A store root that does not exist is bad input (exit 2), not 22 placeholders; a table
+    missing inside an existing store is a placeholder."""
+    root = Path(a.store.root)
+    if not root.is_dir():
+        raise ValueError(f"store.root={a.store.root} is not a folder; valid: a store of "
+                         f"experiment tables, e.g. store.root=experiments")
+
+
 def main(argv=None) -> int:
     """python -m flashnum.figures (see Args)."""
-    return main_of("flashnum.figures", Args, _run, argv, doc=Args.__doc__)
+    return main_of("flashnum.figures", Args, _run, argv, check=_check, doc=Args.__doc__)
 
 
 if __name__ == "__main__":

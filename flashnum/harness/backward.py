@@ -5,17 +5,20 @@
     python -m flashnum.run experiment=bwd_order summary=true  # the stored table, summarised
     python -m flashnum.run experiment=bwd_seqlen_growth where=precision:fp16  # a subset
     python -m flashnum.run experiment=bwd_seqlen_growth n_jobs=2  # on two processes
+    python -m flashnum.run experiment=bwd_order num_shards=8 shard=0 progress=false
     python -m flashnum.harness.backward bwd_order             # the same (an alias)
-    (key=value options, flashnum.harness.cli: limit, batch, summary, where, n_jobs, store.root,
-    compare_with: a store root whose rows the rows computed now must equal, as for the forward)
+    (key=value options, flashnum.harness.cli: limit, batch, summary, where, n_jobs, progress,
+    num_shards and shard, store.root, compare_with: a store root whose rows the rows computed
+    now must equal; the keys the forward runner takes, with the same meaning)
     df = flashnum.harness.store.load("bwd_order")
 
 An experiment file has `experiment`, `description`, a `base` case and `grid`: a list of
 slices, each mapping axes to lists of values (the product of the lists; other axes from
-`base`). Axes: policy, precision, seq_len (Nq = Nk), head_dim, block (block_m =
-block_n), dq_order, distribution (flashnum.inputs.distributions, drawn on the
-precision's grid; `captured` takes `capture: {path: FILE, call: i}`, a flashnum.capture
-call whose shape, causal flag and recorded dO replace seq_len (then Nq), head_dim and
+`base`). Axes: policy, precision, seq_len (Nq = Nk), head_dim, block_n (the key-block
+size, block_m = block_n; its column is `block`, and `block` still reads as the key),
+dq_order, distribution (flashnum.inputs.distributions, drawn on the precision's grid;
+`captured` takes `capture: {path: FILE, call: i}`, a flashnum.capture call whose shape,
+causal flag and recorded dO replace seq_len (then Nq), head_dim and
 the Gaussian dO, its file's sha256 in the case's key), causal, seed, forward_variant
 (the forward that makes O and LSE: fa2, or qiu_yao for Qiu & Yao's max adjustment),
 orders (bwd_order: how many random dQ orders besides forward and reverse; 0 = none),
@@ -59,7 +62,7 @@ from flashnum.analysis.bounds_backward import bound_backward
 from flashnum.api import attention_backward
 from flashnum.harness import compare, manifest, owners, store
 from flashnum.harness.config import StoreConf
-from flashnum.harness.grid import hash_id, points
+from flashnum.harness.grid import hash_id, in_shard, points
 from flashnum.harness.paths import CONF as CONF_ROOT
 from flashnum.harness.scheduler import execute, n_workers
 from flashnum.inputs.distributions import make
@@ -93,12 +96,23 @@ def load_conf(name: str) -> dict:
     return {**conf, "experiment": path.stem}
 
 
+def _block_n(d: dict, where: str) -> dict:
+    """`block_n` (the key-block size, the forward's key; block_m = block_n) as the axis
+    `block` that case keys and rows hold; `block`, the older spelling, still reads."""
+    if "block_n" not in d:
+        return d
+    if "block" in d:
+        raise ValueError(f"block_n and block both set (in {where}); valid: block_n only")
+    return {("block" if k == "block_n" else k): v for k, v in d.items()}
+
+
 def expand(conf: dict) -> list[dict]:
     """Every case of the grid, each once, in order."""
-    base = {**DEFAULT, **conf.get("base", {})}
+    base = {**DEFAULT, **_block_n(conf.get("base", {}), "base")}
     cases, seen = [], set()
-    for sl, _, point in points(conf["grid"], AXES):  # the forward sweeps' grid expansion
-        case = {**base, **dict(point), "slice": sl.get("name", "")}
+    # the forward sweeps' grid expansion
+    for sl, where, point in points(conf["grid"], (*AXES, "block_n")):
+        case = {**base, **_block_n(dict(point), where), "slice": sl.get("name", "")}
         _captured(case)
         if case["policy"] == "naive":  # autograd of standard attention: no blocks, order
             case.update(block=base["block"], dq_order="forward")
@@ -427,6 +441,9 @@ class Args:
     summary: bool = False  # print the stored table's summary instead of running
     where: str | None = None  # only the cases with these axis values: precision:fp16+seed:0
     n_jobs: int = 1  # worker processes; 0: every core this process may use; 1: in-process
+    progress: bool = True  # the progress bar (false: one line per finished task)
+    num_shards: int = 1  # split the grid by case hash, as the forward runner does; this
+    shard: int = 0  # run computes shard `shard` of `num_shards`
     store: StoreConf = field(default_factory=StoreConf)
     # a store root (e.g. experiments): after the run, compare the rows computed now with the
     # rows stored there (flashnum.harness.compare, as the forward runner); exit status 1 if any
@@ -442,6 +459,9 @@ def _check_args(cfg) -> None:
         raise ValueError(f"batch must be >= 1, got {cfg.batch}")
     if cfg.n_jobs < 0:
         raise ValueError(f"n_jobs must be >= 0, got {cfg.n_jobs}; valid: 0 (all cores), 1, 2, ...")
+    if cfg.num_shards < 1 or not 0 <= cfg.shard < cfg.num_shards:
+        raise ValueError(f"shard={cfg.shard} num_shards={cfg.num_shards}; valid: "
+                         f"num_shards >= 1 and 0 <= shard < num_shards")
     if cfg.compare_with is not None and cfg.compare_with == cfg.store.root:
         raise ValueError(f"compare_with={cfg.compare_with} is the store this run writes to; "
                          "valid: another store root (e.g. store.root=scratch)")
@@ -455,10 +475,10 @@ def _where(text: str | None) -> dict:
     out = {}
     for part in text.split("+"):
         axis, sep, value = part.partition(":")
-        if not sep or axis not in AXES:
+        if not sep or axis not in (*AXES, "block_n"):
             raise ValueError(f"where must be axis:value[+axis:value] with an axis of "
-                             f"{', '.join(AXES)}; got {part!r}")
-        out[axis] = value
+                             f"{', '.join(AXES)}, block_n; got {part!r}")
+        out["block" if axis == "block_n" else axis] = value
     return out
 
 
@@ -485,36 +505,42 @@ def _run(cfg) -> int:
         print(line, flush=True)
     done = store.done_ids(exp_dir) if store._files(exp_dir) else set()
     where = _where(cfg.where)
-    cases = [c for c in cases if all(str(c[a]) == v for a, v in where.items())] if where \
-        else cases
+    cases = [c for c in cases if all(str(c[a]) == v for a, v in where.items())
+             and in_shard(c["case_id"], cfg.shard, cfg.num_shards)]
     # seeds in turn across every slice: a run stopped early covers the whole grid thinly;
     # within a seed the largest N first, so that parallel workers end together
     todo = sorted((c for c in cases if c["case_id"] not in done),
                   key=lambda c: (c["seed"], -c["seq_len"]))
     todo = todo[: cfg.limit]
-    print(f"{conf['experiment']}: {len(cases)} cases, {len(todo)} to run", flush=True)
+    shard = f" (shard {cfg.shard} of {cfg.num_shards})" if cfg.num_shards > 1 else ""
+    print(f"{conf['experiment']}: {len(cases)} cases{shard}, {len(todo)} to run", flush=True)
     if not todo:  # a run that writes no rows leaves the manifest as it was
         return 0
     exp_dir.mkdir(parents=True, exist_ok=True)
     store.write_grid(exp_dir, grid)
-    mpath = exp_dir / store.MANIFEST
+    sharded = cfg.num_shards > 1
+    mpath = exp_dir / (f"manifest.shard-{cfg.shard}-of-{cfg.num_shards}.json" if sharded
+                       else store.MANIFEST)
     overrides = [f"experiment={cfg.experiment}"] + ([f"limit={cfg.limit}"] if cfg.limit else []) \
-        + ([f"where={cfg.where}"] if cfg.where else [])
+        + ([f"where={cfg.where}"] if cfg.where else []) \
+        + ([f"num_shards={cfg.num_shards}", f"shard={cfg.shard}"] if sharded else [])
+    shards = dict(shard=cfg.shard, num_shards=cfg.num_shards) if sharded else {}
     rec = manifest.record("flashnum.run", overrides, config=dict(conf),
-                          counts=dict(grid=len(cases), done_before=len(done), run=0))
+                          counts=dict(grid=len(cases), done_before=len(done), run=0), **shards)
     t0 = time.perf_counter()
     with store.running(exp_dir, rec["run_id"]):
         manifest.begin(mpath, conf["experiment"], rec)
         tasks = [(_run_task, t) for t in _tasks(todo)]
         out = execute(tasks, (str(exp_dir), cfg.batch, rec["run_id"]), n_workers(cfg),
-                      progress=True)
+                      progress=cfg.progress)
         rec.update(wall_s=time.perf_counter() - t0, counts={**rec["counts"], "run": out["rows"]})
         manifest.finish(mpath, conf["experiment"], rec, wrote_rows=out["rows"] > 0)
     if out["skipped"]:
         print(f"{len(out['skipped'])} cases were in flight in another run and left to it",
               flush=True)
     try:
-        store.compact(exp_dir)
+        if not sharded:  # shards leave their parts: one compaction, after all of them
+            store.compact(exp_dir)
     except store.StoreFull as e:
         print(f"flashnum.harness.backward: warning: {e}", file=sys.stderr, flush=True)
     if cfg.compare_with:  # the rows computed now against the stored ones

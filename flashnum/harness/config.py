@@ -122,6 +122,7 @@ class Config:
     experiment: str = "single"  # the table's name: set from experiment=NAME, or name=
     name: str | None = None  # an ad-hoc sweep's table (default: the experiment's, or single)
     description: str = ""
+    kind: str = "forward"  # every experiment YAML says which runner it is (harness.experiments)
     precision: PrecisionConf = field(default_factory=PrecisionConf)
     policy: PolicyConf = field(default_factory=PolicyConf)
     tiling: TilingConf = field(default_factory=TilingConf)
@@ -195,6 +196,9 @@ def check_name(name) -> None:
 
 def check(cfg) -> None:
     """Every constraint the dataclass types cannot state; raises one clear ValueError."""
+    if cfg.kind != "forward":  # this schema is the forward sweep's; the router sends others
+        raise ValueError(f"kind {cfg.kind!r} is not a forward sweep; valid: forward (other "
+                         f"kinds run through python -m flashnum.run experiment=NAME)")
     if cfg.num_shards < 1:
         check_positive("num_shards", cfg.num_shards)
     if not 0 <= cfg.shard < cfg.num_shards:

@@ -1,26 +1,28 @@
-"""Every experiment by its name, what kind it is, and where its YAML lies.
+"""Every experiment whose YAML lies in conf/, by its name: what kind it is, where it lies.
 
     from flashnum.harness import experiments
     experiments.find("bwd_order")            # Experiment(name, kind="backward", path=...)
     experiments.find("my_sweep", ["myconf"])  # a YAML of the user's: myconf/experiment/
-    experiments.names()                       # every valid name, for the one-line error
+    experiments.names()                       # every name found here
 
-`python -m flashnum.run experiment=NAME` runs any of them: it looks the name up here and
-hands a kind other than "forward" to its runner. The kinds:
+Every YAML says its kind (`kind:`, one of YAML_KINDS), which picks its runner; the one
+router is flashnum/run.py (`python -m flashnum.run experiment=NAME`), which adds the kinds
+that have no YAML here (the reproductions and the attribution table, whose runners sit
+above the harness). The kinds with a YAML:
 
     forward       conf/experiment/NAME.yaml (flashnum.harness.run: the Config schema)
-    backward      conf/experiment/NAME.yaml with a `base` case (flashnum.harness.backward)
+    backward      conf/experiment/NAME.yaml, a `base` case and a grid
+                  (flashnum.harness.backward)
     audit         conf/audit/NAME.yaml (flashnum.audit: a list of runs, or kernel_table)
-    reproduction  repro_WHAT, a published result (flashnum.reproduce WHAT)
-    attribution   attribution, the per-site table (flashnum.attribute experiment=true)
     table         conf/table/NAME.yaml, a table one function computes whole
                   (flashnum.harness.tables: the bound tightness, ...)
     head_stats    NAME_stats, the logit statistics of forward experiment NAME's inputs
-                  (flashnum.harness.head_stats NAME)
+                  (flashnum.harness.head_stats NAME; its YAML is NAME's)
 
 A user's folder (`--config-dir DIR` or `hydra.searchpath=[file://DIR]`) holds its own
 experiments as DIR/experiment/NAME.yaml, Hydra's layout; they are found first, so a copy
 of a shipped experiment under a new name runs by that name, into a table of that name.
+A user's YAML without `kind:` is backward when it has a `base` case, else forward.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ import yaml
 
 from flashnum.harness.paths import CONF
 
-REPRODUCTIONS = ("fa3_table3", "is_flash_stable", "qiu_yao", "fp8_pcast", "fp8_offset",
-                 "pcast_threshold", "block_scaled", "splitkv_decode")
+YAML_KINDS = ("forward", "backward", "audit", "table")
+FOLDERS = {"experiment": ("forward", "backward"), "audit": ("audit",), "table": ("table",)}
 
 
 @dataclass(frozen=True)
@@ -43,13 +45,21 @@ class Experiment:
     path: Path | None = None  # its YAML (none for a reproduction or the attribution table)
 
 
-def _kind_of(path: Path) -> str:
-    """backward when the YAML has a `base` case (the backward's schema), else forward."""
+def kind_of(path: Path) -> str:
+    """The YAML's `kind:`; without one (a user's YAML), backward when it has a `base`
+    case, else forward. A kind its folder does not hold is a ValueError (one line)."""
     try:
         body = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError):
         return "forward"  # composing it says what is wrong, in one line
-    return "backward" if isinstance(body, dict) and "base" in body else "forward"
+    body = body if isinstance(body, dict) else {}
+    kind = body.get("kind", "backward" if "base" in body else path.parent.name)
+    kind = "forward" if kind == "experiment" else kind
+    valid = FOLDERS.get(path.parent.name, YAML_KINDS)
+    if kind not in valid:
+        raise ValueError(f"{path}: kind {kind!r}; valid in {path.parent.name}/: "
+                         f"{', '.join(valid)}")
+    return kind
 
 
 def _yamls(dirs) -> dict[str, Path]:
@@ -65,18 +75,11 @@ def _yamls(dirs) -> dict[str, Path]:
 def find(name: str, dirs=()) -> Experiment | None:
     """The experiment called `name` (None when there is none); `dirs`: the user's folders."""
     path = _yamls(dirs).get(name)
+    if path is None:
+        path = next((p for p in (CONF / "table" / f"{name}.yaml",
+                                 CONF / "audit" / f"{name}.yaml") if p.is_file()), None)
     if path is not None:
-        return Experiment(name, _kind_of(path), path)
-    table = CONF / "table" / f"{name}.yaml"
-    if table.is_file():
-        return Experiment(name, "table", table)
-    audit = CONF / "audit" / f"{name}.yaml"
-    if audit.is_file():
-        return Experiment(name, "audit", audit)
-    if name.startswith("repro_") and name.removeprefix("repro_") in REPRODUCTIONS:
-        return Experiment(name, "reproduction")
-    if name == "attribution":
-        return Experiment(name, "attribution")
+        return Experiment(name, kind_of(path), path)
     base = find(name.removesuffix("_stats"), dirs) if name.endswith("_stats") else None
     if base is not None and base.kind == "forward":
         return Experiment(name, "head_stats", base.path)
@@ -84,13 +87,12 @@ def find(name: str, dirs=()) -> Experiment | None:
 
 
 def names(dirs=()) -> list[str]:
-    """Every name `experiment=` takes."""
+    """Every name with a YAML here (flashnum/run.py adds the kinds without one)."""
     audit = [p.stem for p in (CONF / "audit").glob("*.yaml")]
     table = [p.stem for p in (CONF / "table").glob("*.yaml")]
-    return sorted({*_yamls(dirs), *audit, *table, *(f"repro_{r}" for r in REPRODUCTIONS),
-                   "attribution"})
+    return sorted({*_yamls(dirs), *audit, *table})
 
 
-def unknown(name: str, dirs=()) -> str:
+def unknown(name: str, valid) -> str:
     """The one line for a name that is no experiment."""
-    return f"unknown experiment {name!r}; valid: {', '.join(names(dirs))}"
+    return f"unknown experiment {name!r}; valid: {', '.join(sorted(valid))}"

@@ -159,20 +159,8 @@ def run_case(case: Case, inp, ref_of, experiment: str, opts: dict,
     # round-to-nearest formats: none for more splits, block-scaled, scaled or truncating
     # sites (a bound on them would be a wrong finite number)
     if opts["bound"] and pol is not None and case.num_splits == 1 and plain_formats(pol):
-        try:
-            # q, k, v are already in the inputs format and the reference saw them:
-            # the input rounding contributes nothing here, so the bound must not charge it
-            b = bounds.bound(q, k, v, policy=pol.without("inputs"), block_n=case.block_n,
-                             n_rescales=res.n_rescales, causal=causal, scale=inp.scale,
-                             variant=case.variant, rounding=case.rounding, tau=case.tau,
-                             beta=case.beta, prob=opts["bound_prob"],
-                             rows=memo.setdefault(("rows", fin), {}))
-            terms = {s: _num(t) for s, t in (b.get("terms") or {}).items()}
-            row.update(bound=_num(b["bound"]), bound_prob=_num(b.get("bound_prob")),
-                       dominant_site=b.get("dominant_site"),
-                       bound_terms=json.dumps(terms, sort_keys=True))
-        except (ValueError, NotImplementedError):
-            pass  # no bound for this policy or variant: the row says NaN
+        row.update(_bound(case, pol, q, k, v, res, causal, inp.scale, opts,
+                          memo.setdefault(("rows", fin), {})))
     # an infinite bound is vacuous: it neither held nor failed (bound_holds None)
     row["bound_finite"], row["bound_holds"] = bounds.verdict(row["bound"], row["max_abs_err"])
     err_bound = ref.err_bound[~ref.masked] if ref.masked.any() else ref.err_bound
@@ -187,6 +175,23 @@ def run_case(case: Case, inp, ref_of, experiment: str, opts: dict,
     row["attention_s"] = attention_s
     row["wall_s"] = time.perf_counter() - t0
     return row
+
+
+def _bound(case: Case, pol, q, k, v, res, causal, scale, opts: dict, rows: dict) -> dict:
+    """The row's bound columns (flashnum.analysis.bounds.bound), {} where none applies."""
+    try:
+        # q, k, v are already in the inputs format and the reference saw them:
+        # the input rounding contributes nothing here, so the bound must not charge it
+        b = bounds.bound(q, k, v, policy=pol.without("inputs"), block_n=case.block_n,
+                         n_rescales=res.n_rescales, causal=causal, scale=scale,
+                         variant=case.variant, rounding=case.rounding, tau=case.tau,
+                         beta=case.beta, prob=opts["bound_prob"], rows=rows)
+    except (ValueError, NotImplementedError):
+        return {}  # no bound for this policy or variant: the row says NaN
+    terms = {s: _num(t) for s, t in (b.get("terms") or {}).items()}
+    return dict(bound=_num(b["bound"]), bound_prob=_num(b.get("bound_prob")),
+                dominant_site=b.get("dominant_site"),
+                bound_terms=json.dumps(terms, sort_keys=True))
 
 
 def _inputs(case: Case, cache: dict):
@@ -438,7 +443,7 @@ def precheck(overrides: list[str], dirs=()):
             cfg = compose("config", overrides=overrides)
     except Exception as e:
         raise ConfigError(cli.explain(e)) from None
-    named(cfg, _choice(overrides))
+    named(cfg, choice_of(overrides))
     return cfg, _checked(cfg)
 
 
@@ -448,13 +453,13 @@ def named(cfg, choice: str | None) -> None:
     cfg.experiment = cfg.get("name") or choice or cfg.experiment
 
 
-def _choice(overrides: list[str]) -> str | None:
+def choice_of(overrides: list[str]) -> str | None:
     """The experiment=NAME of the overrides (the last one), or None."""
     names = [o.split("=", 1)[1] for o in overrides if o.startswith("experiment=")]
     return names[-1] if names else None
 
 
-def _user_dirs(args) -> list[str]:
+def user_dirs(args) -> list[str]:
     """The user's config folders, absolute: --config-dir and hydra.searchpath's file:// ones."""
     dirs = [args.config_dir] if args.config_dir else []
     for o in args.overrides:
@@ -499,21 +504,13 @@ def _hydra_main(cfg) -> None:
     _go(cfg, cases, None)
 
 
-ABOVE = ("audit", "reproduction", "attribution")  # kinds whose runners sit above the harness
-
-
-def _rest(overrides: list[str]) -> list[str]:
-    """The overrides that go with an experiment to its own runner: all but experiment= and
-    Hydra's."""
-    return [o for o in overrides if not o.startswith(("experiment=", "hydra.", "hydra/"))]
-
-
 def compared(name: str, overrides: list[str], runner) -> int:
-    """runner(overrides) for an experiment whose own runner has no `compare_with=`: a table,
-    head statistics, a reproduction, an audit or the attribution table. With
-    compare_with=ROOT, every row of the run's store (store.root=, experiments by default)
-    is then compared with ROOT/name by flashnum.harness.compare, as the sweeps do; the
-    exit status is then the comparison's: 1 if any non-timing column differs."""
+    """runner(overrides) for a kind whose runner has no `compare_with=` (flashnum/run.py
+    routes them): a table, head statistics, a reproduction, an audit or the attribution
+    table. With compare_with=ROOT,
+    every row of the run's store (store.root=, experiments by default) is then compared
+    with ROOT/name by flashnum.harness.compare, as the sweeps do; the exit status is then
+    the comparison's: 1 if any non-timing column differs."""
     other = [o.split("=", 1)[1] for o in overrides if o.startswith("compare_with=")]
     rest = [o for o in overrides if not o.startswith("compare_with=")]
     if not other:
@@ -537,59 +534,25 @@ def compared(name: str, overrides: list[str], runner) -> int:
     return 0 if same else 1
 
 
-def handed_over(argv: list[str]) -> tuple[experiments.Experiment, list[str]] | None:
-    """(experiment, overrides) when argv names one run (not a multirun) of an experiment
-    whose runner sits above the harness (ABOVE: the audit, a reproduction, the attribution
-    table): flashnum/run.py, the entry point on top of them all, runs it. Else None."""
-    args = cli.hydra_args(argv)
-    choice = _choice(args.overrides)
-    if choice is None or args.multirun:
-        return None
-    found = [experiments.find(c, _user_dirs(args)) for c in choice.split(",")]
-    if None in found or found[0].kind not in ABOVE:
-        return None  # unknown names: main says so
-    return found[0], _rest(args.overrides)
-
-
-def _elsewhere(exp, overrides: list[str]) -> int:
-    """Run a backward sweep by its runner (flashnum.harness.backward), a forward sweep's
-    head statistics by theirs (flashnum.harness.head_stats); the overrides but
-    experiment= and Hydra's go with it."""
-    if exp.kind in ABOVE:
-        cli.fail(PROG, f"experiment {exp.name} ({exp.kind}) runs through python -m flashnum.run")
-    if exp.kind == "table":
-        from flashnum.harness import tables
-
-        return compared(exp.name, _rest(overrides),
-                        lambda rest: tables.main([f"experiment={exp.name}", *rest]))
-    if exp.kind == "head_stats":
-        from flashnum.harness import head_stats
-
-        return compared(exp.name, _rest(overrides),
-                        lambda rest: head_stats.main([f"experiment={exp.path.stem}", *rest]))
-    from flashnum.harness import backward
-
-    shipped = exp.path.parent == CONF / "experiment"  # else the user's own YAML
-    return backward.main([f"experiment={exp.name if shipped else exp.path}",
-                          *_rest(overrides)])
-
-
 def main(argv: list[str] | None = None) -> int:
-    """python -m flashnum.run [key=value ...]: one run composes conf/ once and runs it;
-    -m (multirun) and Hydra's own flags (--help, --cfg, --info) go through hydra.main.
-    A backward sweep goes to its own runner (_elsewhere); flashnum/run.py hands the kinds
-    above the harness (ABOVE) to theirs first."""
+    """python -m flashnum.run [key=value ...] for a forward sweep: one run composes conf/
+    once and runs it; -m (multirun) and Hydra's own flags (--help, --cfg, --info) go
+    through hydra.main. flashnum/run.py routes every other kind to its runner first."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = cli.hydra_args(argv)
-    dirs = _user_dirs(args)
-    choice = _choice(args.overrides)
+    dirs = user_dirs(args)
+    choice = choice_of(args.overrides)
     if choice is not None:
-        found = [experiments.find(c, dirs) for c in choice.split(",")]
-        if None in found:
-            bad = choice.split(",")[found.index(None)]
-            cli.fail(PROG, experiments.unknown(bad, dirs))
-        if found[0].kind != "forward" and not args.multirun:
-            return _elsewhere(found[0], args.overrides)
+        for c in choice.split(","):
+            try:
+                exp = experiments.find(c, dirs)
+            except ValueError as e:
+                cli.fail(PROG, str(e))
+            if exp is None:
+                cli.fail(PROG, experiments.unknown(c, experiments.names(dirs)))
+            if exp.kind != "forward":
+                cli.fail(PROG, f"experiment {c} is kind {exp.kind}; valid here: forward "
+                               f"(python -m flashnum.run experiment={c} routes it)")
     if args.help or args.hydra_help or args.info or args.shell_completion or args.cfg:
         _hydra_main()
         return 0
@@ -606,9 +569,5 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if result.get("failures") or result.get("reproduces") is False else 0
 
 
-if __name__ == "__main__":
-    # run the importable module, not __main__: workers and submitit jobs unpickle
-    # functions by module name, and `__main__` is another module in their process
-    from flashnum.harness.run import main as _main
-
-    sys.exit(_main())
+if __name__ == "__main__":  # an alias of python -m flashnum.run, the router of every kind
+    cli.alias(lambda argv: argv)

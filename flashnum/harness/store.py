@@ -4,7 +4,7 @@
     df = flashnum.harness.store.load("bf16_sweep")        # or a path to the folder
     flashnum.harness.store.compact("bf16_sweep")          # merge the parts into results.parquet
     python -m flashnum.stored bf16_sweep          # print size and columns; compact=true
-    python -m flashnum.stored check bf16_sweep    # read every file; exit status 2 if one fails
+    python -m flashnum.stored check bf16_sweep    # read every file; exit status 1 if one fails
     python -m flashnum.stored repair bf16_sweep   # unreadable files to quarantine/, recount
     flashnum.harness.store.replace("repro_x", df, record)  # a table recomputed whole
 
@@ -46,9 +46,9 @@ What it guarantees (each measured by tests/test_faults*.py and tests/test_store.
   writes there (a table without a string case_id, a part that is another table, a
   manifest or grid.json not of flashnum's layout, the owners' files of owners.foreign);
   a run checks every table's footer before it computes (tidy). `problems` lists them all,
-  `repair` moves them to quarantine/ and recounts, deleting nothing readable, merging no
-  foreign table, and refuses a folder that is not a store (check_store). Reading needs
-  no write access.
+  flashnum.harness.repair moves them to quarantine/ and recounts, deleting nothing
+  readable, merging no foreign table, and refuses a folder that is not a store
+  (check_store). Reading needs no write access.
 """
 
 from __future__ import annotations
@@ -56,8 +56,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
-import shutil
 import time
 import uuid
 from contextlib import contextmanager
@@ -528,55 +526,6 @@ def replace(name_or_path, df: pd.DataFrame, record: dict | None = None, root=Non
 # check and repair
 
 
-PART_NAME = re.compile(r"part-\d{20}-\d+-[^-/]+-[0-9a-f]{8}\.parquet")
-
-
-def _recognised(exp_dir: Path) -> bool:
-    """Whether the folder holds a file only flashnum writes: a manifest, grid.json, a table
-    with its case_id column (its footer alone read), a part by its name, a run mark."""
-    for m in _manifests(exp_dir):
-        try:
-            if manifest.load(m):
-                return True
-        except StoreError:
-            pass
-    for f in _files(exp_dir):
-        if f.parent.name == PARTS and PART_NAME.fullmatch(f.name):
-            return True
-        try:
-            if f.is_file() and foreign(pq.read_schema(f)) is None:
-                return True
-        except (pa.ArrowException, OSError, ValueError):
-            pass
-    try:
-        if grid_ids(exp_dir) is not None:
-            return True
-    except StoreError:
-        pass
-    runs = exp_dir / owners.RUNS
-    return runs.is_dir() and any(_owner_ok(f) for f in runs.iterdir())
-
-
-def _owner_ok(f: Path) -> bool:
-    try:
-        return owners.read_owner(f) is not None
-    except StoreError:
-        return False
-
-
-def check_store(exp_dir) -> None:
-    """StoreError (one line) unless exp_dir is a flashnum store (_recognised): `check` and
-    `repair` never judge, move or rewrite the files of a folder that is not one."""
-    exp_dir = Path(exp_dir)
-    if not exp_dir.is_dir():
-        raise StoreError(f"no store at {exp_dir} (valid: the name of a folder under "
-                         f"store.root, or a path to one)", exp_dir)
-    if not _recognised(exp_dir):
-        raise StoreError(f"{exp_dir} is not a flashnum store: it holds no table, manifest, "
-                         f"grid.json or run mark that flashnum wrote, so nothing in it is "
-                         f"checked or moved (valid: an experiment's folder)", exp_dir)
-
-
 def problems(exp_dir) -> list[tuple[Path, str]]:
     """Every store file a run, `load` or `repair` would trip on, with the reason (reads
     every byte): tables that cannot be read or are not flashnum's (no case_id; a part with
@@ -606,46 +555,3 @@ def problems(exp_dir) -> list[tuple[Path, str]]:
     except StoreError as e:
         out.append((exp_dir / GRID, e.why))
     return out
-
-
-def _quarantine(exp_dir: Path, f: Path, why: str) -> dict:
-    """Move f (a file, a folder, a link) into quarantine/, byte for byte; its record."""
-    q = exp_dir / QUARANTINE
-    if q.exists() and not q.is_dir():
-        q = exp_dir / f"{QUARANTINE}-{time.time_ns()}"
-    q.mkdir(exist_ok=True)
-    rel = f.relative_to(exp_dir)
-    name = f.name if len(rel.parts) == 1 or rel.parts[0] == PARTS else \
-        f"{rel.parts[0].lstrip('.')}-{f.name}"
-    dest = q / name
-    if dest.exists() or dest.is_symlink():
-        dest = q / f"{name}.{time.time_ns()}"
-    shutil.move(str(f), dest)
-    return dict(file=str(rel), to=str(dest.relative_to(exp_dir)), why=why)
-
-
-def repair(exp_dir) -> dict:
-    """Move every file `problems` finds to quarantine/ (deleting nothing), then remove what
-    dead processes left, reconcile their records and compact the readable rows.
-    StoreError (one line) for a folder that is not a flashnum store (check_store).
-    Returns {quarantined: [paths], rows, grid, missing}: missing = cases of the grid
-    with no row (the next run computes them)."""
-    exp_dir = Path(exp_dir)
-    check_store(exp_dir)
-    # a lock that is not a plain file cannot be taken: aside first (no one can hold it)
-    moved = [_quarantine(exp_dir, f, why) for f, why in owners.foreign(exp_dir)
-             if f.name in (LOCK, owners.OLD_LOCK)]
-    with owners.locked(exp_dir):
-        moved += [_quarantine(exp_dir, f, why) for f, why in problems(exp_dir)]
-        if moved:
-            path = exp_dir / MANIFEST
-            man = manifest.load(path) or dict(experiment=exp_dir.name, runs=[])
-            man.setdefault("repairs", []).append(dict(time=manifest.now(), quarantined=moved))
-            write_json(path, man, point="manifest")
-        owners.tidy(exp_dir)
-        reconcile(exp_dir, by="python -m flashnum.stored repair")
-        rows = compact(exp_dir) if _files(exp_dir) else 0
-    ids = grid_ids(exp_dir)
-    have = done_ids(exp_dir) if _files(exp_dir) else set()
-    return dict(quarantined=moved, rows=rows, grid=None if ids is None else len(ids),
-                missing=None if ids is None else len(ids - have))
