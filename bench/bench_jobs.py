@@ -9,7 +9,7 @@ in a child process:
     run        python -m flashnum.run experiment=bf16_sweep store.root=<a fresh temporary
                folder> compare_with=experiments progress=false   (make run; exit 0 only if
                every row equals the shipped table)
-    test       python -m pytest -q -n 2 -m "not slow"            (make test)
+    test       python -m pytest -q -n 2 -m "not slow"            (make test-fast)
     test_slow  python -m pytest -q -n 2 -m slow                  (make test-slow)
 
 For each: wall seconds, CPU seconds of every process it ran (the children's user + system

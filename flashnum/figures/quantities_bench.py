@@ -18,7 +18,7 @@ def _bench(F, name: str) -> dict | None:
 
 def _job(name: str, key: Callable[[dict], object]) -> Callable[[object], object]:
     """A figure of one of the project's own jobs (python bench/bench_jobs.py): `name` is
-    run (make run), test (make test) or test_slow (make test-slow)."""
+    run (make run), test (make test-fast) or test_slow (make test-slow)."""
     def value(F):
         r = _bench(F, "jobs")
         job = None if r is None else r["jobs"].get(name)
@@ -26,8 +26,9 @@ def _job(name: str, key: Callable[[dict], object]) -> Callable[[object], object]
     return value
 
 
-JOBS = (("Run", "run", "the main job (make run)"), ("Test", "test", "the fast suite (make test)"),
-        ("TestSlow", "test_slow", "the slow suite (make test-slow)"))
+JOBS = (("Run", "run", "the main job (make run)"),
+        ("Test", "test", "the fast tests (make test-fast)"),
+        ("TestSlow", "test_slow", "the slow tests (make test-slow)"))
 JOB_FIGURES = (("Wall", "wall s", lambda j: j["wall_s"], fixed(0)),
                ("Cpu", "CPU s of its processes", lambda j: j["cpu_s"], fixed(0)),
                ("Load", "1-minute load average before it", lambda j: j["load_average_before"][0],
