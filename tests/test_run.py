@@ -374,3 +374,17 @@ def test_a_multirun_over_shards_merges_into_the_unsharded_table(full_run, tmp_pa
     assert not (exp / store.RESULTS).exists()  # shards leave their parts to the reader
     pd.testing.assert_frame_equal(results(tmp_path), results(root))
     assert set(results(tmp_path).columns) >= set(CASE_FIELDS)
+
+
+def test_a_variant_is_written_with_its_parameters_in_the_config_and_in_a_grid():
+    # `variant: {name: lazy, tau: 4}` is the case `variant=lazy tau=4`: same case id
+    long = expand(cfg_of("variant={name:lazy,tau:4.0}"))
+    short = expand(cfg_of("variant=lazy", "tau=4.0"))
+    assert [c.case_id for c in long] == [c.case_id for c in short]
+    assert (long[0].variant, long[0].tau) == ("lazy", 4.0)
+    grid = expand(cfg_of("+grid=[{variant:[{name:lazy,tau:2.0},{name:qiu_yao,beta:3.0},fa2]}]"))
+    assert [(c.variant, c.tau, c.beta) for c in grid] == [
+        ("lazy", 2.0, 2.0), ("qiu_yao", 8.0, 3.0), ("fa2", 8.0, 2.0)]
+    with pytest.raises(ValueError, match="unknown parameter 'beta' of variant 'lazy'; "
+                                         "valid: tau"):
+        expand(cfg_of("variant={name:lazy,beta:4.0}"))

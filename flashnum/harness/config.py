@@ -19,8 +19,9 @@ the valid choices.
                 path, call, head_ids, rows: shorthands for params.* (distribution=captured)
     shape       batch heads seq_len_q seq_len_k (null: seq_len_q) head_dim
     variant     a name of flashnum.engine.variants.VARIANTS, with tau and beta its
-                parameters where it takes them (lazy tau, qiu_yao beta); rounding nearest
-                stochastic
+                parameters where it takes them (lazy tau, qiu_yao beta), or the variant
+                with its parameters, {name: lazy, tau: 4} (also as a grid value);
+                rounding nearest stochastic
     num_splits, split_precision   split-KV decoding: the keys in num_splits chunks, each
                 chunk's partial (o, lse) stored in split_precision, merged in fp32
     causal      false, true (= bottom_right: key j seen by query i iff j <= i + Nk - Nq),
@@ -41,6 +42,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from flashnum.engine import BACKENDS, VARIANTS
+from flashnum.engine.variants import VARIANTS as VARIANT_CLASSES
 from flashnum.inputs import distributions as dist
 from flashnum.numerics.formats import FORMAT_NAMES, PRECISIONS, ROUNDINGS, get_format
 from flashnum.numerics.policy import POLICIES, SITES
@@ -129,7 +131,7 @@ class Config:
     backend: BackendConf = field(default_factory=BackendConf)
     distribution: DistributionConf = field(default_factory=DistributionConf)
     shape: ShapeConf = field(default_factory=ShapeConf)
-    variant: str = "fa2"
+    variant: Any = "fa2"  # a name, or {name: lazy, tau: 4}: the variant with its parameters
     tau: float = 8.0
     beta: float = 2.0
     rounding: str = "nearest"
@@ -228,9 +230,25 @@ def plain(x):
     return x
 
 
+def set_variant(d: dict, value: dict, where: str) -> None:
+    """A variant written with its parameters, `{name: lazy, tau: 4}`: the case's variant
+    axis and its parameter axes (the same case, and case id, as `variant=lazy tau=4`)."""
+    name = value.get("name")
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant {name!r}; valid: {', '.join(VARIANTS)} "
+                         f"(in {where})")
+    takes = [k for k in VARIANT_CLASSES[name].params() if k in ("tau", "beta")]
+    bad = sorted(set(value) - {"name", *takes})
+    if bad:
+        raise ValueError(f"unknown parameter {bad[0]!r} of variant {name!r}; valid: "
+                         f"{', '.join(takes) or '(none)'} (in {where})")
+    d["variant"] = name
+    d.update({k: v for k, v in value.items() if k != "name"})
+
+
 def base_case(cfg) -> dict:
     """The config's single case, as a dict of axes (not yet canonical)."""
-    return dict(
+    d = dict(
         distribution={"name": cfg.distribution.name, "params": {
             **(plain(cfg.distribution.params) or {}),
             **{k: plain(cfg.distribution.get(k)) for k in SHORTHANDS
@@ -239,11 +257,15 @@ def base_case(cfg) -> dict:
         seq_len_k=cfg.shape.seq_len_k, head_dim=cfg.shape.head_dim,
         precision=cfg.precision.name, policy=cfg.policy.name,
         policy_sites=plain(cfg.policy.sites), block_m=cfg.tiling.block_m,
-        block_n=cfg.tiling.block_n, order=cfg.tiling.order, variant=cfg.variant, tau=cfg.tau,
+        block_n=cfg.tiling.block_n, order=cfg.tiling.order, variant=plain(cfg.variant),
+        tau=cfg.tau,
         beta=cfg.beta, rounding=cfg.rounding, backend=cfg.backend.name,
         mp_bits=cfg.backend.mp_bits, causal=cfg.causal, seed=cfg.seed,
         num_splits=cfg.num_splits, split_precision=cfg.split_precision,
     )
+    if isinstance(d["variant"], dict):  # `variant: {name: lazy, tau: 4}`
+        set_variant(d, d["variant"], "config")
+    return d
 
 
 def check_case(d: dict, where: str = "grid", search: bool = False) -> None:

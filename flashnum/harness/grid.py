@@ -49,7 +49,7 @@ from omegaconf import OmegaConf
 
 from flashnum.engine.variants import PARAMS as VARIANT_PARAMS
 from flashnum.engine.variants import VARIANTS as VARIANT_CLASSES
-from flashnum.harness.config import base_case, check_case, plain
+from flashnum.harness.config import base_case, check_case, plain, set_variant
 from flashnum.harness.paths import CONF  # conf/ of the checkout, flashnum/conf/ when installed
 from flashnum.inputs.distributions import captured_case, params
 
@@ -221,6 +221,8 @@ def _set(d: dict, axis: str, value, where: str) -> None:
         d["seq_len_q"] = d["seq_len_k"] = value
     elif axis == "distribution":
         d["distribution"] = value if isinstance(value, dict) else {"name": value, "params": {}}
+    elif axis == "variant" and isinstance(value, dict):  # {name: lazy, tau: 4}
+        set_variant(d, value, where)
     elif axis == "zip":
         if not isinstance(value, dict):
             raise ValueError(f"zip entries must be mappings of axes, got {value!r} (in {where})")
