@@ -292,3 +292,18 @@ def test_assert_attention_accurate_checks_gradients_when_asked():
 
     with pytest.raises(AssertionError, match="rule dk_rule broken"):
         assert_attention_accurate(_kernel("dk_no_scale"), precision="bf16", backward=True)
+
+
+def test_a_kernel_without_a_backward_is_said_so_and_its_forward_still_judged():
+    # torch's compiled flex attention on CPU refuses any input that requires grad
+    def forward_only(q, k, v, causal, scale):
+        if q.requires_grad:
+            raise NotImplementedError("no backward on this device")
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, scale=scale)
+
+    rep = fa.audit(forward_only, precision="bf16", budget="quick", backward=True)
+    t = rep.table
+    assert set(rep.broken()) == {"grad_crash"}  # every forward rule judged, and kept
+    assert t["message"].str.startswith("no backward: inputs that require grad make it "
+                                       "raised NotImplementedError").all()
