@@ -68,7 +68,7 @@ def rerun(tmp_path, specs, **env) -> str:
     e["PYTHONPATH"] = os.pathsep.join([str(ORDERS), str(REPO), e.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, str(ORDERS / "rerun.py"), str(tmp_path / "scratch"),
                         str(REPO / "experiments"), *specs], capture_output=True, text=True,
-                       env=e, cwd=tmp_path, timeout=3000)
+                       env=e, cwd=REPO, timeout=3000)  # a conf's capture path is the checkout's
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     return r.stdout
 
