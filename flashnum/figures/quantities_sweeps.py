@@ -11,7 +11,6 @@ import numpy as np
 
 from flashnum.figures.quoting import Fact, Quantity
 from flashnum.harness.exp_exhaustive import summary as exp_summary
-from flashnum.harness.summary import growth
 
 
 def _exp(key: Callable[[dict], int]) -> Callable[[object], object]:
@@ -44,19 +43,6 @@ SWEEPS = ("fp16_sweep", "fp32_sweep", "block_order", "block_size", "seqlen_growt
 COUNTED = (*SWEEPS, "block_scaled", "splitkv_decode")
 # the sweeps whose every row the invariants m_ok and l_ok are checked on
 INVARIANT_SWEEPS = ("bf16_sweep", *SWEEPS)
-
-
-def _growth(name: str, x: str, policy: str) -> Callable[[object], object]:
-    """The exponent a of max error ~ x^a a sweep's summary fits for a policy
-    (flashnum.harness.summary.growth: over the whole table; not the paper's SlopeN, the
-    median over seeds of seqlen_growth)."""
-    def value(F):
-        df = F.table(name)
-        if df is None:
-            return None
-        fit = growth(df, x, "max_abs_err").get(policy)
-        return math.nan if fit is None else float(fit[0])
-    return value
 
 
 def _slope(x, y) -> float:
