@@ -1,5 +1,6 @@
-"""Case fields added after tables were stored (num_splits, split_precision) leave every
-stored case_id as it was, and split-KV decoding runs through the normal harness."""
+"""Case fields added after tables were stored (num_splits, split_precision, causal_align,
+variant_params) leave every stored case_id as it was, and split-KV decoding runs through
+the normal harness."""
 
 import hashlib
 import json
@@ -28,7 +29,7 @@ def cfg_of(*overrides):
 def old_case_id(case) -> str:
     """The case_id as computed before the optional fields existed (an independent copy)."""
     d = {k: v for k, v in asdict(case).items()
-         if k not in ("num_splits", "split_precision", "causal_align")}
+         if k not in ("num_splits", "split_precision", "causal_align", "variant_params")}
     text = json.dumps(d, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -20,9 +20,10 @@ from hydra import compose, initialize_config_dir
 
 import flashnum
 from flashnum.analysis.invariants import invariants
+from flashnum.engine.variants import FA2, Exp2
 from flashnum.harness import manifest, store
 from flashnum.harness.config import check
-from flashnum.harness.grid import CASE_FIELDS, CONF, expand, in_shard
+from flashnum.harness.grid import CASE_FIELDS, CONF, columns, expand, in_shard
 from flashnum.harness.run import ConfigError, policy_of, precheck, run
 from flashnum.harness.summary import growth
 from flashnum.inputs.distributions import make
@@ -91,10 +92,10 @@ def test_bf16_sweep_is_the_grid_the_issue_asks_for():
 
 def test_case_id_is_sha256_of_the_canonical_json_of_the_case():
     case = expand(cfg_of("experiment=smoke"))[0]
-    # fields added later (num_splits, split_precision, causal_align) enter only away from
-    # their defaults
+    # fields added later (num_splits, split_precision, causal_align, variant_params) enter
+    # only away from their defaults
     d = {k: v for k, v in asdict(case).items()
-         if k not in ("num_splits", "split_precision", "causal_align")}
+         if k not in ("num_splits", "split_precision", "causal_align", "variant_params")}
     text = json.dumps(d, sort_keys=True, separators=(",", ":"))
     assert case.case_id == hashlib.sha256(text.encode()).hexdigest()[:16]
     shuffled = type(case)(**dict(reversed(list(asdict(case).items()))))
@@ -388,3 +389,20 @@ def test_a_variant_is_written_with_its_parameters_in_the_config_and_in_a_grid():
     with pytest.raises(ValueError, match="unknown parameter 'beta' of variant 'lazy'; "
                                          "valid: tau"):
         expand(cfg_of("variant={name:lazy,beta:4.0}"))
+
+
+def test_a_variant_parameter_without_an_axis_of_its_own_is_swept_through_the_variant():
+    # exp2_scale has no config key: it reaches the case, its id and the run through the
+    # variant alone; at its default the case is the one without it (stored ids kept)
+    plain_exp2 = expand(cfg_of("variant=exp2"))
+    at_default = expand(cfg_of("variant={name:exp2,exp2_scale:once}"))
+    twice = expand(cfg_of("variant={name:exp2,exp2_scale:twice}"))
+    assert [c.case_id for c in at_default] == [c.case_id for c in plain_exp2]
+    assert twice[0].case_id != plain_exp2[0].case_id
+    assert twice[0].variant_object == Exp2(exp2_scale="twice")
+    assert plain_exp2[0].variant_params == "{}" and "variant_params" not in columns(plain_exp2)
+    assert "variant_params" in columns(twice)
+    grid = expand(cfg_of("+grid=[{variant:[{name:exp2,exp2_scale:twice},fa2]}]"))
+    assert [c.variant_object for c in grid] == [Exp2(exp2_scale="twice"), FA2()]
+    with pytest.raises(ValueError, match="unknown exp2_scale 'thrice'; valid: once, twice"):
+        expand(cfg_of("variant={name:exp2,exp2_scale:thrice}"))

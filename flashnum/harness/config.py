@@ -43,6 +43,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from flashnum.engine import BACKENDS, VARIANTS
 from flashnum.engine.variants import VARIANTS as VARIANT_CLASSES
+from flashnum.engine.variants import variant_of
 from flashnum.inputs import distributions as dist
 from flashnum.numerics.formats import FORMAT_NAMES, PRECISIONS, ROUNDINGS, get_format
 from flashnum.numerics.policy import POLICIES, SITES
@@ -237,13 +238,20 @@ def set_variant(d: dict, value: dict, where: str) -> None:
     if name not in VARIANTS:
         raise ValueError(f"unknown variant {name!r}; valid: {', '.join(VARIANTS)} "
                          f"(in {where})")
-    takes = [k for k in VARIANT_CLASSES[name].params() if k in ("tau", "beta")]
+    takes = VARIANT_CLASSES[name].params()
     bad = sorted(set(value) - {"name", *takes})
     if bad:
         raise ValueError(f"unknown parameter {bad[0]!r} of variant {name!r}; valid: "
                          f"{', '.join(takes) or '(none)'} (in {where})")
+    given = {k: v for k, v in value.items() if k != "name"}
+    try:  # the variant checks its own parameters (a tau < 0, an unknown exp2_scale)
+        variant_of(name, **given)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{e} (in {where})") from None
     d["variant"] = name
-    d.update({k: v for k, v in value.items() if k != "name"})
+    # tau and beta are axes of their own; every other parameter travels in variant_params
+    d.update({k: v for k, v in given.items() if k in ("tau", "beta")})
+    d["variant_params"] = {k: v for k, v in given.items() if k not in ("tau", "beta")}
 
 
 def base_case(cfg) -> dict:

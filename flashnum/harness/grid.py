@@ -49,6 +49,7 @@ from omegaconf import OmegaConf
 
 from flashnum.engine.variants import PARAMS as VARIANT_PARAMS
 from flashnum.engine.variants import VARIANTS as VARIANT_CLASSES
+from flashnum.engine.variants import Variant, variant_of
 from flashnum.harness.config import base_case, check_case, plain, set_variant
 from flashnum.harness.paths import CONF  # conf/ of the checkout, flashnum/conf/ when installed
 from flashnum.inputs.distributions import captured_case, params
@@ -83,6 +84,10 @@ class Case:
     split_precision: str = "fp32"
     # the causal mask's alignment (flashnum.numerics.tiling): config `causal: top_left`
     causal_align: str = "bottom_right"
+    # the variant's parameters beyond tau and beta (which are axes of their own since the
+    # first tables), canonical JSON of those away from the variant's defaults: a variant
+    # given a new parameter in flashnum.engine.variants is swept with no change here
+    variant_params: str = "{}"
 
     @functools.cached_property
     def case_id(self) -> str:
@@ -92,6 +97,12 @@ class Case:
     @property
     def params(self) -> dict:
         return json.loads(self.dist_params)
+
+    @property
+    def variant_object(self) -> Variant:
+        """The variant with all its parameters: what attention and the bound are given."""
+        return variant_of(self.variant, tau=self.tau, beta=self.beta,
+                          **json.loads(self.variant_params))
 
     @property
     def sites(self) -> dict:
@@ -111,11 +122,12 @@ class Case:
 # fields added after tables were stored: (name, default). A case at every default hashes
 # and stores as it did before they existed (tests/test_grid_fields.py checks the shipped
 # tables); an experiment that sets one stores its column in every row (columns()).
-OPTIONAL = {"num_splits": 1, "split_precision": "fp32", "causal_align": "bottom_right"}
+OPTIONAL = {"num_splits": 1, "split_precision": "fp32", "causal_align": "bottom_right",
+            "variant_params": "{}"}
 CASE_FIELDS = tuple(f.name for f in fields(Case) if f.name not in OPTIONAL)
 # axes a slice may sweep: every case field but the two JSON ones, and these helpers
 AXES = tuple(f for f in CASE_FIELDS if f not in ("dist_params", "policy_sites")) + (
-    *OPTIONAL, "seq_len", "policy_sites", "zip",
+    *(k for k in OPTIONAL if k != "variant_params"), "seq_len", "policy_sites", "zip",
 )
 _INT = ("batch", "heads", "seq_len_q", "seq_len_k", "head_dim", "block_m", "block_n",
         "mp_bits", "seed", "num_splits")
@@ -191,6 +203,7 @@ def canonical(d: dict, base: dict, conf_dir: Path = CONF, search: dict | None = 
     for name in _FLOAT:  # a parameter the variant does not take: its fixed value
         if name not in VARIANT_CLASSES[d["variant"]].params():
             d[name] = VARIANT_PARAMS[name]
+    d["variant_params"] = _variant_params(d["variant"], d.get("variant_params") or {})
     if d["precision"] == "mp":  # every operation at mp_bits: what `uniform` names
         d["backend"], d["policy"], d["policy_sites"] = "mp", "uniform", {}
     if d["backend"] != "mp":
@@ -214,6 +227,14 @@ def canonical(d: dict, base: dict, conf_dir: Path = CONF, search: dict | None = 
     kw["causal"] = bool(kw["causal"])
     return Case(distribution=dist_name, dist_params=canonical_json(params),
                 policy_sites=canonical_json(dict(d.get("policy_sites") or {})), **kw)
+
+
+def _variant_params(name: str, given: dict) -> str:
+    """The canonical JSON of a variant's other parameters: those at the variant's default
+    left out, so that `{name: exp2, exp2_scale: once}` is the case `variant=exp2`."""
+    default = VARIANT_CLASSES[name]()
+    return canonical_json({k: x for k, x in sorted(given.items()) if k not in _FLOAT
+                           and k in default.params() and x != getattr(default, k)})
 
 
 def _set(d: dict, axis: str, value, where: str) -> None:

@@ -128,9 +128,9 @@ def run_case(case: Case, inp, ref_of, experiment: str, opts: dict,
     ref = ref_of(q, k, v, causal, inp.scale)
     t1 = time.perf_counter()
     kw = dict(block_m=case.block_m, block_n=case.block_n, order=case.order,
-              variant=case.variant, causal=causal, scale=inp.scale, rounding=case.rounding,
-              seed=case.seed, backend=case.backend, mp_bits=case.mp_bits, tau=case.tau,
-              beta=case.beta)
+              variant=case.variant_object, causal=causal, scale=inp.scale,
+              rounding=case.rounding, seed=case.seed, backend=case.backend,
+              mp_bits=case.mp_bits)
     split = dict(num_splits=case.num_splits, split_precision=case.split_precision)
     flash = pol is None or pol.structure == "flash"
     # a split run's trace steps are the splits, each with its own max: not monotone
@@ -142,7 +142,7 @@ def run_case(case: Case, inp, ref_of, experiment: str, opts: dict,
     if opts["naive_ratio"] and pol is not None and pol.structure == "flash":
         # standard attention has no tiles: one baseline serves every tiling of this input
         key = ("naive", fin, eng_prec, case.policy, case.policy_sites, causal, inp.scale,
-               case.variant, case.tau, case.beta, case.rounding, case.seed)
+               case.variant_object, case.rounding, case.seed)
         if key not in memo:
             naive = policy_of(case, "naive")[1]
             memo[key] = attention(q, k, v, precision=eng_prec, policy=naive,
@@ -184,8 +184,8 @@ def _bound(case: Case, pol, q, k, v, res, causal, scale, opts: dict, rows: dict)
         # the input rounding contributes nothing here, so the bound must not charge it
         b = bounds.bound(q, k, v, policy=pol.without("inputs"), block_n=case.block_n,
                          n_rescales=res.n_rescales, causal=causal, scale=scale,
-                         variant=case.variant, rounding=case.rounding, tau=case.tau,
-                         beta=case.beta, prob=opts["bound_prob"], rows=rows)
+                         variant=case.variant_object, rounding=case.rounding,
+                         prob=opts["bound_prob"], rows=rows)
     except (ValueError, NotImplementedError):
         return {}  # no bound for this policy or variant: the row says NaN
     terms = {s: _num(t) for s, t in (b.get("terms") or {}).items()}
