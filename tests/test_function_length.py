@@ -9,9 +9,8 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "flashnum"
 LINES, MODULE_LINES, PARAMS = 80, 600, 15
-# @triton.jit kernels: a launch passes every pointer, stride and size as its own argument;
-# bounds.bound's 15 count its variant parameters (**params)
-MANY_PARAMS = {"_fa2_fwd", "_bwd_dkdv", "_bwd_dq", "bound"}
+# @triton.jit kernels: a launch passes every pointer, stride and size as its own argument
+MANY_PARAMS = {"_fa2_fwd", "_bwd_dkdv", "_bwd_dq"}
 
 
 def _functions():

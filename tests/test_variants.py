@@ -109,9 +109,8 @@ def test_the_bound_takes_the_variants_it_has_a_bound_for():
     q, k, v = qkv()
     assert set(BOUNDED) == {n for n, c in vs.VARIANTS.items() if c.bounded}
     a = bound(q, k, v, policy="fa2", block_n=16, variant=Lazy(tau=2.0))["bound"]
-    b = bound(q, k, v, policy="fa2", block_n=16, variant="lazy", tau=2.0)["bound"]
     c = bound(q, k, v, policy="fa2", block_n=16, variant="lazy")["bound"]
-    assert a == b and math.isfinite(a) and c > a  # tau 8 allows larger P than tau 2
+    assert math.isfinite(a) and c > a  # tau 8 (a name: its default) allows larger P than 2
     with pytest.raises(ValueError, match="no bound for variant 'qiu_yao_released'"):
         bound(q, k, v, policy="fa2", block_n=16, variant="qiu_yao_released")
 

@@ -75,7 +75,6 @@ from flashnum.analysis.bound_params import Param, params_of, scale_error
 from flashnum.analysis.bound_terms import evaluate, overflow_check, prob_std
 from flashnum.analysis.memo import kept
 from flashnum.engine.variants import FA2, Variant, variant_of
-from flashnum.engine.variants import PARAMS as VARIANT_PARAMS
 from flashnum.engine.variants import VARIANTS as VARIANT_CLASSES
 from flashnum.numerics.formats import Format
 from flashnum.numerics.policy import SITES, make_policy
@@ -132,15 +131,15 @@ def _scaled(params: dict[str, Param], t: float, keep=lambda name, p: True) -> di
     return {name: (t * p.value if keep(name, p) else 0.0) for name, p in params.items()}
 
 
-def _bounded_variant(variant, scale, tau, beta) -> Variant:
-    """The variant bound() takes (a name with tau, beta, or an object), checked."""
+def _bounded_variant(variant, scale) -> Variant:
+    """The variant bound() takes (a name, at its default parameters, or an object), checked
+    against what the derivation assumes."""
     if isinstance(variant, str) and variant not in VARIANT_CLASSES:
         raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
-    _check_reals(scale, tau, beta, FA2())  # real numbers, whichever variant
-    var = variant_of(variant, tau=tau, beta=beta)
+    var = variant_of(variant)
     if not var.bounded:
         raise ValueError(f"no bound for variant {var.name!r}; valid: {', '.join(VARIANTS)}")
-    _check_reals(scale, tau, beta, var)
+    _check_reals(scale, getattr(var, "tau", None), getattr(var, "beta", None), var)
     return var
 
 
@@ -162,17 +161,13 @@ def _check_args(q, k, v, rounding, block_n, delta) -> None:
 def bound(q, k, v, *, policy, block_n: int, n_rescales=None, causal: bool = False,
           scale=None, variant: str | Variant = "fa2", prob: bool = False,
           delta: float = 1e-3, precision: str = "bf16", rounding: str = "nearest",
-          rows: dict | None = None, **params) -> dict:
+          rows: dict | None = None) -> dict:
     """Deterministic (and probabilistic) bound on max_ij |out_ij - exact_ij|; see the module
-    docstring. `variant` a Variant, or a name with its parameters as `params` (tau, beta:
-    flashnum.engine.variants.PARAMS). Returns a dict: bound, bound_prob (nan unless prob),
-    terms, dominant_site, bound_rows ((..., Nq) per-row bound), first_order, higher_order,
-    lambda, delta."""
-    bad = sorted(set(params) - set(VARIANT_PARAMS))
-    if bad:
-        raise TypeError(f"bound() got an unexpected option {bad[0]!r}; a variant's parameters "
-                        f"are {', '.join(VARIANT_PARAMS)}")
-    var = _bounded_variant(variant, scale, params.get("tau"), params.get("beta"))
+    docstring. `variant` a Variant with its parameters (Lazy(tau=2.0)), or a name at the
+    variant's defaults. Returns a dict: bound, bound_prob (nan unless prob), terms,
+    dominant_site, bound_rows ((..., Nq) per-row bound), first_order, higher_order, lambda,
+    delta."""
+    var = _bounded_variant(variant, scale)
     _check_args(q, k, v, rounding, block_n, delta)
     causal = check_causal(causal)  # either alignment: rows see a prefix of the keys
     pol = make_policy(policy, precision)
