@@ -45,9 +45,6 @@ from flashnum.numerics.formats import FORMATS
 
 QIU_YAO_WINDOW = 1e-3  # "scores within 1e-3 of the block max" (Qiu & Yao 2025)
 QIU_YAO_FLOOR = 1e-10  # attention.py's EPSILON: block_row_sums.clamp(min=EPSILON)
-# the parameters a variant may take, and their values where a variant does not take them
-# (the grid fixes an inert parameter to these, so that it does not change a case's id)
-PARAMS = {"tau": 8.0, "beta": 2.0, "exp2_scale": "once"}
 EXP2_SCALES = ("once", "twice")  # how an exp2 kernel forms scale * log2(e) (exp2_scale)
 FP32 = FORMATS["fp32"]
 
@@ -84,7 +81,7 @@ class Variant:
     @property
     def exp2_form(self) -> str:
         """How scale * log2(e) is formed in fp32 (flashnum.engine.tiles.exp2_scale)."""
-        return PARAMS["exp2_scale"]
+        return EXP2_SCALES[0]
 
     # -- the max rule on torch tensors (flashnum.engine.recurrence, flashnum.engine.fast) --
     def block_max(self, ar, s: torch.Tensor, m_blk: torch.Tensor,
@@ -150,7 +147,7 @@ class Exp2(Variant):
 
     name: ClassVar[str] = "exp2"
     base2: ClassVar[bool] = True
-    exp2_scale: str = PARAMS["exp2_scale"]
+    exp2_scale: str = EXP2_SCALES[0]
 
     def __post_init__(self):
         if self.exp2_scale not in EXP2_SCALES:
@@ -170,7 +167,7 @@ class Lazy(Variant):
     name: ClassVar[str] = "lazy"
     max_rule: ClassVar[str] = "lazy"
     backends: ClassVar[tuple[str, ...]] = ("emulate", "mp")
-    tau: float = PARAMS["tau"]
+    tau: float = 8.0
 
     def __post_init__(self):
         object.__setattr__(self, "tau", _real("tau", self.tau, lo=0.0))
@@ -200,7 +197,7 @@ class QiuYao(Variant):
     max_rule: ClassVar[str] = "qiu_yao"
     reads_logits: ClassVar[bool] = True
     backends: ClassVar[tuple[str, ...]] = ("emulate", "mp")
-    beta: float = PARAMS["beta"]
+    beta: float = 2.0
 
     def __post_init__(self):
         object.__setattr__(self, "beta", _real("beta", self.beta))
@@ -276,6 +273,10 @@ class QiuYaoReleased(QiuYao):
 
 VARIANTS: dict[str, type[Variant]] = {
     cls.name: cls for cls in (FA2, FA1, Exp2, Lazy, QiuYao, QiuYaoReleased)}
+# every parameter some variant takes, with its default: the shorthand options of attention
+# (variant="lazy", tau=4.0) and the value the grid fixes an inert parameter to (so that it
+# does not change a case's id); read from the classes, so that a new one needs no entry here
+PARAMS = {f.name: f.default for cls in VARIANTS.values() for f in dataclasses.fields(cls)}
 
 
 def variant_of(variant, **params) -> Variant:
