@@ -225,3 +225,18 @@ def test_a_bad_accumulator_or_shape_is_one_line():
         acc.dot(torch.ones(2, 2), torch.ones(2, 2), "fp16")
     with pytest.raises(ValueError, match=r"cannot multiply \(2, 3\) by \(2, 2\)"):
         acc.dot(torch.ones(2, 3), torch.ones(2, 2))
+
+
+def test_a_step_whose_float64_sum_is_an_fp32_midpoint_is_rounded_once():
+    # (1 + 2^-23) + (2^-24 (1 + 2^-23)) (1 - 2^-23) = 1 + 2^-23 + 2^-24 - 2^-70: just below
+    # the midpoint of 1 + 2^-23 and 1 + 2^-22, so fp32 keeps 1 + 2^-23; float64 first
+    # rounds it onto the midpoint, and ties-to-even would then give 1 + 2^-22. The second
+    # row, 1 + 2^-24 + 2^-70, is the mirror case just above the midpoint of 1 and 1 + 2^-23
+    u = 2.0 ** -23
+    a = torch.tensor([[1 + u, 2.0 ** -24 * (1 + u)], [1 + u, -(2.0 ** -24) * (1 + u)]],
+                     dtype=torch.float32)
+    b = torch.tensor([[1.0], [1 - u]], dtype=torch.float32)
+    want = chain_oracle(a, b, "fp32").to(torch.float32)
+    assert want[:, 0].tolist() == [1 + u, 1 + u]
+    for path in paths():
+        assert torch.equal(bits(dot_on(path, a, b, "fp32")), bits(want)), path

@@ -171,8 +171,27 @@ def _chain_torch(a: torch.Tensor, b: torch.Tensor, acc: str) -> torch.Tensor:
     c = torch.zeros(a.shape[0], a.shape[1], b.shape[2], dtype=torch.float64)
     for k in range(a.shape[2]):
         x, y = a64[:, :, k, None], b64[:, None, k, :]
-        c = _fma32(x, y, c) if acc == "fp32" else _fma64(x, y, c)
+        c = _fma32_fast(x, y, c) if acc == "fp32" else _fma64(x, y, c)
     return c.to(_DTYPE[acc])
+
+
+# the low 29 bits of a float64 below fp32's last: a value is an fp32 midpoint when they
+# are exactly its half ulp (normal fp32 range; below 2^-125 the grid is coarser)
+_LOW29, _HALF29 = (1 << 29) - 1, 1 << 28
+
+
+def _fma32_fast(x, y, c):
+    """_fma32 where it is needed only: fl64(x y + c) rounded once more to fp32 differs from
+    the single rounding only when fl64 lands exactly on an fp32 midpoint (double rounding),
+    or where fp32 is subnormal; those entries, rare, take the round-to-odd sum."""
+    s = torch.addcmul(c, x, y)  # x y is exact in float64: one rounding, like p + c
+    bits = s.view(torch.int64)
+    odd = ((bits & _LOW29) == _HALF29) | (s.abs() < 2.0 ** -125)
+    r = s.to(torch.float32).to(torch.float64)
+    if bool(odd.any()):
+        x, y, c = torch.broadcast_tensors(x, y, c)
+        r[odd] = _fma32(x[odd], y[odd], c[odd])
+    return r
 
 
 def _two_sum(x, y):
