@@ -1,0 +1,150 @@
+"""The audit's bug report: the findings/ reproducers still show their defects, and the writer
+turns a broken kernel into a smaller standalone reproducer that fails, and passes once
+the kernel is correct.
+
+Each reproducer runs in a fresh interpreter (no flashnum imported there: it recomputes
+the reference, standard attention and the rule itself), so its verdict shares no code
+with the audit that wrote it.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+REPRODUCERS = sorted((ROOT / "findings").glob("*/*.py"))
+SLOW = ("jax_pallas",)  # Pallas in interpret mode: about a minute per call with gradients
+
+
+def _requires(path: Path) -> tuple[str, ...]:
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "REQUIRES":
+            return ast.literal_eval(node.value)
+    return ()
+
+
+def _run(path: Path, timeout=600) -> tuple[int, str]:
+    p = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                       timeout=timeout, cwd=path.parent)
+    return p.returncode, p.stdout + p.stderr
+
+
+def _ratio(text: str) -> float:
+    m = re.search(r"ratio (\S+)", text)
+    assert m, text
+    return float(m.group(1))
+
+
+def test_there_are_findings():
+    assert len(REPRODUCERS) >= 6, REPRODUCERS
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=f"{p.parent.name}/{p.stem}", marks=(
+    [pytest.mark.slow] if p.parent.name.startswith(SLOW) else [])) for p in REPRODUCERS])
+def test_reproducer_still_shows_its_defect(path):
+    text = path.read_text()
+    assert "flashnum" not in "".join(line for line in text.splitlines()
+                                     if line.lstrip().startswith(("import ", "from ")))
+    missing = [p for p in _requires(path) if importlib.util.find_spec(p) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed")
+    rc, out = _run(path)
+    if rc == 2:
+        pytest.skip(out.strip().splitlines()[-1])
+    assert rc == 1, out
+    assert "DEFECT PRESENT" in out and _ratio(out) > 1, out
+
+
+# -- the writer, on a kernel broken on purpose ---------------------------------------------
+
+def logits_to_3_bits(q, k, v, causal=False, scale=None):
+    """Attention whose logits keep 3 significant bits (fp32 otherwise)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    m, e = torch.frexp(s)
+    s = torch.ldexp(torch.round(m * 8) / 8, e)
+    if causal:
+        nq, nk = s.shape[-2:]
+        s = s.masked_fill(torch.ones(nq, nk, dtype=torch.bool).triu(1), -math.inf)
+    return torch.matmul(torch.softmax(s, dim=-1), v.float()).to(q.dtype)
+
+
+CORRECT = '''
+
+def sdpa_float64(q, k, v, causal=False, scale=None):
+    """The exact attention rounded once to the dtype: on every output it is the dtype's
+    nearest value to the reference, so no standard attention in that dtype errs less,
+    and it keeps the rule."""
+    return torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), is_causal=causal, scale=scale).to(q.dtype)
+'''
+
+
+def test_writer_shrinks_and_the_reproducer_fails_then_passes(tmp_path):
+    import flashnum
+    from flashnum.audit.cases import Case
+
+    case = Case("gaussian", 77, 77, 64, True, 1, 2)
+    rep = flashnum.audit(logits_to_3_bits, precision="fp32", case_list=[case],
+                         diagnose=False, report_dir=tmp_path)
+    assert not rep.passed
+    (entry,) = [e for e in rep.info["bug_report"] if e["rule"] == "fa_rule"]
+    b, h, nq, nk, d = entry["shape"]
+    assert b * h < case.batch * case.heads and nq < case.nq and nk < case.nk and d < case.d
+    assert entry["calls"] <= 120
+    path = tmp_path / entry["file"]
+    readme = (tmp_path / "README.md").read_text()
+    assert "fa_rule" in readme and f"Nq={nq}" in readme
+    rc, out = _run(path, timeout=120)
+    assert rc == 1 and _ratio(out) > 1, out
+    assert entry["status"] == 1  # the writer's own run agrees
+    # the same file with a correct kernel in place of the broken one
+    text = path.read_text()
+    line = re.search(r"^kernel = logits_to_3_bits\b.*$", text, flags=re.M)
+    assert line, text
+    fixed = tmp_path / "fixed.py"
+    fixed.write_text(text.replace(line.group(0), CORRECT + "\nkernel = sdpa_float64"))
+    rc, out = _run(fixed, timeout=120)
+    assert rc == 0 and "rule kept" in out, out
+
+
+def test_a_module_function_target_is_one_import_line():
+    from flashnum.audit.standalone import standalone
+
+    s = standalone("my_pkg.attn:forward")
+    assert s.code == "from my_pkg.attn import forward\n" and s.name == "forward"
+    assert s.packages == ("my_pkg",)
+
+
+def test_a_kernel_that_needs_flashnum_is_refused():
+    from flashnum.audit.standalone import standalone
+    from flashnum.audit.targets import flashnum_triton
+
+    with pytest.raises(ValueError, match="flashnum"):
+        standalone(flashnum_triton)
+
+
+def test_shrink_refuses_a_rule_it_cannot_show():
+    from flashnum.audit.cases import Case
+    from flashnum.audit.shrink import Instance, shrink
+
+    inst = Instance.of_case(Case("gaussian", 8, 8, 4, False, 1, 1), "fp32")
+    with pytest.raises(ValueError, match="crash"):
+        shrink(logits_to_3_bits, inst, "crash", alignment="top_left")
+    with pytest.raises(ValueError, match="does not break"):
+        shrink(_sdpa, inst, "fa_rule",
+               alignment="top_left")
+
+
+def _sdpa(q, k, v, causal=False, scale=None):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                            scale=scale)
