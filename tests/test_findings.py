@@ -89,12 +89,13 @@ def sdpa_float64(q, k, v, causal=False, scale=None):
 '''
 
 
+@pytest.mark.slow  # 26 s on the 2 shared cores (load about 8): three fresh interpreters
 def test_writer_shrinks_and_the_reproducer_fails_then_passes(tmp_path):
     import flashnum
     from flashnum.audit.cases import Case
 
-    case = Case("gaussian", 77, 77, 64, True, 1, 2)
-    rep = flashnum.audit(logits_to_3_bits, precision="fp32", case_list=[case],
+    case = Case("gaussian", 40, 40, 32, True, 1, 2)
+    rep = flashnum.audit(logits_to_3_bits, precision="bf16", case_list=[case],
                          diagnose=False, report_dir=tmp_path)
     assert not rep.passed
     (entry,) = [e for e in rep.info["bug_report"] if e["rule"] == "fa_rule"]
@@ -115,6 +116,25 @@ def test_writer_shrinks_and_the_reproducer_fails_then_passes(tmp_path):
     fixed.write_text(text.replace(line.group(0), CORRECT + "\nkernel = sdpa_float64"))
     rc, out = _run(fixed, timeout=120)
     assert rc == 0 and "rule kept" in out, out
+
+
+def test_a_shrunk_reproducer_fails_in_a_fresh_interpreter(tmp_path):
+    """The quick form of the test above: a bounded shrink, one reproducer, one run."""
+    from flashnum.audit import reproducer
+    from flashnum.audit.cases import Case
+    from flashnum.audit.shrink import Instance, shrink
+    from flashnum.audit.standalone import standalone
+
+    case = Case("gaussian", 24, 24, 16, False, 1, 2)
+    small = shrink(logits_to_3_bits, Instance.of_case(case, "bf16"), "fa_rule",
+                   alignment="top_left", max_calls=25)
+    assert small.calls <= 25 and small.ratio > 1
+    b, h, nq, nk, d = small.instance.shape
+    assert b * h == 1 and nq * nk * d < case.nq * case.nk * case.d
+    path = reproducer.write(tmp_path / "fa_rule.py", small.instance, "fa_rule",
+                            standalone(logits_to_3_bits), alignment="top_left", title="toy")
+    rc, out = _run(path, timeout=120)
+    assert rc == 1 and _ratio(out) > 1, out
 
 
 def test_a_module_function_target_is_one_import_line():
@@ -148,3 +168,40 @@ def test_shrink_refuses_a_rule_it_cannot_show():
 def _sdpa(q, k, v, causal=False, scale=None):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                                             scale=scale)
+
+
+def _load(path: Path):
+    """A reproducer's module, its main() not run: its tensor() gives the exact inputs."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_torch_sdpa_dk_finding_is_d_from_the_rounded_output():
+    """findings/README.md's cause of the torch_sdpa dK finding: FlashAttention-2's
+    arithmetic, emulated, breaks dk_rule on the minimal input, and keeps it when the
+    forward's output (the O that D = rowsum(dO * O) reads) is not rounded to bf16."""
+    from dataclasses import replace
+
+    from flashnum.api import attention_backward
+    from flashnum.audit import gradients
+    from flashnum.numerics.policy import make_backward_policy
+
+    path = ROOT / "findings" / "torch_sdpa_bf16_dk" / "dk_rule.py"
+    rep = _load(path)
+    q, k, v, do = (rep.tensor(n) for n in ("q", "k", "v", "do"))
+    kw = dict(causal=rep.CAUSAL, alignment=rep.ALIGNMENT, scale=rep.SCALE)
+    ref = gradients.reference_gradients(q.double(), k.double(), v.double(), do.double(), **kw)
+    std = gradients.standard_gradients(q, k, v, do, **kw)
+    _, limit = gradients.bound(std[1], ref[1])
+    fa2 = make_backward_policy("fa2", "bf16")
+    exact_o = fa2.with_sites(forward=replace(fa2.forward, out="exact"))
+
+    def dk_ratio(pol):
+        g = attention_backward(q, k, v, do, precision="bf16", policy=pol, causal=rep.CAUSAL,
+                               scale=rep.SCALE)
+        return float((g.dk.double() - ref[1]).abs().max()) / limit
+
+    assert dk_ratio(fa2) > 1
+    assert dk_ratio(exact_o) < 1

@@ -14,6 +14,7 @@ ratio on the shrunk input and the float64 reference's distance from the certifie
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -60,6 +61,23 @@ def ref_gap(inst: Instance, rule: str, alignment: str, bound: float) -> float | 
     return float((a - b).abs()[keep].max()) / bound if keep.any() else 0.0
 
 
+def forward_limit(inst: Instance, alignment: str) -> float:
+    """fa_rule's limit on inst without calling the kernel: 2 max|std - ref| + fp32 noise
+    (flashnum.audit.rules), with the certified reference."""
+    from flashnum.audit.standard import standard_attention
+
+    q, k, v = inst.q.double(), inst.k.double(), inst.v.double()
+    kw = dict(causal=inst.causal, alignment=alignment, scale=inst.scale)
+    ref = aligned_reference(q, k, v, method="certified", **kw)
+    dead = ~torch.isfinite(ref.row_max)
+    keep = torch.isfinite(ref.out) & ~dead[..., None].expand_as(ref.out)
+    std = standard_attention(inst.q, inst.k, inst.v, **kw).double()
+    r32 = ref.out.float()
+    noise = ((r32 + 0.3 - 0.3).double() - r32.double()).abs()[keep]
+    std_err = (std - ref.out).abs()[keep & torch.isfinite(std)]
+    return 2 * float(std_err.max()) + 2 * float(noise.max())
+
+
 def run(path: Path, timeout: int = RUN_TIMEOUT) -> tuple[int, str]:
     """(exit status, printed verdict) of a reproducer run in a fresh interpreter."""
     try:
@@ -79,9 +97,10 @@ def _worst(report, rule):
 
 def write(report, target, fn, case_list, report_dir, *, alignment: str,
           reference: str = "auto", isolate: bool = False, max_calls: int = MAX_CALLS,
-          run_each: bool = True, title: str | None = None) -> list[dict]:
-    """Shrink, write and run one reproducer per broken rule (module docstring); writes
-    README.md; returns one dict per reproducer."""
+          run_each: bool = True, title: str | None = None,
+          rules: tuple[str, ...] | None = None) -> list[dict]:
+    """Shrink, write and run one reproducer per broken rule (module docstring; rules: only
+    these of them); writes README.md; returns one dict per reproducer."""
     out = Path(report_dir)
     out.mkdir(parents=True, exist_ok=True)
     kernel = kernel_source(target, fn)
@@ -90,7 +109,7 @@ def write(report, target, fn, case_list, report_dir, *, alignment: str,
     by_id = {c.id: c for c in case_list}
     entries = []
     for rule in report.broken():
-        if rule not in SHRINKABLE:
+        if rule not in SHRINKABLE or (rules is not None and rule not in rules):
             continue
         row = _worst(report, rule)
         inst = Instance.of_case(by_id[row["id"]], report.precision)
@@ -100,9 +119,9 @@ def write(report, target, fn, case_list, report_dir, *, alignment: str,
         gap = ref_gap(small.instance, rule, alignment, float(small.row.get(bound_col, 0.0)))
         b, h, nq, nk, d = small.instance.shape
         header = (f"\nKernel: {title}\nRule: {rule}; the audit's case {row['id']} broke it "
-                  f"by {ratio_of(row, rule):.4g}x;\nshrunk in {small.calls} kernel calls to "
+                  f"by {times(ratio_of(row, rule))};\nshrunk in {small.calls} kernel calls to "
                   f"B={b} H={h} Nq={nq} Nk={nk} d={d}, where the audit measures "
-                  f"{small.ratio:.4g}x.\n")
+                  f"{times(small.ratio)}.\n")
         if gap is not None:
             header += (f"The float64 reference is within {gap:.2g} of the limit of flashnum's "
                        "certified one here.\n")
@@ -133,13 +152,18 @@ def readme(report, title: str, alignment: str, entries: list[dict]) -> str:
                   f"- minimal input: B={b} H={h} Nq={nq} Nk={nk} d={d}, {mask}, scale "
                   f"{e['scale'] if e['scale'] is not None else '1/sqrt(d)'}; steps kept: "
                   f"{', '.join(e['steps']) or 'none'} ({e['calls']} kernel calls)",
-                  f"- from the audit's case `{e['case']}` ({e['case_ratio']:.4g}x the limit)",
-                  f"- measured ratio on the minimal input: {e['ratio']:.4g}x (the audit's rule)",
+                  f"- from the audit's case `{e['case']}` ({times(e['case_ratio'])} the limit)",
+                  f"- measured ratio on the minimal input: {times(e['ratio'])} (the audit's rule)",
                   f"- the reproducer, run here: exit {e['status']}, `{e['printed']}`"]
         if e["ref_gap"] is not None:
             lines.append(f"- float64 reference vs certified: {e['ref_gap']:.2g} of the limit")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def times(r: float) -> str:
+    """A ratio to the limit as the README writes it."""
+    return f"{r:.4g}x" if math.isfinite(r) else "inf (the limit is 0: any value breaks it)"
 
 
 def printed_ratio(text: str) -> float | None:

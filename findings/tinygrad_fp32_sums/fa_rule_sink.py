@@ -1,10 +1,10 @@
 """tinygrad_fp32_sums (tinygrad 0.14.0, torch 2.13.0+cpu): fa_rule broken on a B=2 H=1 Nq=256 Nk=256 d=64 causal input.
 
 Written by flashnum's audit (flashnum.audit.reproducer); runs without flashnum.
-    python fa_rule.py      # exit 1 while the defect is present, 0 once fixed, 2 cannot run
+    python fa_rule_sink.py      # exit 1 while the defect is present, 0 once fixed, 2 cannot run
 
-Not shrunk and not run here: the kernel could not run on this machine (RuntimeError: no usable devices).
-Written unshrunk from the audit's case sink/B2H1/Nq256Nk256/d64/causal/s0.
+Not shrunk and not run here: the kernel could not run on this machine (RuntimeError: tinygrad's CPU device does not run here (RuntimeError: no usable devices): its CPU backend compiles each kernel with clang, which this machine lacks; with DEV=CPU:LLVM (libLLVM-15) or zig cc in clang's place it fails to load its own programs (NotImplementedError: Encountered unknown relocation type 10)).
+Written unshrunk from the audit's case sink/B2H1/Nq256Nk256/d64/causal/s0; the float64 reference is within 5.4e-10 of the limit of flashnum's certified one.
 """
 
 import importlib.util
@@ -24,6 +24,7 @@ if _missing:
 import math
 import torch
 
+TINYGRAD_CPU = "its CPU backend compiles each kernel with clang, which this machine lacks; with DEV=CPU:LLVM (libLLVM-15) or zig cc in clang's place it fails to load its own programs (NotImplementedError: Encountered unknown relocation type 10)"
 
 
 def tinygrad_sdpa(q, k, v, causal=False, scale=None):
@@ -36,8 +37,12 @@ def tinygrad_sdpa(q, k, v, causal=False, scale=None):
     qn = q.detach().float().numpy()
     if scale is not None and scale != 1.0 / math.sqrt(d):
         qn = qn * (scale * math.sqrt(d))
-    t = [Tensor(x) for x in (qn, k.detach().float().numpy(), v.detach().float().numpy())]
-    out = t[0].scaled_dot_product_attention(t[1], t[2], is_causal=causal).numpy()
+    try:
+        t = [Tensor(x) for x in (qn, k.detach().float().numpy(), v.detach().float().numpy())]
+        out = t[0].scaled_dot_product_attention(t[1], t[2], is_causal=causal).numpy()
+    except (RuntimeError, NotImplementedError, FileNotFoundError) as e:
+        raise RuntimeError(f"tinygrad's CPU device does not run here ({type(e).__name__}: "
+                           f"{str(e)[:80]}): " + TINYGRAD_CPU) from None
     return torch.from_numpy(out.copy()).to(q.dtype)
 
 kernel = tinygrad_sdpa  # the kernel under test: fn(q, k, v, causal=..., scale=...)
@@ -165,6 +170,6 @@ if __name__ == "__main__":
     try:
         status = main()
     except Exception as e:  # the kernel cannot run here: no verdict either way
-        print(f"skip: the kernel could not run: {type(e).__name__}: {str(e)[:200]}")
+        print(f"skip: the kernel could not run: {type(e).__name__}: {str(e)[:600]}")
         status = 2
     sys.exit(status)
