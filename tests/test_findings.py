@@ -205,3 +205,26 @@ def test_torch_sdpa_dk_finding_is_d_from_the_rounded_output():
 
     assert dk_ratio(fa2) > 1
     assert dk_ratio(exact_o) < 1
+
+
+@pytest.mark.slow  # the quick budget's 8 cases, then a shrink per broken rule
+def test_cli_report_dir_with_a_module_function_target(tmp_path):
+    """target=pkg.mod:func: the reproducer imports the kernel with that one line."""
+    import inspect
+
+    (tmp_path / "toy_kernels.py").write_text(
+        "import math\n\nimport torch\n\n\n" + inspect.getsource(logits_to_3_bits))
+    env = dict(__import__("os").environ, PYTHONPATH=str(tmp_path))
+    out_dir = tmp_path / "bug"
+    p = subprocess.run([sys.executable, "-m", "flashnum.audit",
+                        "target=toy_kernels:logits_to_3_bits", "precision=bf16",
+                        "budget=quick", "diagnose=false", f"report_dir={out_dir}",
+                        f"store.root={tmp_path / 'store'}"],
+                       capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    assert p.returncode == 1, p.stdout + p.stderr
+    path = out_dir / "fa_rule.py"
+    assert "from toy_kernels import logits_to_3_bits\n" in path.read_text()
+    assert "fa_rule" in (out_dir / "README.md").read_text()
+    q = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                       timeout=300, env=env, cwd=out_dir)
+    assert q.returncode == 1 and _ratio(q.stdout) > 1, q.stdout + q.stderr

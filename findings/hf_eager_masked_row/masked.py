@@ -4,8 +4,8 @@ Written by flashnum's audit (flashnum.audit.reproducer); runs without flashnum.
     python masked.py      # exit 1 while the defect is present, 0 once fixed, 2 cannot run
 
 Kernel: hf_eager (torch 2.13.0+cpu, transformers 5.24.0)
-Rule: masked; the audit's case masked/B1H1/Nq96Nk64/d64/causal/s0 broke it by infx;
-shrunk in 33 kernel calls to B=1 H=1 Nq=2 Nk=1 d=1, where the audit measures infx.
+Rule: masked; the audit's case masked/B1H1/Nq96Nk64/d64/causal/s0 broke it by inf (the limit is 0: any value breaks it);
+shrunk in 33 kernel calls to B=1 H=1 Nq=2 Nk=1 d=1, where the audit measures inf (the limit is 0: any value breaks it).
 """
 
 import importlib.util
@@ -201,6 +201,6 @@ if __name__ == "__main__":
     try:
         status = main()
     except Exception as e:  # the kernel cannot run here: no verdict either way
-        print(f"skip: the kernel could not run: {type(e).__name__}: {str(e)[:200]}")
+        print(f"skip: the kernel could not run: {type(e).__name__}: {str(e)[:600]}")
         status = 2
     sys.exit(status)

@@ -5,7 +5,7 @@ Written by flashnum's audit (flashnum.audit.reproducer); runs without flashnum.
 
 Kernel: ort_mha (ml_dtypes 0.7.0, numpy 2.4.6, onnx 1.23.2, onnxruntime 1.32.0, torch 2.13.0+cpu)
 Rule: fa_rule; the audit's case gaussian/B1H2/Nq100Nk300/d64/causal/s0 broke it by 3.218e+05x;
-shrunk in 28 kernel calls to B=1 H=1 Nq=1 Nk=2 d=1, where the audit measures infx.
+shrunk in 28 kernel calls to B=1 H=1 Nq=1 Nk=2 d=1, where the audit measures inf (the limit is 0: any value breaks it).
 """
 
 import importlib.util
@@ -238,6 +238,6 @@ if __name__ == "__main__":
     try:
         status = main()
     except Exception as e:  # the kernel cannot run here: no verdict either way
-        print(f"skip: the kernel could not run: {type(e).__name__}: {str(e)[:200]}")
+        print(f"skip: the kernel could not run: {type(e).__name__}: {str(e)[:600]}")
         status = 2
     sys.exit(status)

@@ -212,6 +212,6 @@ if __name__ == "__main__":
     try:
         status = main()
     except Exception as e:  # the kernel cannot run here: no verdict either way
-        print(f"skip: the kernel could not run: {type(e).__name__}: {str(e)[:200]}")
+        print(f"skip: the kernel could not run: {type(e).__name__}: {str(e)[:600]}")
         status = 2
     sys.exit(status)
