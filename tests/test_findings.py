@@ -228,3 +228,36 @@ def test_cli_report_dir_with_a_module_function_target(tmp_path):
     q = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
                        timeout=300, env=env, cwd=out_dir)
     assert q.returncode == 1 and _ratio(q.stdout) > 1, q.stdout + q.stderr
+
+
+SCALE_SITES = '''
+
+def scaled_once(q, k, v, causal=False, scale=None):
+    return _attend(torch.matmul(q, k.transpose(-1, -2)) * scale, v, causal)
+
+
+def scaled_split(q, k, v, causal=False, scale=None):
+    r = math.sqrt(scale)  # ATen's math backend: Q and K each times fl32(sqrt(scale))
+    return _attend(torch.matmul(q * r, (k * r).transpose(-1, -2)), v, causal)
+
+
+def _attend(s, v, causal):
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+    return torch.matmul(torch.softmax(s, dim=-1), v)
+'''
+
+
+@pytest.mark.parametrize("kernel, status", [("scaled_split", 1), ("scaled_once", 0)])
+def test_torch_math_finding_is_the_split_scale(tmp_path, kernel, status):
+    """findings/README.md's cause of the torch_math finding, on its minimal input: fp32
+    attention with Q and K each multiplied by sqrt(scale) breaks the rule, the same
+    operations with the scale applied once to S keep it (the reproducer's own rule)."""
+    path = ROOT / "findings" / "torch_math_fp32_split_scale" / "fa_rule.py"
+    text = path.read_text()
+    line = re.search(r"^kernel = torch_math\b.*$", text, flags=re.M)
+    assert line, text
+    patched = tmp_path / "fa_rule.py"
+    patched.write_text(text.replace(line.group(0), SCALE_SITES + f"\nkernel = {kernel}"))
+    rc, out = _run(patched, timeout=120)
+    assert rc == status, out

@@ -5,7 +5,7 @@ Written by flashnum's audit (flashnum.audit.reproducer); runs without flashnum.
 
 Kernel: hf_eager (torch 2.13.0+cpu, transformers 5.24.0)
 Rule: masked; the audit's case masked/B1H1/Nq96Nk64/d64/causal/s0 broke it by inf (the limit is 0: any value breaks it);
-shrunk in 33 kernel calls to B=1 H=1 Nq=2 Nk=1 d=1, where the audit measures inf (the limit is 0: any value breaks it).
+shrunk in 59 kernel calls to B=1 H=1 Nq=2 Nk=1 d=1, where the audit measures inf (the limit is 0: any value breaks it).
 """
 
 import importlib.util
@@ -74,7 +74,7 @@ CAUSAL = True
 ALIGNMENT = 'bottom_right'  # top_left: query i sees keys 0..i; bottom_right: 0..i + Nk - Nq
 SCALE = 0.125
 RULE = 'masked'
-SHAPES = {'q': (1, 1, 2, 1), 'k': (1, 1, 1, 1), 'v': (1, 1, 1, 64)}
+SHAPES = {'q': (1, 1, 2, 1), 'k': (1, 1, 1, 1), 'v': (1, 1, 1, 1)}
 _HEX = {
     'q': (
         '00000000'
@@ -83,9 +83,7 @@ _HEX = {
         '0000'
     ),
     'v': (
-        '80bf00bf003f80be803f00c0003e00be80be80be00bf003d003f803f80bf80bf803f803f80bf003f803f80be'
-        '80bf80bf003f80bf003f803e004000c000c0803e00bf803f00bf803f80bf80bf003f003f00bf80bf803e003f'
-        '80bf80bf80bf00be00bf803e00c0803e003f80be803f003f803e803d0040004080bf803e80be00bd'
+        '80bf'
     ),
 }
 

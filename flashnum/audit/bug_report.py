@@ -117,10 +117,9 @@ def write(report, target, fn, case_list, report_dir, *, alignment: str,
                        reference=reference, isolate=isolate)
         bound_col = {"fa_rule": "fa_bound"}.get(rule, f"{rule[:2]}_bound")
         gap = ref_gap(small.instance, rule, alignment, float(small.row.get(bound_col, 0.0)))
-        b, h, nq, nk, d = small.instance.shape
         header = (f"\nKernel: {title}\nRule: {rule}; the audit's case {row['id']} broke it "
                   f"by {times(ratio_of(row, rule))};\nshrunk in {small.calls} kernel calls to "
-                  f"B={b} H={h} Nq={nq} Nk={nk} d={d}, where the audit measures "
+                  f"{shape_text(small.instance)}, where the audit measures "
                   f"{times(small.ratio)}.\n")
         if gap is not None:
             header += (f"The float64 reference is within {gap:.2g} of the limit of flashnum's "
@@ -130,6 +129,7 @@ def write(report, target, fn, case_list, report_dir, *, alignment: str,
         status, printed = run(path) if run_each else (None, "not run")
         entries.append(dict(rule=rule, file=path.name, case=row["id"],
                             case_ratio=ratio_of(row, rule), shape=small.instance.shape,
+                            dv=int(small.instance.v.shape[-1]),
                             causal=small.instance.causal, scale=small.instance.scale,
                             ratio=small.ratio, calls=small.calls, steps=small.steps,
                             ref_gap=gap, status=status, printed=printed,
@@ -145,11 +145,10 @@ def readme(report, title: str, alignment: str, entries: list[dict]) -> str:
     if not entries:
         lines.append("No broken rule that a reproducer can show (crash-only or passing).")
     for e in entries:
-        b, h, nq, nk, d = e["shape"]
         mask = "causal" if e["causal"] else "no mask"
         lines += [f"## {e['rule']}: `{e['file']}`", "",
                   f"- rule: {e['rule']} (flashnum.audit.rules)",
-                  f"- minimal input: B={b} H={h} Nq={nq} Nk={nk} d={d}, {mask}, scale "
+                  f"- minimal input: {shape_text(e)}, {mask}, scale "
                   f"{e['scale'] if e['scale'] is not None else '1/sqrt(d)'}; steps kept: "
                   f"{', '.join(e['steps']) or 'none'} ({e['calls']} kernel calls)",
                   f"- from the audit's case `{e['case']}` ({times(e['case_ratio'])} the limit)",
@@ -159,6 +158,15 @@ def readme(report, title: str, alignment: str, entries: list[dict]) -> str:
             lines.append(f"- float64 reference vs certified: {e['ref_gap']:.2g} of the limit")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def shape_text(x) -> str:
+    """B, H, Nq, Nk, d (and dv where it differs) of an Instance or a README entry."""
+    if isinstance(x, dict):
+        (b, h, nq, nk, d), dv = x["shape"], x.get("dv", x["shape"][-1])
+    else:
+        (b, h, nq, nk, d), dv = x.shape, x.v.shape[-1]
+    return f"B={b} H={h} Nq={nq} Nk={nk} d={d}" + (f" dv={dv}" if dv != d else "")
 
 
 def times(r: float) -> str:

@@ -194,7 +194,7 @@ def _versions(kernel) -> str:
 
 
 def readme(results: list[tuple]) -> str:
-    from flashnum.audit.bug_report import times
+    from flashnum.audit.bug_report import shape_text, times
 
     lines = ["# Findings", "",
              "Every defect the kernel table found (docs/audit.md, experiments/kernel_table), "
@@ -219,9 +219,8 @@ def readme(results: list[tuple]) -> str:
             lines.append("")
             continue
         for e in r["entries"]:
-            b, h, nq, nk, d = e["shape"]
-            lines += [f"- `{f.name}/{e['file']}`: rule {e['rule']}; minimal input B={b} H={h} "
-                      f"Nq={nq} Nk={nk} d={d}{', causal' if e['causal'] else ''} "
+            lines += [f"- `{f.name}/{e['file']}`: rule {e['rule']}; minimal input "
+                      f"{shape_text(e)}{', causal' if e['causal'] else ''} "
                       f"({e['calls']} kernel calls to shrink); the case's ratio "
                       f"{times(e['case_ratio'])}, the minimal input's {times(e['ratio'])}; the "
                       f"reproducer, run here: exit {e['status']}, `{e['printed']}`"]

@@ -221,7 +221,9 @@ def write(path, inst, rule: str, kernel, *, alignment: str, title: str,
     b, h, nq, nk, d = inst.shape
     text = TEMPLATE.format(
         title=title, rule=rule, filename=path.name, header=header,
-        shape_text=f"B={b} H={h} Nq={nq} Nk={nk} d={d}{' causal' if inst.causal else ''}",
+        shape_text=f"B={b} H={h} Nq={nq} Nk={nk} d={d}"
+                   f"{'' if inst.v.shape[-1] == d else f' dv={inst.v.shape[-1]}'}"
+                   f"{' causal' if inst.causal else ''}",
         requires=tuple(p for p in kernel.packages if p not in ("torch", "numpy")),
         kernel_code=kernel.code.strip() + "\n", kernel_name=kernel.name,
         dtype=_DTYPE_NAME[dt], causal=bool(inst.causal), alignment=alignment,

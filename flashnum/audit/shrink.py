@@ -17,7 +17,8 @@ round keeps nothing:
   length   Nq and Nk halved (both, then each), then stepped down by a quarter and by
            one; the first rows and keys kept (under either causal alignment a query
            keeps the keys it saw, top-left when Nq = Nk), then the last ones
-  dim      d halved, then stepped down by a quarter (the scale kept as the case's)
+  dim      d halved, then stepped down by a quarter (the scale kept as the case's); then
+           the value dim dv (V's and dO's columns) alike
   bits     each of q, k, v, dO rounded to 1, 2, 3, 4, 6 or 8 significant bits
   zero     halves, then quarters, of each tensor's rows set to 0
   copies   each tensor's rows replaced by copies of its first row
@@ -169,6 +170,9 @@ def _dim(inst: Instance):
     for e in _smaller(d):
         yield f"d {e}", replace(inst, q=inst.q[..., :e].contiguous(),
                                 k=inst.k[..., :e].contiguous(), scale=scale)
+    for e in _smaller(inst.v.shape[-1]):  # the value dim: V's columns and dO's
+        yield f"dv {e}", replace(inst, v=inst.v[..., :e].contiguous(), do=None if (
+            inst.do is None) else inst.do[..., :e].contiguous())
 
 
 def _values(inst: Instance):
