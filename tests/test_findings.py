@@ -22,7 +22,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 REPRODUCERS = sorted((ROOT / "findings").glob("*/*.py"))
-SLOW = ("jax_pallas",)  # Pallas in interpret mode: about a minute per call with gradients
+SLOW = ("jax_pallas",)  # Pallas interpreted, with gradients: 15 s at load 8, near the 20 s line
 
 
 def _requires(path: Path) -> tuple[str, ...]:
@@ -89,7 +89,7 @@ def sdpa_float64(q, k, v, causal=False, scale=None):
 '''
 
 
-@pytest.mark.slow  # 26 s on the 2 shared cores (load about 8): three fresh interpreters
+@pytest.mark.slow  # 20-26 s on the 2 shared cores (load about 8): three fresh interpreters
 def test_writer_shrinks_and_the_reproducer_fails_then_passes(tmp_path):
     import flashnum
     from flashnum.audit.cases import Case
