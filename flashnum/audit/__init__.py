@@ -14,7 +14,7 @@ flashnum.audit is this module, and calling it calls audit(): flashnum.audit(fn, 
 flashnum.audit.audit(fn, ...).
 
 audit(fn, *, precision, model, alignment, budget, reference, progress, inputs, backward,
-      diagnose):
+      diagnose, report_dir):
   fn          a callable fn(q, k, v, causal=False, scale=None) -> out, or (out, lse); q, k, v
               of one dtype, shape (B, H, N, d); or a target name (flashnum.audit.targets)
   precision   fp32 bf16 fp16: the dtype of the inputs
@@ -30,6 +30,10 @@ audit(fn, *, precision, model, alignment, budget, reference, progress, inputs, b
   diagnose    None (default: when the audit fails), True or False: find the flashnum model
               closest to the kernel bit for bit, its dominant site of error and the worst
               case (flashnum.audit.diagnosis; report.diagnosis, the summary, report.save)
+  report_dir  a folder: a failing audit writes there, per broken rule, its worst case
+              shrunk to a standalone reproducer (no flashnum needed) and a README.md
+              (flashnum.audit.bug_report; at most flashnum.audit.shrink.MAX_CALLS kernel
+              calls per shrink)
 
 Cases come from flashnum.audit.cases, rules from flashnum.audit.rules and
 flashnum.audit.gradients, models from flashnum.audit.models, the report from
@@ -52,15 +56,19 @@ def audit(fn, *, precision: str = "bf16", model: str | None = None,
           reference: str = "auto", progress: bool = False,
           case_list: list[Case] | None = None, isolate: bool = False,
           compare: tuple[str, ...] = (), inputs=None, backward: bool = False,
-          diagnose: bool | None = None) -> Report:
+          diagnose: bool | None = None, report_dir=None) -> Report:
     """Run every case of `budget` (or `case_list`) through fn; see the module docstring.
     isolate=True calls fn in a forked child per case, so that a target that corrupts
     memory or aborts fails its cases instead of ending the audit. compare: flashnum
     policies whose emulated error is recorded beside the kernel's (<policy>_err_max).
-    inputs: a flashnum.capture file: its calls are the cases (a model's real Q, K, V)."""
+    inputs: a flashnum.capture file: its calls are the cases (a model's real Q, K, V).
+    report_dir: where a failing audit writes its bug report (flashnum.audit.bug_report:
+    per broken rule a shrunk standalone reproducer, at most shrink.MAX_CALLS kernel
+    calls each, and a README.md); report.info["bug_report"] lists them."""
     import pandas as pd
 
     name = fn if isinstance(fn, str) else getattr(fn, "__qualname__", repr(fn))
+    target = fn
     if isinstance(fn, str):
         fn, align0, model0 = resolve(fn)
         alignment = alignment or align0
@@ -99,9 +107,16 @@ def audit(fn, *, precision: str = "bf16", model: str | None = None,
 
         found = run_diagnosis(kept, table, todo, precision=precision, alignment=alignment,
                               backward=backward, progress=progress)
-    return Report(target=name, precision=precision, alignment=alignment, model=model,
-                  budget=budget if case_list is None else "custom", table=table,
-                  info=dict(reference=reference, backward=backward), diagnosis=found)
+    report = Report(target=name, precision=precision, alignment=alignment, model=model,
+                    budget=budget if case_list is None else "custom", table=table,
+                    info=dict(reference=reference, backward=backward), diagnosis=found)
+    if report_dir is not None and not report.passed:
+        from flashnum.audit import bug_report
+
+        report.info["bug_report"] = bug_report.write(
+            report, target, fn, todo, report_dir, alignment=alignment, reference=reference,
+            isolate=isolate)
+    return report
 
 
 class _CallableModule(types.ModuleType):

@@ -6,6 +6,7 @@
     python -m flashnum.audit target=my_pkg.attn:forward alignment=bottom_right model=fa2
     python -m flashnum.audit target=torch_sdpa budget=full store.root=/tmp/audits
     python -m flashnum.audit target=my_pkg.attn:forward isolate=true  # one child per case
+    python -m flashnum.audit target=ort_mha precision=fp32 report_dir=bug/  # reproducers
     python -m flashnum.run experiment=kernel_audit      # the runs of conf/audit/kernel_audit.yaml
     python -m flashnum.run experiment=kernel_table      # every kernel (audit.kernel_table)
 
@@ -50,6 +51,7 @@ class Args:
     compare: str = ""        # policies whose emulated error is recorded too, e.g. "fa2,lowp"
     backward: bool = False   # also dQ, dK, dV through autograd (flashnum.audit.gradients)
     diagnose: bool = True    # a failing audit: the closest model, its dominant site
+    report_dir: str = ""     # a failing audit's bug report: shrunk reproducers, README.md
     experiment: str = ""     # a run list in conf/audit/<name>.yaml (target etc. then unused)
     store: StoreConf = field(default_factory=StoreConf)
 
@@ -140,7 +142,8 @@ def _run(cfg) -> int:
                    alignment=cfg.alignment or None, budget=cfg.budget,
                    reference=cfg.reference, progress=True, isolate=cfg.isolate,
                    compare=tuple(x for x in cfg.compare.split(",") if x),
-                   backward=cfg.backward, diagnose=None if cfg.diagnose else False)
+                   backward=cfg.backward, diagnose=None if cfg.diagnose else False,
+                   report_dir=cfg.report_dir or None)
     tail = "-backward" if cfg.backward else ""
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_",
                   f"{cfg.target}-{cfg.precision}-{cfg.budget}{tail}")

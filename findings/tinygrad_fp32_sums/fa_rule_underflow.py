@@ -1,0 +1,175 @@
+"""tinygrad_fp32_sums (tinygrad 0.14.0, torch 2.13.0+cpu): fa_rule broken on a B=1 H=2 Nq=600 Nk=600 d=64 input.
+
+Written by flashnum's audit (flashnum.audit.reproducer); runs without flashnum.
+    python fa_rule_underflow.py      # exit 1 while the defect is present, 0 once fixed, 2 cannot run
+
+Not shrunk and not run here: the kernel could not run on this machine (RuntimeError: tinygrad's CPU device does not run here (RuntimeError: no usable devices): its CPU backend compiles each kernel with clang, which this machine lacks; with DEV=CPU:LLVM (libLLVM-15) or zig cc in clang's place it fails to load its own programs (NotImplementedError: Encountered unknown relocation type 10)).
+Written unshrunk from the audit's case underflow/B1H2/Nq600Nk600/d64/full/s0; the float64 reference is within 4.3e-10 of the limit of flashnum's certified one.
+"""
+
+import importlib.util
+import math
+import sys
+
+import numpy as np
+import torch
+
+REQUIRES = ('tinygrad',)
+_missing = [p for p in REQUIRES if importlib.util.find_spec(p) is None]
+if _missing:
+    print(f"skip: {', '.join(_missing)} not installed")
+    sys.exit(2)
+
+# -- the kernel's call ---------------------------------------------------------------------
+import math
+import torch
+
+TINYGRAD_CPU = "its CPU backend compiles each kernel with clang, which this machine lacks; with DEV=CPU:LLVM (libLLVM-15) or zig cc in clang's place it fails to load its own programs (NotImplementedError: Encountered unknown relocation type 10)"
+
+
+def tinygrad_sdpa(q, k, v, causal=False, scale=None):
+    """tinygrad's Tensor.scaled_dot_product_attention on its default device (CPU here);
+    (B, H, N, d) torch in and out. tinygrad scales by 1/sqrt(d) itself: another scale
+    is folded into q."""
+    from tinygrad import Tensor
+
+    d = q.shape[-1]
+    qn = q.detach().float().numpy()
+    if scale is not None and scale != 1.0 / math.sqrt(d):
+        qn = qn * (scale * math.sqrt(d))
+    try:
+        t = [Tensor(x) for x in (qn, k.detach().float().numpy(), v.detach().float().numpy())]
+        out = t[0].scaled_dot_product_attention(t[1], t[2], is_causal=causal).numpy()
+    except (RuntimeError, NotImplementedError, FileNotFoundError) as e:
+        raise RuntimeError(f"tinygrad's CPU device does not run here ({type(e).__name__}: "
+                           f"{str(e)[:80]}): " + TINYGRAD_CPU) from None
+    return torch.from_numpy(out.copy()).to(q.dtype)
+
+kernel = tinygrad_sdpa  # the kernel under test: fn(q, k, v, causal=..., scale=...)
+
+# -- the input: exact bits -----------------------------------------------------------------
+DTYPE = torch.float32
+CAUSAL = False
+ALIGNMENT = 'top_left'  # top_left: query i sees keys 0..i; bottom_right: 0..i + Nk - Nq
+SCALE = None
+RULE = 'fa_rule'
+SHAPES = {'q': (1, 2, 600, 64), 'k': (1, 2, 600, 64), 'v': (1, 2, 600, 64), 'do': (1, 2, 600, 64)}
+from pathlib import Path
+
+_DATA = np.load(Path(__file__).with_suffix('.npz'))
+
+
+def _raw(name):
+    return _DATA[name].view(np.uint8)
+
+
+def tensor(name):
+    bits = np.ascontiguousarray(_raw(name)).view('<i4').copy()
+    return torch.from_numpy(bits).view(DTYPE).reshape(SHAPES[name])
+
+
+def visible(nq, nk):
+    i, j = torch.arange(nq)[:, None], torch.arange(nk)[None, :]
+    return j <= i + (nk - nq if ALIGNMENT == "bottom_right" else 0)
+
+
+def attention(q, k, v, scale, *, exact):
+    """exact: float64 softmax attention (the reference); else standard attention in the
+    dtype, flash-attn's attention_ref(upcast=False)."""
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    vis = visible(q.shape[-2], k.shape[-2]) if CAUSAL else torch.ones(
+        q.shape[-2], k.shape[-2], dtype=torch.bool)
+    dead = ~vis.any(-1, keepdim=True)  # rows that see no key: out 0
+    s = s.masked_fill(~vis, -math.inf).masked_fill(dead, 0.0)
+    if exact:
+        p = torch.softmax(s, dim=-1)
+    elif RULE.startswith("d"):  # the gradients' standard: softmax on the dtype's logits
+        p = torch.softmax(s, dim=-1)
+    else:
+        p = torch.softmax(s.float(), dim=-1)
+    p = p.masked_fill(dead, 0.0)
+    return torch.matmul(p.to(q.dtype), v), dead[..., 0].expand(q.shape[:-1])
+
+
+def vmax(x):
+    return float(torch.nan_to_num(x, nan=math.inf, posinf=math.inf).max()) if x.numel() else 0.0
+
+
+def limit(std, ref, keep):
+    noise = ((ref.float() + 0.3 - 0.3).double() - ref.float().double()).abs()[keep]
+    return 2 * vmax((std.double() - ref).abs()[keep & torch.isfinite(std.double())
+                                               if not RULE.startswith("d") else keep]
+                    ) + 2 * vmax(noise)
+
+
+def grads(f, q, k, v, do):
+    xs = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+    out = f(*xs)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    return dict(zip(("dq", "dk", "dv"), torch.autograd.grad(out, xs, do.to(out.dtype))))
+
+
+def main():
+    q, k, v = tensor("q"), tensor("k"), tensor("v")
+    scale = SCALE if SCALE is not None else 1.0 / math.sqrt(q.shape[-1])
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    ref, dead = attention(q64, k64, v64, scale, exact=True)
+    if RULE in ("dq_rule", "dk_rule", "dv_rule", "grad_nonfinite", "grad_masked"):
+        do = tensor("do")
+        got = grads(lambda a, b, c: kernel(a, b, c, causal=CAUSAL, scale=SCALE), q, k, v, do)
+        if RULE == "grad_masked":
+            return report(vmax(got["dq"].double()[dead].abs()), 0.0,
+                          "max|dQ| on rows that see no key")
+        gref = grads(lambda a, b, c: attention(a, b, c, scale, exact=True)[0],
+                     q64, k64, v64, do.double())
+        if RULE == "grad_nonfinite":
+            n = sum(int((~torch.isfinite(got[g]) & torch.isfinite(gref[g])).sum())
+                    for g in got)
+            return report(float(n), 0.0, "inf/NaN entries in dQ, dK, dV")
+        name = RULE[:2]
+        gstd = grads(lambda a, b, c: attention(a, b, c, scale, exact=False)[0], q, k, v, do)
+        keep = torch.isfinite(gref[name])
+        err = vmax((got[name].double() - gref[name]).abs()[keep])
+        return report(err, limit(gstd[name], gref[name], keep),
+                      f"max|{name} - {name}_ref| (limit: 2x standard attention's + fp32 noise)")
+    out = kernel(q, k, v, causal=CAUSAL, scale=SCALE)
+    lse = out[1] if isinstance(out, (tuple, list)) and len(out) > 1 else None
+    out = (out[0] if isinstance(out, (tuple, list)) else out).double()
+    keep = torch.isfinite(ref) & ~dead[..., None].expand_as(ref)
+    if RULE == "masked":
+        return report(vmax(out[dead[..., None].expand_as(out)].abs()), 0.0,
+                      "max|out| on rows that see no key")
+    if RULE == "nonfinite":
+        return report(float((~torch.isfinite(out) & keep).sum()), 0.0,
+                      "inf/NaN outputs where the reference is finite")
+    if RULE == "lse":
+        s = torch.matmul(q64, k64.transpose(-1, -2)) * scale
+        vis = visible(q.shape[-2], k.shape[-2]) if CAUSAL else True
+        lse_ref = torch.logsumexp(s.masked_fill(~vis, -math.inf) if CAUSAL else s, dim=-1)
+        sd = (torch.matmul(q, k.transpose(-1, -2)) * scale).float()
+        lse_std = torch.logsumexp(sd.masked_fill(~vis, -math.inf) if CAUSAL else sd, dim=-1)
+        fin = torch.isfinite(lse_ref)
+        lim = 2 * vmax((lse_std.double() - lse_ref)[fin].abs()) + 8 * 2.0**-24 * vmax(
+            lse_ref[fin].abs())
+        return report(vmax((lse.double() - lse_ref)[fin].abs()), lim, "max|lse - lse_ref|")
+    std, _ = attention(q, k, v, scale, exact=False)
+    err = vmax((out - ref).abs()[keep])
+    return report(err, limit(std, ref, keep),
+                  "max|out - ref| (limit: 2x standard attention's + fp32 noise)")
+
+
+def report(err, lim, what):
+    broken = not err <= lim
+    ratio = err / lim if lim > 0 else (math.inf if err > 0 else 0.0)
+    print(f"{RULE}: {what} = {err:.6g}, limit {lim:.6g}: ratio {ratio:.6g}")
+    print("DEFECT PRESENT" if broken else "rule kept")
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    try:
+        status = main()
+    except Exception as e:  # the kernel cannot run here: no verdict either way
+        print(f"skip: the kernel could not run: {type(e).__name__}: {str(e)[:600]}")
+        status = 2
+    sys.exit(status)
