@@ -126,3 +126,30 @@ def test_the_gradient_audit_says_no_backward_in_one_line_and_judges_the_forward(
             "FlexAttention does not support backward on CPU")
     assert t["message"].str.startswith(line).all()
     assert not t["message"].str.contains("\n").any()
+
+
+@pytest.mark.parametrize("nq,nk,causal", [(128, 128, True), (77, 300, True), (200, 200, False)])
+def test_the_eager_target_is_modelled_by_jax_xla_in_bf16(nq, nk, causal):
+    """The closest candidate (python bench/bench_torch_flex.py --eager: 99.99% of the quick
+    cases' bf16 outputs); the floor is the model's 99.9%."""
+    from flashnum.audit.kernel_table import agreement, model_out
+    from flashnum.audit.targets_torch import torch_flex_eager
+
+    q, k, v = _inputs(nq, nk, 64, torch.bfloat16, seed=2)
+    out = torch_flex_eager(q, k, v, causal=causal).double()
+    mo = model_out(TARGETS["torch_flex_eager"].model, q, k, v, precision="bf16",
+                   causal=causal, alignment="top_left", scale=None)
+    eq, _, n = agreement(out, mo, torch.bfloat16)
+    assert eq / n >= FLOOR, f"{eq / n:.6f}"
+
+
+def test_the_eager_target_has_no_backward_either_and_says_so_in_one_line():
+    from flashnum.audit.gradients import call
+    from flashnum.audit.targets_torch import torch_flex_eager
+
+    q, k, v, do = _inputs(40, 40, 16, torch.float32) + [torch.randn(1, 2, 40, 16)]
+    out, _, grads, why, said = call(torch_flex_eager, q, k, v, do, True, None)
+    assert out is not None and grads is None and why is None
+    assert said.startswith("no backward: inputs that require grad make it raised "
+                           "NotImplementedError: FlexAttention does not support backward")
+    assert "\n" not in said

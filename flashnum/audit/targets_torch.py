@@ -23,11 +23,11 @@
               mask and scale (dynamic=False), the block masks cached per (Nq, Nk). The
               template has no backward on CPU: with inputs requiring grad it raises
               NotImplementedError, and the gradient audit judges its forward alone.
-  torch_flex_eager  flex_attention uncompiled: its dense reference path (a score matrix,
-              the mask, a softmax, P V)
+  torch_flex_eager  flex_attention uncompiled: its dense reference path (a score matrix
+              in fp32, the mask, an fp32 softmax, P cast to the dtype, P V); it refuses
+              inputs requiring grad on CPU too (flex_attention checks before either path)
 
-torch_math and hf_eager are differentiable through torch autograd, and so is
-torch_flex_eager.
+torch_math and hf_eager are differentiable through torch autograd.
 """
 
 from __future__ import annotations
