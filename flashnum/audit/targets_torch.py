@@ -109,10 +109,26 @@ def _flex_compiled():
     return torch.compile(flex_attention, dynamic=False)
 
 
+def _refuse_grad(q, k, v):
+    """flex_attention's own check, made before dynamo sees the call: traced, its
+    NotImplementedError for inputs that require grad on CPU makes dynamo run every later
+    call of flex_attention, any shape, on the eager dense path instead of the compiled
+    kernel (measured: 52% of a bf16 output then equal to the compiled kernel's)."""
+    from torch.nn.attention import flex_attention as flex
+
+    check = getattr(flex, "_validate_device", None)
+    if check is not None:
+        check(q, k, v)
+    elif q.device.type == "cpu" and any(x.requires_grad for x in (q, k, v)):
+        raise NotImplementedError("FlexAttention does not support backward on CPU. Please set "
+                                  "the input requires_grad to False or use another device.")
+
+
 def torch_flex(q, k, v, causal=False, scale=None):
     """torch.compile(flex_attention) on CPU, (B, H, N, d) in and out; every new shape
     compiles (tens of seconds), and a shape past dynamo's recompile limit raises rather
     than falling back to the eager path."""
+    _refuse_grad(q, k, v)
     mask = _block_mask(q.shape[-2], k.shape[-2]) if causal else None
     with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILES,
                                     fail_on_recompile_limit_hit=True):
