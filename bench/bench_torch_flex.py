@@ -25,7 +25,7 @@ import torch
 
 from flashnum.audit.targets_torch import torch_flex, torch_flex_eager
 from flashnum.models import torch_flex as model
-from flashnum.models.torch_cpu_exp import expf
+from flashnum.models.torch_cpu_exp import exp64, expf
 from flashnum.models.torch_flex import attention_torch_flex
 from flashnum.numerics.accumulate import dot
 
@@ -50,6 +50,8 @@ def share(n: int, d: int, precision: str, causal: bool, seed: int = 0, bh=(1, 2)
 ABLATIONS = (
     ("no packing (micro-GEMM S, unpacked brgemm P V)", "need_pack", lambda *a: False),
     ("tail exp by expf, not the double exp", "exp64", lambda x: expf(x).double()),
+    ("tail P rounded to fp32 before the row sum adds it", "exp64",
+     lambda x: exp64(x).float().double()),
     ("S as one FMA chain over d, not 16 lanes and the tree", "micro_gemm_qk",
      lambda q, k: dot(q.float(), k.float().transpose(-1, -2), "fp32")),
 )
