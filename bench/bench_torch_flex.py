@@ -29,7 +29,7 @@ from flashnum.models.torch_cpu_exp import exp64, expf
 from flashnum.models.torch_flex import attention_torch_flex
 from flashnum.numerics.accumulate import dot
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def share(n: int, d: int, precision: str, causal: bool, seed: int = 0, bh=(1, 2)):
@@ -102,7 +102,7 @@ def main(argv=None):
     print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"AMX: {amx}, threads {torch.get_num_threads()}")
     if a.eager:
-        eager_candidates(a.dtype + ["fp16"])
+        eager_candidates(list(dict.fromkeys(a.dtype + ["fp16"])))
         return
     if not a.ablations:
         grid(a)

@@ -18,9 +18,10 @@ from flashnum.models import MODELS, model_of
 
 HAS_FLEX = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 pytestmark = pytest.mark.skipif(not HAS_FLEX, reason="this torch has no flex_attention")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # the floor of equal outputs: measured 1.000000 on every case below (AVX-512 with AMX,
-# torch 2.13; python bench/bench_torch_flex.py), floored at the 99.9% asked of the model
+# torch 2.13; python bench/bench_torch_flex.py --dtype fp32 bf16 fp16), floored at the
+# 99.9% asked of the model
 FLOOR = 0.999
 
 
@@ -42,7 +43,7 @@ def flex():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n", [128, 200, 256])
 def test_the_model_equals_compiled_flex_bit_for_bit(flex, n, causal, precision):
@@ -114,9 +115,9 @@ def test_targets_resolve_with_their_alignment_and_model():
 def test_the_model_refuses_what_it_does_not_model():
     import flashnum
 
-    q, k, v = _inputs(8, 8, 16, torch.float16)
-    with pytest.raises(ValueError, match="does not model precision 'fp16'; valid: fp32, bf16"):
-        flashnum.attention(q, k, v, precision="fp16", model="torch_flex")
+    q, k, v = _inputs(8, 8, 16, torch.float32)
+    with pytest.raises(ValueError, match="does not model precision 'tf32'; valid: fp32, bf16"):
+        flashnum.attention(q, k, v, precision="tf32", model="torch_flex")
     q, k, v = _inputs(8, 12, 16, torch.float32)
     with pytest.raises(ValueError, match="top-left"):
         flashnum.attention(q, k, v, precision="fp32", model="torch_flex", causal=True)

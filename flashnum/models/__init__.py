@@ -20,7 +20,7 @@ compared on the CPU class that stored them (flashnum.harness.compare).
   jax_xla          jax.nn.dot_product_attention(implementation="xla") (library.py)
   ort_cpu          ONNX Runtime's CPU Attention (library.py)
   torch_flex       torch.compile(flex_attention) on CPU, inductor's C++ flex template
-                   (torch_flex.py; fp32 and bf16)
+                   (torch_flex.py)
   triton_tutorial  the Triton tutorial's fused attention, fp16, forward and backward
                    (triton_tutorial.py)
 
@@ -100,7 +100,7 @@ MODELS: dict[str, Model] = {m.name: m for m in (
     Model("ort_cpu", "ONNX Runtime's CPU Attention (opset 23)", _library("ort_cpu"),
           alignment="top_left"),
     Model("torch_flex", "torch.compile(flex_attention) on CPU (inductor's C++ flex template)",
-          _torch_flex, alignment="top_left", precisions=("fp32", "bf16")),
+          _torch_flex, alignment="top_left"),
     Model("triton_tutorial", "the Triton tutorial's fused attention (06-fused-attention.py)",
           _tutorial, _tutorial_backward, precisions=("fp16",)),
 )}

@@ -27,18 +27,20 @@ flex template (torch/_inductor/kernel/flex/flex_cpu.py, torch 2.13). Its generat
             takes the double value, fl32(sum + exp) per column
   state     m, l, o in fp32; alpha = expf(m_old - m_new) (glibc); l = rowsum +
             fl32(alpha l), no FMA (-ffp-contract=off); o = o * alpha from the second block
-  P V       P stored in the dtype (bf16 by round to nearest even; the row sum read the
-            fp32 P), then cpublas::brgemm (fp32: its float overload; bf16: on the packed V
-            where the kernel packs) accumulating into o from the second block on
+  P V       P stored in the dtype (round to nearest even; the row sum read the fp32 P),
+            then cpublas::brgemm (fp32: its float overload; bf16: on the packed V where
+            the kernel packs) accumulating into o from the second block on; fp16 unpacked
+            takes the template's micro-GEMM instead ("Fallback Half brgemm is slower"):
+            per output one FMA chain over the block's keys, from o
   output    o * fl32(1 / l), cast to the dtype; l = 0 (a row that sees no key) takes 1
 
 The brgemm calls are the kernel's own (at::native::cpublas::brgemm in the libtorch_cpu
 torch loaded, through ctypes, with the kernel's sizes and leading dimensions), so their
 summation order is oneDNN's on this machine by construction and moves with it, as the
 kernel's does; on a machine with AMX the bf16 S is the packed brgemm's, without AMX the
-micro-GEMM's. The FMA chains are accumulate.dot's (one fp32 FMA chain from +0, exact);
-the exponentials are torch_cpu_exp's. fp16 is not modelled (the kernel multiplies P V by
-its micro-GEMM there).
+micro-GEMM's. The FMA chains are accumulate.dot's (one fp32 FMA chain from +0, exact),
+fp16's P V chains (they start from o) torch_cpu_exp's exact fma step by step; the
+exponentials are torch_cpu_exp's.
 """
 
 from __future__ import annotations
@@ -51,11 +53,12 @@ from pathlib import Path
 import torch
 
 from flashnum.engine.result import Result
-from flashnum.models.torch_cpu_exp import _expf, exp64, exp_u20
+from flashnum.models.torch_cpu_exp import _expf, _fma, exp64, exp_u20
 from flashnum.models.torch_cpu_gemm import _brgemm, _brgemm_call, _Packed
 from flashnum.numerics.accumulate import dot
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_SCALAR_TYPE = {"bf16": 15, "fp16": 5}  # c10::ScalarType of BFloat16, Half
 BLOCK = 128  # create_block_mask's default BLOCK_SIZE
 WHOLE = 1 << 30  # the block size of flex's empty block mask (no mask given)
 LANES = 16  # AVX-512 float vector width
@@ -85,10 +88,11 @@ def block_lists(nq: int, nk: int, causal: bool, block: int = BLOCK):
 
 
 def need_pack(prec: str, bh: int, nq: int, nk: int, d: int, q_split: int, threads: int) -> bool:
-    """The template's need_pack: bf16 where cpublas::could_pack(kBFloat16) holds, both
-    lengths at least 64, and the GEMM work per thread at least 4x the packing work."""
+    """The template's need_pack: bf16/fp16 where cpublas::could_pack of the dtype holds
+    (oneDNN's AMX brgemm), both lengths at least 64, and the GEMM work per thread at least
+    4x the packing work."""
     lib = _brgemm()
-    if prec != "bf16" or lib is None or not lib[0](15):  # 15: c10::ScalarType::BFloat16
+    if prec not in _SCALAR_TYPE or lib is None or not lib[0](_SCALAR_TYPE[prec]):
         return False
     if nk < 64 or nq < 64:
         return False
@@ -140,6 +144,16 @@ def micro_gemm_qk_lanes(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return _tree(dot(a, b, "fp32").movedim(-3, -1))
 
 
+def micro_gemm_pv(p: torch.Tensor, v: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:
+    """(BH, rows, cols) x (BH, cols, dv) fp32, as the template's micro_gemm (fp16's P V):
+    per output one FMA chain over k = 0, 1, ..., from c (accumulating) or +0."""
+    acc = torch.zeros(*p.shape[:-1], v.shape[-1]) if c is None else c
+    pf, vf = p.float(), v.float()
+    for j in range(p.shape[-1]):
+        acc = _fma(pf[..., j:j + 1], vf[..., j:j + 1, :], acc)
+    return acc
+
+
 def _exp_rowsum(x: torch.Tensor):
     """kernel_exp_reduce_sum_fusion_kernel on x = s - m (fp32): P (fp32, and its tail's
     double exp) and the row sum."""
@@ -178,9 +192,10 @@ def forward(call) -> Result:
 
 def attention_torch_flex(q, k, v, *, precision="bf16", causal=False, scale=None) -> Result:
     """What compiled flex_attention computes on CPU for q, k, v (B, H, N, d) stored in
-    `precision` (fp32 or bf16); causal: the block mask of q >= kv (top-left)."""
+    `precision` (fp32, bf16, fp16); causal: the block mask of q >= kv (top-left)."""
     if precision not in DTYPES:
-        raise ValueError(f"model torch_flex models precision fp32 or bf16, not {precision!r}")
+        raise ValueError(f"model torch_flex models precision fp32, bf16 or fp16, not "
+                         f"{precision!r}")
     dtype = DTYPES[precision]
     lead, nq, nk, d, dv = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -279,6 +294,9 @@ def _pv(prec, p, v3, c0, o, add, packed, ks):
     ecols = cols + cols % 2 if packed is not None else cols
     pbuf = torch.zeros(bh, rows, ecols, dtype=v3.dtype)
     pbuf[..., :cols] = p.to(v3.dtype)
+    if packed is None and prec == "fp16":  # the template's micro-GEMM, not Half's brgemm
+        o.copy_(micro_gemm_pv(pbuf, v3[:, c0:c0 + cols], o if add else None))
+        return
     f32 = _brgemm_f32() if prec == "fp32" else None
     for h in range(bh):
         if packed is not None:
