@@ -18,6 +18,11 @@ of one dtype and shape (B, H, N, d) and out in that dtype.
   flash_attn       flash_attn.flash_attn_func (if installed; bottom-right since 2.1)
   torch_math       torch's SDPA on its math backend (flashnum.audit.targets_torch)
   hf_eager         transformers' eager_attention_forward (flashnum.audit.targets_torch)
+  torch_flex       torch.compile(flex_attention) on CPU, inductor's C++ flex template; causal
+                   is the block mask q >= kv (top-left); model torch_flex (flashnum.models);
+                   no backward on CPU: the gradient audit judges its forward alone
+  torch_flex_eager flex_attention uncompiled (its dense path; flashnum.audit.targets_torch;
+                   model jax_xla, the closest measured); no backward on CPU either
   jax_xla          jax.nn.dot_product_attention, implementation="xla"
                    (flashnum.audit.targets_jax; needs the [kernels] extra)
   jax_pallas       Pallas's FlashAttention kernel mha (flashnum.audit.targets_jax; [kernels])
@@ -27,7 +32,8 @@ of one dtype and shape (B, H, N, d) and out in that dtype.
   pkg.mod:func     any importable callable with the signature above (alignment
                    top_left unless told)
 
-Every target but ort_attention and ort_mha (inference kernels) is differentiable through
+Every target but ort_attention and ort_mha (inference kernels) and the two flex ones (no
+CPU backward: the gradient audit judges their forward and says so) is differentiable through
 autograd (audit(..., backward=True)): torch's SDPA and its CPU op through torch's own
 backward, flash_attn through its own, flashnum_triton through the autograd.Function below,
 torch_math and hf_eager through torch's, the JAX ones through jax.vjp (XLA's autodiff;
@@ -164,6 +170,10 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
            what="flash-attn 2 (flash_attn_func)"),
     Target("torch_math", "flashnum.audit.targets_torch:torch_math", "top_left", "torch_math",
            "naive@fp32", what="torch's SDPA on its math backend"),
+    Target("torch_flex", "flashnum.audit.targets_torch:torch_flex", "top_left", "torch_flex",
+           what="torch.compile(flex_attention), inductor's CPU flex template"),
+    Target("torch_flex_eager", "flashnum.audit.targets_torch:torch_flex_eager", "top_left",
+           "jax_xla", what="flex_attention uncompiled (its dense path)"),
     Target("hf_eager", "flashnum.audit.targets_torch:hf_eager", "bottom_right", "naive",
            "naive", what="transformers' eager_attention_forward"),
     Target("jax_xla", "flashnum.audit.targets_jax:jax_xla", "top_left", "jax_xla", "naive",

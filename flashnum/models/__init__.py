@@ -19,6 +19,8 @@ compared on the CPU class that stored them (flashnum.harness.compare).
   torch_math       ATen's _scaled_dot_product_attention_math (library.py)
   jax_xla          jax.nn.dot_product_attention(implementation="xla") (library.py)
   ort_cpu          ONNX Runtime's CPU Attention (library.py)
+  torch_flex       torch.compile(flex_attention) on CPU, inductor's C++ flex template
+                   (torch_flex.py)
   triton_tutorial  the Triton tutorial's fused attention, fp16, forward and backward
                    (triton_tutorial.py)
 
@@ -60,6 +62,12 @@ def _torch_cpu_backward(call):
     return backward(call)
 
 
+def _torch_flex(call):
+    from flashnum.models.torch_flex import forward
+
+    return forward(call)
+
+
 def _library(name: str) -> Callable:
     def forward(call):
         from flashnum.models.library import attention_kernel_model
@@ -91,6 +99,8 @@ MODELS: dict[str, Model] = {m.name: m for m in (
           _library("jax_xla"), alignment="top_left"),
     Model("ort_cpu", "ONNX Runtime's CPU Attention (opset 23)", _library("ort_cpu"),
           alignment="top_left"),
+    Model("torch_flex", "torch.compile(flex_attention) on CPU (inductor's C++ flex template)",
+          _torch_flex, alignment="top_left"),
     Model("triton_tutorial", "the Triton tutorial's fused attention (06-fused-attention.py)",
           _tutorial, _tutorial_backward, precisions=("fp16",)),
 )}
