@@ -90,8 +90,12 @@ class Arith:
         rounding = "stochastic" if self.stochastic else "nearest"
         return fmt.round(y, rounding, self.gen).to(self.dtype)
 
-    def dot(self, a: torch.Tensor, b: torch.Tensor, fmt) -> torch.Tensor:
-        """a @ b (batched), accumulated in `fmt` (see the module docstring)."""
+    def dot(self, a: torch.Tensor, b: torch.Tensor, fmt, product=EXACT) -> torch.Tensor:
+        """a @ b (batched), accumulated in `fmt` (see the module docstring); `product` the
+        format each product is rounded into before its sum (a product site; EXACT: none,
+        the dot is one FMA chain)."""
+        if product is not EXACT and product.p < 53:
+            return self.product_dot(a, b, fmt, product)
         if fmt is EXACT or fmt.p >= 53:
             return accumulate.dot(a, b, "fp64").to(self.dtype)
         if hasattr(fmt, "dot"):  # an accumulator with its own adder (hwarith.KGroupFormat)
@@ -106,6 +110,31 @@ class Arith:
         acc = torch.zeros(a.shape[:-1] + b.shape[-1:], dtype=self.dtype)
         for t in range(a.shape[-1]):
             prod = self.rnd(a[..., :, t, None] * b[..., t, None, :], fmt)
+            acc = self.rnd(acc + prod, fmt)
+        return acc
+
+    def product_dot(self, a: torch.Tensor, b: torch.Tensor, fmt, product) -> torch.Tensor:
+        """a @ b with each exact product rounded into `product` (one rounding, from
+        float64), then summed in order in `fmt` (flashnum.numerics.accumulate.product_dot;
+        a narrow `fmt` rounds each partial sum too)."""
+        def rounded(x64):
+            return self.rnd(x64, product)
+
+        if fmt is EXACT or fmt.p >= 53:
+            return accumulate.product_dot(a, b, rounded, "fp64").to(self.dtype)
+        if hasattr(fmt, "dot") or fmt.name == "tf32":
+            raise ValueError(f"a product site in {product.name} before an accumulator in "
+                             f"{fmt.name} is not modelled; valid accumulators: fp32, fp64, "
+                             "exact or a plain format")
+        if fmt.name == "fp32":
+            if product.p > 24 or product.emin < -126:
+                raise ValueError(f"a product in {product.name} is not an fp32 number: its "
+                                 "sum in fp32 would round twice; valid: a format within fp32")
+            return accumulate.product_dot(a, b, rounded, "fp32").to(self.dtype)
+        acc = torch.zeros(a.shape[:-1] + b.shape[-1:], dtype=self.dtype)
+        a64, b64 = a.to(torch.float64), b.to(torch.float64)
+        for t in range(a.shape[-1]):
+            prod = self.rnd(rounded(a64[..., :, t, None] * b64[..., t, None, :]), fmt)
             acc = self.rnd(acc + prod, fmt)
         return acc
 
