@@ -152,3 +152,20 @@ def test_a_compiler_that_is_not_clang_is_named_with_what_to_install(monkeypatch)
     assert cc == "/nonexistent/cc"
     assert why.startswith("tinygrad's CPU device needs clang >= 19, /nonexistent/cc is not "
                           "clang: pip install 'flashnum[tinygrad]'")
+
+
+def test_the_kernel_table_says_what_installs_tinygrad_or_its_compiler(monkeypatch):
+    import importlib.util
+
+    from flashnum.audit import kernel_table
+
+    monkeypatch.setenv("CC", "/nonexistent/cc")  # a compiler that is not clang
+    if importlib.util.find_spec("tinygrad") is not None:
+        status, why = kernel_table.missing("tinygrad")
+        assert status == "missing" and why.startswith(
+            "target tinygrad: tinygrad's CPU device needs clang >= 19")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tinygrad" else real(name, *a))
+    assert kernel_table.missing("tinygrad") == (
+        "missing", "tinygrad: pip install 'flashnum[tinygrad]'")
