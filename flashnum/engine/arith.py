@@ -22,7 +22,7 @@ import torch
 from flashnum.engine import native
 from flashnum.numerics import accumulate, elementary
 from flashnum.numerics.formats import EXACT, FORMATS, Exact
-from flashnum.numerics.policy import Policy
+from flashnum.numerics.policy import PRODUCT_SITES, Policy
 
 
 def wider(f, g):
@@ -151,9 +151,12 @@ class Arith:
 
 
 def carrier(policy: Policy) -> torch.dtype:
-    """float32 iff every site is fp32 or narrower (exact +,-,*,/ then round once), else float64."""
+    """float32 iff every site is fp32 or narrower (exact +,-,*,/ then round once), else float64.
+    An exact product site is no rounding (its dot is the accumulator's): it does not count."""
     for site in policy.sites():
         f = policy.fmt(site)
+        if site in PRODUCT_SITES and isinstance(f, Exact):
+            continue
         if isinstance(f, Exact) or f.p > 24 or f.emin < -126:
             return torch.float64
     return torch.float32
