@@ -23,6 +23,8 @@ compile cache is kept apart from the user's (CACHEDB in flashnum's cache): an en
 compiled by one compiler is never loaded for another.
 
 tinygrad's SDPA takes no scale: a scale other than 1/sqrt(d) is refused.
+
+    python -m flashnum.audit.targets_tinygrad    # model tinygrad's share of equal outputs
 """
 
 from __future__ import annotations
@@ -170,3 +172,31 @@ def tinygrad_sdpa(q, k, v, causal=False, scale=None):
         return _TinygradAttention.apply(q, k, v, causal)
     tq, tk, tv = (to_tinygrad(x) for x in (q, k, v))
     return to_torch(tq.scaled_dot_product_attention(tk, tv, is_causal=bool(causal)).realize())
+
+
+GRID = [(n, d, causal) for n in (77, 128, 256) for d in (64, 128) for causal in (False, True)]
+
+
+def model_share(precision: str, grid=GRID, seed: int = 0) -> tuple[int, int]:
+    """(outputs equal bit for bit, outputs) of model tinygrad against the kernel over
+    `grid` ((N, d, causal) each; B 1, H 2, Gaussian inputs from `seed`)."""
+    from flashnum.models.tinygrad import forward
+
+    dtype, bits = {"fp32": (torch.float32, torch.int32),
+                   "bf16": (torch.bfloat16, torch.int16)}[precision]
+    g = torch.Generator().manual_seed(seed)
+    equal = total = 0
+    for n, d, causal in grid:
+        q, k, v = (torch.randn(1, 2, n, d, generator=g).to(dtype) for _ in range(3))
+        out = tinygrad_sdpa(q, k, v, causal=causal)
+        model = forward(q, k, v, precision=precision, causal=causal).out.to(dtype)
+        equal += int((out.view(bits) == model.view(bits)).sum())
+        total += out.numel()
+    return equal, total
+
+
+if __name__ == "__main__":  # python -m flashnum.audit.targets_tinygrad: the model's share
+    for prec in ("fp32", "bf16"):
+        eq, n = model_share(prec)
+        print(f"model tinygrad vs the kernel, {prec}: {eq} of {n} outputs equal ({eq / n:.6f}); "
+              f"N 77, 128, 256; d 64, 128; causal and not")

@@ -21,7 +21,7 @@ import torch
 
 from flashnum.engine import native
 from flashnum.numerics import accumulate, elementary
-from flashnum.numerics.formats import EXACT, FORMATS, Exact
+from flashnum.numerics.formats import EXACT, FORMATS, Exact, Format
 from flashnum.numerics.policy import PRODUCT_SITES, Policy
 
 
@@ -94,8 +94,13 @@ class Arith:
         """a @ b (batched), accumulated in `fmt` (see the module docstring); `product` the
         format each product is rounded into before its sum (a product site; EXACT: none,
         the dot is one FMA chain)."""
-        if product is not EXACT and product.p < 53:
-            return self.product_dot(a, b, fmt, product)
+        if product is not EXACT:
+            if not isinstance(product, Format):
+                raise ValueError(f"a product site takes a plain format, not "
+                                 f"{getattr(product, 'name', product)!r}; valid: bf16, fp16, "
+                                 "fp32, p<bits>, exact")
+            if product.p < 53:
+                return self.product_dot(a, b, fmt, product)
         if fmt is EXACT or fmt.p >= 53:
             return accumulate.dot(a, b, "fp64").to(self.dtype)
         if hasattr(fmt, "dot"):  # an accumulator with its own adder (hwarith.KGroupFormat)
