@@ -120,8 +120,10 @@ def _params_on(pol: Policy, rounding: str, on_grid, car) -> dict[str, Param]:
         # (flashnum.numerics.accumulate.product_dot); float64 forms it exactly for operands
         # of <= 26 bits, else it is rounded there first (one more u of float64). Exact: none
         f = F(site)
-        if f is EXACT or isinstance(f, Exact) or f.p >= 53:
+        if f is EXACT or isinstance(f, Exact):
             ur = ud = eta = 0.0
+        elif f.p >= 53:  # the float64 product is the rounding (Arith.rnd keeps it)
+            ur, ud, eta = U64, 0.0, ETA64
         else:
             ur, eta = (2 * f.u, f.min_subnormal) if sr else (f.u, f.min_subnormal / 2)
             wide = [g for g in operands if g is EXACT or isinstance(g, Exact) or g.p > 26]

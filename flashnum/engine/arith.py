@@ -99,8 +99,7 @@ class Arith:
                 raise ValueError(f"a product site takes a plain format, not "
                                  f"{getattr(product, 'name', product)!r}; valid: bf16, fp16, "
                                  "fp32, p<bits>, exact")
-            if product.p < 53:
-                return self.product_dot(a, b, fmt, product)
+            return self.product_dot(a, b, fmt, product)
         if fmt is EXACT or fmt.p >= 53:
             return accumulate.dot(a, b, "fp64").to(self.dtype)
         if hasattr(fmt, "dot"):  # an accumulator with its own adder (hwarith.KGroupFormat)
@@ -120,8 +119,9 @@ class Arith:
 
     def product_dot(self, a: torch.Tensor, b: torch.Tensor, fmt, product) -> torch.Tensor:
         """a @ b with each exact product rounded into `product` (one rounding, from
-        float64), then summed in order in `fmt` (flashnum.numerics.accumulate.product_dot;
-        a narrow `fmt` rounds each partial sum too)."""
+        float64; fp64: the float64 product itself), then summed in order in `fmt`
+        (flashnum.numerics.accumulate.product_dot; a narrow `fmt` rounds each partial sum
+        too)."""
         def rounded(x64):
             return self.rnd(x64, product)
 
