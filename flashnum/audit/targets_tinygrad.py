@@ -16,9 +16,10 @@ tinygrad's CPU device compiles every kernel, and its own queue programs, with cl
 (`$CC`, else `clang`, called with `--target=x86_64-none-unknown-elf`): gcc does not take
 that flag, and the LLVM renderer does not help (the queue programs still need clang).
 bf16 needs clang >= 19 (`__bf16` arithmetic). Where no clang is on PATH, the ziglang
-package's clang (`python -m ziglang cc`) runs in its place through a two-line wrapper
-written into flashnum's cache (it maps the target flag to zig's triple and turns off the
-debug sections, whose relocations tinygrad's ELF loader does not take). tinygrad's own
+package's clang (`python -m ziglang cc`) runs in its place through a short wrapper
+written into flashnum's cache and put on PATH as `clang`, never into $CC (which
+flashnum's own C builds read): it maps the target flag to zig's triple and turns off the
+debug sections, whose relocations tinygrad's ELF loader does not take. tinygrad's own
 compile cache is kept apart from the user's (CACHEDB in flashnum's cache): an entry
 compiled by one compiler is never loaded for another.
 
@@ -35,6 +36,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -72,7 +74,7 @@ def _clang_major(cc: str) -> int | None:
 
 def _zig_wrapper() -> str:
     """The wrapper that runs ziglang's clang (written once into flashnum's cache)."""
-    path = cache_dir() / "tinygrad" / "clang"
+    path = cache_dir() / "tinygrad" / "bin" / "clang"  # its folder goes on PATH
     text = _WRAPPER.format(python=sys.executable)
     if not path.exists() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -106,13 +108,16 @@ def toolchain() -> str:
 
 
 def _tinygrad():
-    """The tinygrad package, its compiler and its cache set (before its first import: it
-    reads CC and CACHEDB once)."""
+    """The tinygrad package, its compiler and its cache set before its first import (it
+    reads CACHEDB on import, and CC or `clang` on PATH in each compile worker). The zig
+    wrapper goes on PATH as `clang`, never into $CC: flashnum's own C builds
+    (flashnum.numerics.build) read $CC and keep their compiler."""
     if "tinygrad" not in sys.modules:
         cc, why = compiler()
         if why:
             raise ValueError(why)
-        os.environ["CC"] = cc
+        if not os.environ.get("CC") and shutil.which("clang") is None:
+            os.environ["PATH"] = str(Path(cc).parent) + os.pathsep + os.environ.get("PATH", "")
         os.environ.setdefault("CACHEDB", str(cache_dir() / "tinygrad" / "cache.db"))
     import tinygrad
 
