@@ -29,9 +29,9 @@ contracts a * b + c into one FMA. Every value as the kernels compute it:
 
 Reductions run in index order: tinygrad's UNROLL and UPCAST opts give each output its
 own accumulator and add an unrolled group left to right ((acc + x0) + x1 ...), so every
-sum is sequential. Rows that see no key do not occur (the mask is top-left, row i sees
-key 0). tinygrad's SDPA takes no scale: the model computes with 1/sqrt(d) and refuses
-another.
+sum is sequential. Under its own top-left mask every row sees key 0; a row that sees no
+key (bottom-right, Nq > Nk) comes out NaN, as softmax over -inf alone does. tinygrad's
+SDPA takes no scale: the model computes with 1/sqrt(d) and refuses another.
 """
 
 from __future__ import annotations
