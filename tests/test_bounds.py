@@ -16,6 +16,7 @@ from flashnum.analysis.bounds import bound
 from flashnum.api import attention
 from flashnum.engine.variants import QiuYao
 from flashnum.inputs.distributions import DISTRIBUTIONS, FROM_FILE, make
+from flashnum.numerics.policy import make_policy
 from flashnum.reference import reference
 
 
@@ -57,6 +58,25 @@ def test_bound_holds_on_every_distribution_policy_and_precision(name):
                       scale=inp.scale)
             res = attention(inp.q, inp.k, inp.v, block_m=16, **kw)
             b = bound(inp.q, inp.k, inp.v, n_rescales=res.n_rescales, **kw)
+            if not math.isfinite(b["bound"]):
+                continue  # a site may overflow: the bound says so instead of lying
+            assert bool((_excess(inp, ref, res, b) <= 0).all()), (policy, precision, b)
+
+
+@pytest.mark.parametrize("name", CATALOGUE)
+def test_bound_holds_with_each_product_rounded_before_its_sum(name):
+    # the product sites (tinygrad's bf16 dots): u_p |q||k| per term of S, u_p |p||v| of P V
+    inp = _draw(name)
+    ref = reference(inp.q, inp.k, inp.v, causal=inp.causal, scale=inp.scale)
+    for policy, rounding in (("fa2", "nearest"), ("naive", "nearest"), ("fa2", "stochastic")):
+        for precision in PRECISIONS:
+            fp = precision if precision != "fp32" else "bf16"
+            pol = make_policy(policy, precision).with_sites(qk_product=fp, pv_product=fp)
+            kw = dict(precision=precision, policy=pol, block_n=8, causal=inp.causal,
+                      scale=inp.scale, rounding=rounding)
+            res = attention(inp.q, inp.k, inp.v, block_m=16, **kw)
+            b = bound(inp.q, inp.k, inp.v, n_rescales=res.n_rescales, **kw)
+            assert b["terms"]["qk_product"] > 0 and b["terms"]["pv_product"] > 0
             if not math.isfinite(b["bound"]):
                 continue  # a site may overflow: the bound says so instead of lying
             assert bool((_excess(inp, ref, res, b) <= 0).all()), (policy, precision, b)

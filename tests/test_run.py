@@ -27,7 +27,7 @@ from flashnum.harness.grid import CASE_FIELDS, CONF, columns, expand, in_shard
 from flashnum.harness.run import ConfigError, policy_of, precheck, run
 from flashnum.harness.summary import growth
 from flashnum.inputs.distributions import make
-from flashnum.numerics.policy import SITES, Policy, make_policy
+from flashnum.numerics.policy import PRODUCT_SITES, SITES, Policy, make_policy
 
 REPO = Path(__file__).resolve().parents[1]
 # the forward runner's experiments; bwd_* are the backward runner's (flashnum.harness.backward)
@@ -217,8 +217,9 @@ def test_attention_accepts_uniform_and_p_bits_policies_as_the_config_names_them(
     fp32 = dict(qk_acc="fp32", s="fp32", m="fp32", p="fp32", pv_acc="fp32", l_acc="fp32",
                 l="fp32", o="fp32", div="fp32")
     spelled = {  # written out site by site, as policy.py's docstring defines them
-        ("uniform", "bf16"): Policy(**{s: "bf16" for s in SITES}),
-        ("uniform", "p11"): Policy(**{s: "p11" for s in SITES}),
+        # uniform: every site but the products (its narrow dots round each product already)
+        ("uniform", "bf16"): Policy(**{s: "bf16" for s in SITES if s not in PRODUCT_SITES}),
+        ("uniform", "p11"): Policy(**{s: "p11" for s in SITES if s not in PRODUCT_SITES}),
         ("fa2", "p11"): Policy(inputs="p11", p_cast="p11", out="p11", **fp32),
         ("lowp", "p7"): Policy(inputs="p7", qk_acc="fp32", s="p7", m="p7", p="p7",
                                p_cast="p7", pv_acc="fp32", l_acc="fp32", l="p7", o="p7",

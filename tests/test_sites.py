@@ -42,15 +42,19 @@ def test_a_policy_has_one_field_per_declared_site_then_its_options():
 # The presets as the papers and kernels describe them, written out here (not read from the
 # declaration): FA2 keeps the softmax state in fp32 and casts P to the input dtype;
 # standard attention (naive) rounds S and P to the dtype; lowp stores every value in it.
-FA2_BF16 = dict(inputs="bf16", qk_acc="fp32", s="fp32", m="fp32", p="fp32", p_cast="bf16",
-                pv_acc="fp32", l_acc="fp32", l="fp32", o="fp32", div="fp32", out="bf16")
-NAIVE_FP16 = dict(inputs="fp16", qk_acc="fp32", s="fp16", m="fp32", p="fp32", p_cast="fp16",
-                  pv_acc="fp32", l_acc="fp32", l="fp32", o="fp32", div="fp32", out="fp16")
-LOWP_TF32 = dict(inputs="fp32", qk_acc="tf32", s="fp32", m="fp32", p="fp32", p_cast="fp32",
-                 pv_acc="tf32", l_acc="fp32", l="fp32", o="fp32", div="fp32", out="fp32")
-LOWP_FP8 = dict(inputs="fp8_e4m3", qk_acc="fp32", s="fp8_e4m3", m="fp8_e4m3", p="fp8_e4m3",
-                p_cast="fp8_e4m3", pv_acc="fp32", l_acc="fp32", l="fp8_e4m3", o="fp8_e4m3",
-                div="fp8_e4m3", out="bf16")
+NO_PRODUCT = dict(qk_product="exact", pv_product="exact")  # every preset's dots: FMA chains
+FA2_BF16 = dict(NO_PRODUCT, inputs="bf16", qk_acc="fp32", s="fp32", m="fp32", p="fp32",
+                p_cast="bf16", pv_acc="fp32", l_acc="fp32", l="fp32", o="fp32", div="fp32",
+                out="bf16")
+NAIVE_FP16 = dict(NO_PRODUCT, inputs="fp16", qk_acc="fp32", s="fp16", m="fp32", p="fp32",
+                  p_cast="fp16", pv_acc="fp32", l_acc="fp32", l="fp32", o="fp32", div="fp32",
+                  out="fp16")
+LOWP_TF32 = dict(NO_PRODUCT, inputs="fp32", qk_acc="tf32", s="fp32", m="fp32", p="fp32",
+                 p_cast="fp32", pv_acc="tf32", l_acc="fp32", l="fp32", o="fp32", div="fp32",
+                 out="fp32")
+LOWP_FP8 = dict(NO_PRODUCT, inputs="fp8_e4m3", qk_acc="fp32", s="fp8_e4m3", m="fp8_e4m3",
+                p="fp8_e4m3", p_cast="fp8_e4m3", pv_acc="fp32", l_acc="fp32", l="fp8_e4m3",
+                o="fp8_e4m3", div="fp8_e4m3", out="bf16")
 
 
 @pytest.mark.parametrize("name,precision,sites,structure", [

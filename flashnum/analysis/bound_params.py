@@ -115,6 +115,25 @@ def _params_on(pol: Policy, rounding: str, on_grid, car) -> dict[str, Param]:
         out["ud_" + name + "tf"] = Param(tfu, site, "det")  # tf32 operand casts
         out["eta_" + name + "tf"] = Param(tfeta, site, "det")
 
+    def put_product(name, site, operands):
+        # each exact product is formed in float64, rounded once into the site's format
+        # (flashnum.numerics.accumulate.product_dot); float64 forms it exactly for operands
+        # of <= 26 bits, else it is rounded there first (one more u of float64). Exact: none
+        f = F(site)
+        if f is EXACT or isinstance(f, Exact):
+            ur = ud = eta = 0.0
+        elif f.p >= 53:  # the float64 product is the rounding (Arith.rnd keeps it)
+            ur, ud, eta = U64, 0.0, ETA64
+        else:
+            ur, eta = (2 * f.u, f.min_subnormal) if sr else (f.u, f.min_subnormal / 2)
+            wide = [g for g in operands if g is EXACT or isinstance(g, Exact) or g.p > 26]
+            ud = U64 if wide else 0.0
+        out["u_" + name] = Param(ur, site, "rand")
+        out["ud_" + name] = Param(ud, site, "det")
+        out["eta_" + name] = Param(eta, site, "det")
+
+    put_product("qkp", "qk_product", (F("inputs"),))
+    put_product("pvp", "pv_product", (F("inputs"), F("p_cast")))
     for name, exact_cast in zip(("inq", "ink", "inv"), on_grid, strict=True):
         # the inputs' cast is always to nearest; a number of the format is kept exactly
         put(name, "inputs", EXACT if exact_cast else F("inputs"), op=False, sr=False,

@@ -42,9 +42,14 @@ def _logit_errors(P: dict, D: dict, U, scale: float, d: int):
     alp_q = P["eta_inq"] * (1 + U("qktf")) + P["eta_qktf"]
     alp_k = P["eta_ink"] * (1 + U("qktf")) + P["eta_qktf"]
     rho, alp = rho_q + rho_k, alp_q + alp_k  # majorants of the larger of the two
-    cA_dot = _x(rho_q, rho_k)
-    cL_dot = scale * alp * (1 + rho)
-    c0_dot = scale * d * alp**2
+    # a product rounded before its sum (qk_product; 0 where exact): fl_p(x) = x (1 + e) + h
+    # with |e| <= u_p, |h| <= eta_p, x = q~_t k~_t, so |fl_p(x) - q_t k_t| <= ((1 + cA)
+    # (1 + u_p) - 1)|q_t k_t| + (1 + u_p)(alp (1 + rho)(|q_t| + |k_t|) + alp^2) + eta_p:
+    # u_p |q_t||k_t| more per term at first order; the sum then bounds |fl_p(x)| as before
+    up = U("qkp")
+    cA_dot = _x(_x(rho_q, rho_k), up)
+    cL_dot = scale * alp * (1 + rho) * (1 + up)
+    c0_dot = scale * d * (alp**2 * (1 + up) + P["eta_qkp"])
     Fm1 = _x(_x(sigma, U("sc")), U("sp"))  # F - 1
     F = 1 + Fm1
     cqk = _pw(U("qk"), d)
@@ -173,12 +178,14 @@ def evaluate(P: dict, D: dict, *, structure: str, variant: Variant, scale: float
     yA = y + bA
     vabsA = (1 + u_v) * vabs + eta_v
     deltaA = delta + u_v * vabs + eta_v + bA
-    tf_pv = _pw(U("pvtf"), 2)
+    # each product's own error before its sum: tf32 operands, or its rounding (pv_product:
+    # relative u_p, absolute eta_p per key, as for qk_product in step A)
+    tf_pv = _x(_pw(U("pvtf"), 2), U("pvp"))
     p_hi = elementary.exp(tau_eff) * (1 + ue) + P["eta_p"]
     wide = elementary.exp(tau_eff * (1 + ud)) * (1 + ue) * Xc  # a key's weight before rescales
     # per key: the P @ V products' eta and the tf32 operand casts' eta
-    eta_key = (row(P["eta_pv"] + P["eta_pvtf"] * (1 + U("pvtf")) * p_hi + P["eta_pvtf"] ** 2)
-               + P["eta_pvtf"] * (1 + U("pvtf")) * vabsA)
+    eta_key = (row(P["eta_pv"] + P["eta_pvp"] + P["eta_pvtf"] * (1 + U("pvtf")) * p_hi
+                   + P["eta_pvtf"] ** 2) + P["eta_pvtf"] * (1 + U("pvtf")) * vabsA)
     if structure == "standard":
         Ostar, Lstar, H, A_N, A_D, A_out, Fin_m1, eta_fin = _standard_terms(
             P, U, n, bn_eff, (tf_pv, vabsA, eta_key), M)
@@ -231,11 +238,12 @@ def overflow_check(pol: Policy, structure: str, variant: Variant, base2: bool, s
         gap_mag = (2 * (D["Sstar"] + Estar) + dM) * (LOG2E if base2 else 1.0)
         in_mag = max(D["qmax"], D["kmax"], D["vmax_all"])
         ok = torch.ones_like(out_mag, dtype=torch.bool) & (in_mag <= fmax("inputs"))
-        for mag, site in ((dot_mag, "qk_acc"), (dot_mag, "s"), (s_mag, "s"), (s_mag, "m"),
-                          (gap_mag, "diff"), (gap_mag, "m"), (p_mag, "p"), (p_mag, "p_cast"),
-                          (l_mag, "l_acc"), (l_mag, "l")):
+        # a rounded product |q~_t k~_t| (p v) is at most the sum of them all: dot_mag (o_mag)
+        for mag, site in ((dot_mag, "qk_product"), (dot_mag, "qk_acc"), (dot_mag, "s"),
+                          (s_mag, "s"), (s_mag, "m"), (gap_mag, "diff"), (gap_mag, "m"),
+                          (p_mag, "p"), (p_mag, "p_cast"), (l_mag, "l_acc"), (l_mag, "l")):
             ok = ok & row(mag <= fmax(site))
-        for site in ("pv_acc", "o"):
+        for site in ("pv_product", "pv_acc", "o"):
             ok = ok & (o_mag <= fmax(site))
         for site in ("div", "out"):
             ok = ok & (out_mag <= fmax(site))

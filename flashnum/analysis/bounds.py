@@ -77,9 +77,10 @@ from flashnum.analysis.memo import kept
 from flashnum.engine.variants import FA2, Variant, variant_of
 from flashnum.engine.variants import VARIANTS as VARIANT_CLASSES
 from flashnum.numerics.formats import Format
-from flashnum.numerics.policy import SITES, make_policy
+from flashnum.numerics.policy import PRODUCT_SITES, SITES, make_policy
 from flashnum.numerics.tiling import check_causal
 
+_PRODUCT = {"qk_product": "qkp", "pv_product": "pvp"}  # a product site's parameters (bound_params)
 T_SCALE = 2.0**-12  # the small t of B(t u) / t (first-order parts of the majorant)
 EVAL_SLACK = 2.0**-30  # relative slack for the float64 evaluation of the bound itself
 VARIANTS = tuple(n for n, cls in VARIANT_CLASSES.items() if cls.bounded)
@@ -219,6 +220,9 @@ def _deterministic(params, D, kw, check, lead) -> tuple[dict, torch.Tensor, torc
     total = float(flat.max()) * (1 + EVAL_SLACK) if flat.numel() else 0.0
     terms = {}
     for site in SITES:
+        if site in PRODUCT_SITES and not any(params[x + _PRODUCT[site]].value
+                                             for x in ("u_", "ud_", "eta_")):
+            continue  # not rounded: no term (and the stored terms keep their keys)
         Bs = evaluate(_scaled(params, t, lambda name, p, s=site: p.site == s), D, **kw) / t
         terms[site] = float(Bs.reshape(-1)[worst]) if flat.numel() else 0.0
     dominant = max(terms, key=terms.get) if any(terms.values()) else "none"

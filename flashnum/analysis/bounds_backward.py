@@ -47,7 +47,7 @@ from flashnum.analysis.bound_data import dot, rowsum
 from flashnum.numerics import elementary
 from flashnum.numerics.constants import gamma
 from flashnum.numerics.formats import EXACT, FORMATS
-from flashnum.numerics.policy import BWD_SITES, make_backward_policy
+from flashnum.numerics.policy import BWD_SITES, PRODUCT_SITES, make_backward_policy
 from flashnum.numerics.tiling import causal_visible, check_causal, n_blocks
 
 U64 = 2.0**-53
@@ -102,6 +102,10 @@ def bound_backward(q, k, v, do, *, policy="fa2", precision="bf16", block_m: int 
     if rounding not in ("nearest", "stochastic"):
         raise ValueError(f"unknown rounding {rounding!r}; valid: nearest, stochastic")
     pol = make_backward_policy(policy, precision)
+    rounded = [x for x in PRODUCT_SITES if getattr(pol.forward, x) != "exact"]
+    if rounded:  # the forward's recomputed S and its P V: the terms above do not carry it
+        raise ValueError(f"the backward bound does not cover a product rounded before its "
+                         f"sum ({', '.join(rounded)}); valid: those sites exact")
     causal = check_causal(causal)  # either alignment (flashnum.numerics.tiling.visible)
     sr = rounding == "stochastic"
     q3, k3, v3, do3 = (x.detach().to("cpu", torch.float64).reshape(-1, *x.shape[-2:])

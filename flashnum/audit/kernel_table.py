@@ -171,6 +171,9 @@ def missing(target: str) -> tuple[str, str] | None:
         return "needs a GPU and flash-attn", GPU_COMMAND
     if lacking:
         return MISSING, f"{', '.join(lacking)}: {t.install}"
+    why = t.lacking()  # a toolchain the kernel compiles with (tinygrad's clang)
+    if why:
+        return MISSING, why
     return None
 
 

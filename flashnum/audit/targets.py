@@ -29,6 +29,10 @@ of one dtype and shape (B, H, N, d) and out in that dtype.
   ort_attention    ONNX Attention (opset 23) on ONNX Runtime's CPU provider
                    (flashnum.audit.targets_ort; [kernels])
   ort_mha          com.microsoft.MultiHeadAttention on ONNX Runtime ([kernels])
+  tinygrad         tinygrad's Tensor.scaled_dot_product_attention on its CPU device
+                   (flashnum.audit.targets_tinygrad; the [tinygrad] extra: tinygrad, and
+                   ziglang's clang where no clang >= 19 is on PATH), modelled by model
+                   tinygrad; its backward is tinygrad's autograd
   pkg.mod:func     any importable callable with the signature above (alignment
                    top_left unless told)
 
@@ -68,6 +72,8 @@ class Target:
                 installs it
     gpu_only    runs only on a CUDA GPU (the kernel table names the command that adds it)
     inference   no gradient (ONNX Runtime's kernels): the gradient audit says so, one line
+    toolchain   "module:function" -> "" where what the kernel compiles with is here, else
+                one line saying what to install (tinygrad's clang); None: nothing to check
     """
 
     name: str
@@ -80,13 +86,25 @@ class Target:
     gpu_only: bool = False
     inference: bool = False
     what: str = ""
+    toolchain: str | None = None
+
+    def lacking(self) -> str:
+        """"" where the target can run here, else one line: what is missing and its install."""
+        gone = [p for p in self.packages if importlib.util.find_spec(p) is None]
+        if gone:
+            return f"target {self.name} needs the {', '.join(gone)} package: {self.install}"
+        if self.toolchain is not None:
+            mod, _, name = self.toolchain.partition(":")
+            why = getattr(importlib.import_module(mod), name)()
+            if why:
+                return f"target {self.name}: {why}"
+        return ""
 
     def function(self) -> Callable:
         """fn, imported where named by its module (after checking its packages)."""
-        lacking = [p for p in self.packages if importlib.util.find_spec(p) is None]
-        if lacking:
-            raise ValueError(f"target {self.name} needs the {', '.join(lacking)} package: "
-                             f"{self.install}")
+        why = self.lacking()
+        if why:
+            raise ValueError(why)
         if self.fn is None:
             raise ValueError(f"target {self.name} has no function here ({self.what}): "
                              "python -m flashnum.audit target=MODULE:FUNCTION audits a wrapper")
@@ -186,6 +204,10 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("ort_mha", "flashnum.audit.targets_ort:ort_mha", "top_left", "torch_math",
            packages=("onnx", "onnxruntime"), inference=True,
            what="com.microsoft.MultiHeadAttention on ONNX Runtime"),
+    Target("tinygrad", "flashnum.audit.targets_tinygrad:tinygrad_sdpa", "top_left", "tinygrad",
+           packages=("tinygrad",), install="pip install 'flashnum[tinygrad]'",
+           toolchain="flashnum.audit.targets_tinygrad:toolchain",
+           what="tinygrad's Tensor.scaled_dot_product_attention (CPU device)"),
     Target("cudnn", None, "bottom_right", gpu_only=True, install=GPU_COMMAND,
            what="cuDNN SDPA (SDPBackend.CUDNN_ATTENTION)"),
     Target("fa3", None, "bottom_right", gpu_only=True, install=GPU_COMMAND,

@@ -103,7 +103,7 @@ from flashnum.engine.tiles import exp2_scale as exp2_scale_of
 from flashnum.engine.variants import supporting
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import get_format
-from flashnum.numerics.policy import POLICIES, Policy, check_sites, make_policy
+from flashnum.numerics.policy import POLICIES, PRODUCT_SITES, Policy, check_sites, make_policy
 from flashnum.numerics.tiling import (
     causal_visible,
     check_block,
@@ -126,6 +126,7 @@ FP8 = ("fp8_e4m3", "fp8_e5m2")
 # the formats the kernel rounds each site into (the softmax state lives in registers as fp32;
 # a site not named here, p_cast, is any format that widens exactly into the inputs')
 KERNEL_SITES = {"inputs": IN_FORMATS, "qk_acc": ("fp32", "tf32"),
+                **{site: ("exact",) for site in PRODUCT_SITES},  # tl.dot rounds no product
                 **{site: ("fp32",) for site in ("s", "m", "p")}, "pv_acc": ("fp32", "tf32"),
                 **{site: ("fp32",) for site in ("l_acc", "l", "o", "div")}, "out": OUT_FORMATS}
 _RUNS_THERE = "the presets fa2 in fp16, bf16, fp32, tf32 (fp8 on a GPU)"

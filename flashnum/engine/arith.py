@@ -21,8 +21,8 @@ import torch
 
 from flashnum.engine import native
 from flashnum.numerics import accumulate, elementary
-from flashnum.numerics.formats import EXACT, FORMATS, Exact
-from flashnum.numerics.policy import Policy
+from flashnum.numerics.formats import EXACT, FORMATS, Exact, Format
+from flashnum.numerics.policy import PRODUCT_SITES, Policy
 
 
 def wider(f, g):
@@ -90,8 +90,16 @@ class Arith:
         rounding = "stochastic" if self.stochastic else "nearest"
         return fmt.round(y, rounding, self.gen).to(self.dtype)
 
-    def dot(self, a: torch.Tensor, b: torch.Tensor, fmt) -> torch.Tensor:
-        """a @ b (batched), accumulated in `fmt` (see the module docstring)."""
+    def dot(self, a: torch.Tensor, b: torch.Tensor, fmt, product=EXACT) -> torch.Tensor:
+        """a @ b (batched), accumulated in `fmt` (see the module docstring); `product` the
+        format each product is rounded into before its sum (a product site; EXACT: none,
+        the dot is one FMA chain)."""
+        if product is not EXACT:
+            if not isinstance(product, Format):
+                raise ValueError(f"a product site takes a plain format, not "
+                                 f"{getattr(product, 'name', product)!r}; valid: bf16, fp16, "
+                                 "fp32, p<bits>, exact")
+            return self.product_dot(a, b, fmt, product)
         if fmt is EXACT or fmt.p >= 53:
             return accumulate.dot(a, b, "fp64").to(self.dtype)
         if hasattr(fmt, "dot"):  # an accumulator with its own adder (hwarith.KGroupFormat)
@@ -109,6 +117,32 @@ class Arith:
             acc = self.rnd(acc + prod, fmt)
         return acc
 
+    def product_dot(self, a: torch.Tensor, b: torch.Tensor, fmt, product) -> torch.Tensor:
+        """a @ b with each exact product rounded into `product` (one rounding, from
+        float64; fp64: the float64 product itself), then summed in order in `fmt`
+        (flashnum.numerics.accumulate.product_dot; a narrow `fmt` rounds each partial sum
+        too)."""
+        def rounded(x64):
+            return self.rnd(x64, product)
+
+        if fmt is EXACT or fmt.p >= 53:
+            return accumulate.product_dot(a, b, rounded, "fp64").to(self.dtype)
+        if hasattr(fmt, "dot") or fmt.name == "tf32":
+            raise ValueError(f"a product site in {product.name} before an accumulator in "
+                             f"{fmt.name} is not modelled; valid accumulators: fp32, fp64, "
+                             "exact or a plain format")
+        if fmt.name == "fp32":
+            if product.p > 24 or product.emin < -126:
+                raise ValueError(f"a product in {product.name} is not an fp32 number: its "
+                                 "sum in fp32 would round twice; valid: a format within fp32")
+            return accumulate.product_dot(a, b, rounded, "fp32").to(self.dtype)
+        acc = torch.zeros(a.shape[:-1] + b.shape[-1:], dtype=self.dtype)
+        a64, b64 = a.to(torch.float64), b.to(torch.float64)
+        for t in range(a.shape[-1]):
+            prod = self.rnd(rounded(a64[..., :, t, None] * b64[..., t, None, :]), fmt)
+            acc = self.rnd(acc + prod, fmt)
+        return acc
+
     def rowsum(self, x: torch.Tensor, fmt) -> torch.Tensor:
         """Sum over the last dim, accumulated in `fmt`."""
         if fmt is EXACT or fmt.p >= 53:
@@ -122,9 +156,12 @@ class Arith:
 
 
 def carrier(policy: Policy) -> torch.dtype:
-    """float32 iff every site is fp32 or narrower (exact +,-,*,/ then round once), else float64."""
+    """float32 iff every site is fp32 or narrower (exact +,-,*,/ then round once), else float64.
+    An exact product site is no rounding (its dot is the accumulator's): it does not count."""
     for site in policy.sites():
         f = policy.fmt(site)
+        if site in PRODUCT_SITES and isinstance(f, Exact):
+            continue
         if isinstance(f, Exact) or f.p > 24 or f.emin < -126:
             return torch.float64
     return torch.float32

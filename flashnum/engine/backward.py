@@ -309,7 +309,7 @@ def _softmax_rows(arf: Arith, qc, k3, vis, scale_f):
     """P of some query rows as the standard forward stores it (flashnum.engine.standard's
     structure: S in its site, fp32 softmax, normalised P cast to p_cast)."""
     pol = arf.policy
-    s = arf.dot(qc, k3.transpose(-1, -2), pol.fmt("qk_acc"))
+    s = arf.dot(qc, k3.transpose(-1, -2), pol.fmt("qk_acc"), pol.fmt("qk_product"))
     s = arf.site(arf.site(s, "s") * scale_f, "s")
     if vis is not None:
         s = s.masked_fill(~vis, -math.inf)

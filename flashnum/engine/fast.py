@@ -30,13 +30,17 @@ from flashnum.engine.recurrence import Run, State, finite_or_zero, grew, row_max
 from flashnum.engine.tiles import Tiles, gather, is_fp32, tile_dot, tile_visible
 from flashnum.numerics import elementary
 from flashnum.numerics.formats import EXACT
+from flashnum.numerics.policy import PRODUCT_SITES
 
 CHUNK = 1 << 18  # logit-tile elements per thread per chunk of heads (~1 MiB: L2)
 
 
 def in_place_ok(ar) -> bool:
-    """Whether every large-tensor site of an fa2-like step is plain fp32 arithmetic."""
+    """Whether every large-tensor site of an fa2-like step is plain fp32 arithmetic (and
+    no product is rounded before its sum: its dots are the readable path's alone)."""
     if ar.dtype is not torch.float32 or ar.stochastic:
+        return False
+    if any(ar.fmt(x) is not EXACT for x in PRODUCT_SITES):
         return False
     return all(is_fp32(ar.fmt(x)) for x in ("s", "m", "p", "l_acc", "l", "o"))
 

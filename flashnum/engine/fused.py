@@ -48,7 +48,8 @@ from flashnum.engine.tiles import Tiles, is_fp32
 from flashnum.engine.variants import Variant, variant_of
 from flashnum.numerics import accumulate
 from flashnum.numerics.floats import Format
-from flashnum.numerics.formats import FORMATS
+from flashnum.numerics.formats import EXACT, FORMATS
+from flashnum.numerics.policy import PRODUCT_SITES
 from flashnum.numerics.tiling import visible_count
 
 # the running-max rules the C loop performs (flashnum.engine.variants: fa2, exp2, lazy)
@@ -163,6 +164,9 @@ def claim(run: Run, tiles: Tiles, variant: Variant | str) -> str | None:
     if (variant.max_rule not in MAX_RULES or variant.normalised or variant.reads_logits
             or variant.floor(ar) is not None):
         return f"variant {variant.name}"
+    rounded = [x for x in PRODUCT_SITES if ar.fmt(x) is not EXACT]
+    if rounded:  # its C loop's dots are FMA chains: the readable path rounds the products
+        return f"a product rounded before its sum ({', '.join(rounded)})"
     sites = _sites(ar)
     if sites is None or _dot_drop(ar) is None:
         return ("a large-tensor site or a GEMM accumulator is not fp32 or tf32 (nor, with "

@@ -106,7 +106,8 @@ def fa2_step(run: Run, st: State, s: torch.Tensor, v_j: torch.Tensor) -> State:
         l_blk = l_blk.clamp(min=l_floor)
     l = ar.site(ar.site(st.l * alpha, "l") + l_blk, "l")
     # o_i = alpha o_{i-1} + P~ V_j
-    pv = ar.site(tile_dot(ar, p_cast, v_j, ar.fmt("pv_acc"), run.tall), "o")
+    pv = ar.site(tile_dot(ar, p_cast, v_j, ar.fmt("pv_acc"), run.tall, ar.fmt("pv_product")),
+                 "o")
     o = ar.site(ar.site(st.o * alpha[..., None], "o") + pv, "o")
     return State(m_new, l, o, st.n_rescales + grew(st.m, m_new))
 
@@ -126,7 +127,8 @@ def fa1_step(run: Run, st: State, s: torch.Tensor, v_j: torch.Tensor) -> State:
     a_old = ar.exp(ar.rnd(st.m - m_new_safe, f_m), f_p)
     a_blk = ar.exp(ar.rnd(m_blk - m_new_safe, f_m), f_p)
     l_new = ar.site(ar.site(a_old * st.l, "l") + ar.site(a_blk * l_blk, "l"), "l")
-    pv = ar.site(tile_dot(ar, p_cast, v_j, ar.fmt("pv_acc"), run.tall), "o")
+    pv = ar.site(tile_dot(ar, p_cast, v_j, ar.fmt("pv_acc"), run.tall, ar.fmt("pv_product")),
+                 "o")
     num = ar.site(
         ar.site(ar.site(st.l * a_old, "o")[..., None] * st.o, "o")
         + ar.site(a_blk[..., None] * pv, "o"),

@@ -54,7 +54,7 @@ def standard(call: Call, pol: Policy) -> Result:
 def _rows(ar: Arith, q, k, v, scale_s: float, vis):
     """out, m, l of a chunk of query rows: S, its row max, P = exp(S - m) / l, then P V."""
     pol = ar.policy
-    s = ar.dot(q, k.transpose(-1, -2), pol.fmt("qk_acc"))
+    s = ar.dot(q, k.transpose(-1, -2), pol.fmt("qk_acc"), pol.fmt("qk_product"))
     s = ar.site(ar.site(s, "s") * scale_s, "s")
     if vis is not None:
         s = s.masked_fill(~vis, -math.inf)
@@ -64,6 +64,6 @@ def _rows(ar: Arith, q, k, v, scale_s: float, vis):
     l = ar.site(ar.rowsum(e, pol.fmt("l_acc")), "l")
     l_safe = torch.where(l > 0, l, torch.ones_like(l))
     p = ar.site(ar.site(e / l_safe[..., None], "div"), "p_cast")
-    out = ar.site(ar.dot(p, v, pol.fmt("pv_acc")), "out")
+    out = ar.site(ar.dot(p, v, pol.fmt("pv_acc"), pol.fmt("pv_product")), "out")
     out = torch.where((m == -math.inf)[..., None], torch.zeros_like(out), out)
     return out, m, l

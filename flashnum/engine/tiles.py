@@ -148,8 +148,10 @@ def gather(x: torch.Tensor, kb: torch.Tensor, tall: bool) -> torch.Tensor:
     return x[b, kb]
 
 
-def tile_dot(ar: Arith, a: torch.Tensor, b: torch.Tensor, fmt, tall: bool) -> torch.Tensor:
-    """a (B, n_qb, bm, x) @ b (B, 1 or n_qb, x, y).
+def tile_dot(ar: Arith, a: torch.Tensor, b: torch.Tensor, fmt, tall: bool,
+             product=EXACT) -> torch.Tensor:
+    """a (B, n_qb, bm, x) @ b (B, 1 or n_qb, x, y), accumulated in fmt, each product
+    rounded into `product` first (a product site; EXACT: none).
 
     tall: one (n_qb bm) x x x y GEMM when b is shared by every query block (orders that
     are the same for all query blocks), faster than n_qb small ones. Every entry is one
@@ -157,14 +159,14 @@ def tile_dot(ar: Arith, a: torch.Tensor, b: torch.Tensor, fmt, tall: bool) -> to
     """
     if tall:
         B, n_qb, bm, x = a.shape
-        return ar.dot(a.reshape(B, 1, n_qb * bm, x), b, fmt).reshape(B, n_qb, bm, -1)
-    return ar.dot(a, b, fmt)
+        return ar.dot(a.reshape(B, 1, n_qb * bm, x), b, fmt, product).reshape(B, n_qb, bm, -1)
+    return ar.dot(a, b, fmt, product)
 
 
 def tile_logits(ar: Arith, tiles: Tiles, kb, scale_s: float, causal: bool, tall: bool):
     """S_j = fl_s(fl_s(Q K_j^T) * scale) for the key blocks kb, invisible keys -inf."""
     kt = gather(tiles.k, kb, tall).transpose(-1, -2)
-    s = tile_dot(ar, tiles.q, kt, ar.fmt("qk_acc"), tall)
+    s = tile_dot(ar, tiles.q, kt, ar.fmt("qk_acc"), tall, ar.fmt("qk_product"))
     s = ar.site(ar.site(s, "s") * scale_s, "s")
     vis = tile_visible(tiles, kb, causal)
     if vis is not None:

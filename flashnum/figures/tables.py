@@ -18,7 +18,7 @@ from flashnum.figures.context import ERR, SWEEPS, Figures, Unplottable
 from flashnum.figures.pooling import worst_case_ratios
 from flashnum.figures.registry import figure
 from flashnum.figures.tex import tabular, tex_num, tex_word
-from flashnum.numerics.policy import PRESETS, SITES, make_policy
+from flashnum.numerics.policy import PRESETS, PRODUCT_SITES, SITES, make_policy
 
 
 @figure("bf16_sweep", "fp16_sweep", "fp32_sweep")
@@ -89,7 +89,9 @@ def tab_worst_case(F: Figures) -> None:
 def tab_presets(F: Figures) -> None:
     """The presets' format per site (from flashnum.numerics.policy, not from an experiment)."""
     pols = [make_policy(name, "bf16") for name in PRESETS if name != "exact"]
-    rows = [[tex_word(site)] + [tex_word(getattr(p, site)) for p in pols] for site in SITES]
+    # the product sites are exact in every preset (a kernel's model sets them): no row
+    rows = [[tex_word(site)] + [tex_word(getattr(p, site)) for p in pols] for site in SITES
+            if site not in PRODUCT_SITES]
     rows += [[tex_word(a)] + [tex_word(getattr(p, a)) for p in pols]
              for a in ("structure", "l_from")]
     F.write_table("tab_presets", tabular(["site"] + [tex_word(p.name) for p in pols], rows))

@@ -23,6 +23,8 @@ compared on the CPU class that stored them (flashnum.harness.compare).
                    (torch_flex.py)
   triton_tutorial  the Triton tutorial's fused attention, fp16, forward and backward
                    (triton_tutorial.py)
+  tinygrad         tinygrad's scaled_dot_product_attention on its CPU device, fp32 and
+                   bf16, forward (tinygrad.py)
 
 A new model: its module here, and its Model in MODELS.
 """
@@ -90,6 +92,13 @@ def _tutorial_backward(call):
     return gradients(call)
 
 
+def _tinygrad(call):
+    from flashnum.models.tinygrad import forward
+
+    return forward(call.q, call.k, call.v, precision=call.precision, causal=call.causal,
+                   scale=call.scale)
+
+
 MODELS: dict[str, Model] = {m.name: m for m in (
     Model("torch_cpu", "torch's CPU scaled_dot_product_attention (ATen's flash kernel)",
           _torch_cpu, _torch_cpu_backward, alignment="top_left"),
@@ -103,6 +112,8 @@ MODELS: dict[str, Model] = {m.name: m for m in (
           _torch_flex, alignment="top_left"),
     Model("triton_tutorial", "the Triton tutorial's fused attention (06-fused-attention.py)",
           _tutorial, _tutorial_backward, precisions=("fp16",)),
+    Model("tinygrad", "tinygrad's Tensor.scaled_dot_product_attention (CPU device)",
+          _tinygrad, alignment="top_left", precisions=("fp32", "bf16")),
 )}
 
 

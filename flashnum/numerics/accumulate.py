@@ -2,6 +2,7 @@
 
     from flashnum.numerics.accumulate import dot, rowsum
     c = dot(a, b, "fp32")    # (..., M, K) @ (..., K, N): each entry one FMA chain over k from +0
+    c = product_dot(a, b, bf16_round, "fp32")   # each product rounded, then summed in order
     s = rowsum(x, "fp64")    # sum over the last dim in ATen's cascade order, 4 lanes (fp64)
 
 A library GEMM or reduction sums in an order of its own choosing: MKL, oneDNN and ATen
@@ -152,6 +153,26 @@ def dot(a: torch.Tensor, b: torch.Tensor, acc: str = "fp32") -> torch.Tensor:
     elif out.numel():
         out.copy_(_chain_torch(a3, b3, acc))
     return out.reshape(*lead, M, N)
+
+
+def product_dot(a: torch.Tensor, b: torch.Tensor, round_product, acc: str = "fp32"):
+    """a @ b with each product rounded before its sum (tinygrad's bf16 dot, a policy's
+    qk_product / pv_product site): c = +0, then c = fl_acc(c + round_product(a_k b_k))
+    for k = 0, 1, ..., K-1, in order. Each a_k b_k is formed in float64 (exact for
+    operands of up to 26 significant bits, fp32's 24 included); round_product takes it
+    and returns it rounded into a format whose numbers `acc` holds exactly, so that each
+    add rounds once. Broadcast over the leading dims as `dot` is."""
+    if acc not in ACCS:
+        raise ValueError(f"unknown accumulator {acc!r}; valid: {', '.join(ACCS)}")
+    if a.dim() < 2 or b.dim() < 2 or a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"cannot multiply {tuple(a.shape)} by {tuple(b.shape)}")
+    dt = _DTYPE[acc]
+    a64, b64 = a.to(torch.float64), b.to(torch.float64)
+    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    c = torch.zeros(*lead, a.shape[-2], b.shape[-1], dtype=dt)
+    for k in range(a.shape[-1]):
+        c = c + round_product(a64[..., :, k, None] * b64[..., k, None, :]).to(dt)
+    return c
 
 
 def _batch(x: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,8 @@ Presets (`make_policy(name, precision)`):
     exact  no rounding anywhere (the precision only names the inputs' origin):
            isolates the algorithm from the arithmetic.
     uniform  every site in the precision, the dots' accumulations included (what a
-           machine with only that one format would do; Higham's model of the algorithm).
+           machine with only that one format would do; Higham's model of the algorithm);
+           the product sites stay exact: its narrow accumulator rounds each product.
 
 Precision `p<bits>` (2 <= p <= 52: a p-bit significand with fp32's exponent range, the
 precision_bits studies) takes a preset's bf16 sites to p bits (fa2: the inputs, P
@@ -58,6 +59,7 @@ class Site:
     """One place where attention rounds a value: its name, what it holds, and its format in
     the presets fa2, naive and lowp as a role: "x" the precision's tensors, "dot" the dots'
     accumulator, "wide" the softmax state (fp32; fp64 in fp64), "out" the output format,
+    "none" no rounding (exact; a product site that only a kernel's model sets),
     "fwd" (backward sites) the forward policy's format at the site of the same name."""
 
     name: str
@@ -73,6 +75,9 @@ class Site:
 # the engine computes the value (flashnum.engine.recurrence), its term in the bound.
 FORWARD_SITES = (
     Site("inputs", "Q, K, V as stored in memory", "x", "x", "x"),
+    Site("qk_product", "each product q_it k_jt of S = Q K^T, rounded before it is summed "
+         "(tinygrad's bf16 dot: the product in the dtype, the sum in fp32); exact in every "
+         "preset: the dot is one FMA chain", "none", "none", "none"),
     Site("qk_acc", "accumulation of the dot S = Q K^T ('tf32': operands rounded to tf32, "
          "products summed in fp32, as tensor cores do)", "dot", "dot", "dot"),
     Site("s", "logits: the scaled dot scale * QK^T, and s - m before the exponential",
@@ -82,6 +87,8 @@ FORWARD_SITES = (
     Site("p", "exponentials P = exp(s - m) and the rescale alpha = exp(m_old - m_new)",
          "wide", "wide", "x"),
     Site("p_cast", "P as it enters P @ V (FA2 casts P to the input dtype here)", "x", "x", "x"),
+    Site("pv_product", "each product p_ij v_jc of P @ V, rounded before it is summed "
+         "(exact in every preset)", "none", "none", "none"),
     Site("pv_acc", "accumulation of the dot P @ V", "dot", "dot", "dot"),
     Site("l_acc", "accumulation of the block row sum rowsum(P)", "wide", "wide", "wide"),
     Site("l", "the running normaliser l_i = l_{i-1} alpha + rowsum(P), and each block's "
@@ -92,6 +99,9 @@ FORWARD_SITES = (
     Site("out", "the output as stored", "out", "out", "out"),
 )
 SITES = tuple(site.name for site in FORWARD_SITES)
+# the sites of a product rounded before its sum: exact ("no rounding") unless a policy sets
+# them, so that every preset's dots stay one FMA chain (and every stored table its bits)
+PRODUCT_SITES = tuple(site.name for site in FORWARD_SITES if site.fa2 == "none")
 STRUCTURES = ("flash", "standard")
 PRESETS = ("fa2", "naive", "lowp", "exact")
 POLICIES = PRESETS + ("uniform",)  # every policy name make_policy (and the config) accepts
@@ -99,9 +109,9 @@ POLICIES = PRESETS + ("uniform",)  # every policy name make_policy (and the conf
 
 def site_list(sites=FORWARD_SITES, indent: int = 4) -> str:
     """The declared sites as a list: `name  what it holds`, wrapped at 88 columns."""
-    pad = " " * indent
-    return "\n".join(textwrap.fill(f"{x.name:8s} {x.holds}", 88, initial_indent=pad,
-                                    subsequent_indent=pad + " " * 9) for x in sites)
+    pad, w = " " * indent, max(8, *(len(x.name) + 1 for x in sites))
+    return "\n".join(textwrap.fill(f"{x.name:{w}s} {x.holds}", 88, initial_indent=pad,
+                                    subsequent_indent=pad + " " * (w + 1)) for x in sites)
 
 
 def check_sites(pol, supported: Mapping[str, Collection[str]], where: str,
@@ -207,8 +217,9 @@ def make_policy(name: str | Policy, precision: str = "bf16") -> Policy:
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; valid: {', '.join(POLICIES)}")
     check_precision(precision)
-    if name == "uniform":
-        return Policy(name="uniform", **{site: precision for site in SITES})
+    if name == "uniform":  # its narrow dots round each product already (the accumulator)
+        return Policy(name="uniform", **{site: precision for site in SITES
+                                         if site not in PRODUCT_SITES})
     if is_pbits(precision):  # the preset's bf16 sites at p bits, the rest as in bf16
         tpl = _preset(name, "bf16")
         return tpl.with_sites(
@@ -231,7 +242,7 @@ def _preset(name: str, precision: str) -> Policy:
         return Policy(name="exact")
     # each site's role in the preset (FORWARD_SITES); lowp: reductions accumulate in fp32,
     # every stored value is in the dtype; naive: the standard structure
-    role = dict(x=x, dot=dot, wide=wide, out=out)
+    role = dict(x=x, dot=dot, wide=wide, out=out, none="exact")
     return Policy(**{site.name: role[getattr(site, name)] for site in FORWARD_SITES},
                   name=name, **({"structure": "standard"} if name == "naive" else {}))
 

@@ -12,7 +12,7 @@ from flashnum.analysis.metrics import head_rmse, max_abs_err, signed_err
 from flashnum.numerics import elementary
 from flashnum.numerics.accumulate import dot, mean, rowsum, std
 from flashnum.numerics.formats import FORMATS
-from flashnum.numerics.policy import SITES, Policy
+from flashnum.numerics.policy import PRODUCT_SITES, SITES, Policy
 from flashnum.reference import plain64
 
 E4M3 = FORMATS["fp8_e4m3"]
@@ -40,7 +40,7 @@ def reference64(q, k, v, scale: float) -> torch.Tensor:
 
 def uniform(precision: str) -> Policy:
     """Every site in `precision`, dot accumulations included (the textbook model)."""
-    return Policy(**{s: precision for s in SITES}, name="uniform")
+    return Policy(**{s: precision for s in SITES if s not in PRODUCT_SITES}, name="uniform")
 
 
 def head_mean_z(x: torch.Tensor) -> tuple[float, float, float]:
