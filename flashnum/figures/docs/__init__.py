@@ -4,7 +4,10 @@
                 paper) and every passage (the documents' tables and sentences with
                 several numbers, rebuilt from the stored tables with the document's digits)
     DOCUMENTS   the Markdown files that quote them (README.md, docs/*.md)
-    misquoted(F)  every marked place that does not say its quantity now
+    TABLES      name -> F -> DataFrame: the documents' tables, generated whole into the
+                marked blocks <!-- table:Name --> ... <!-- /table -->
+    misquoted(F)  every marked place that does not say its quantity now, every stale table
+    write_tables(F)  rewrite every marked table from the store (python -m flashnum.figures)
 
 A document carries a quantity's rendered text followed by <!--q:Name-->; a passage's
 fragments each carry its marker. tests/test_quoted.py recomputes them from the stored
@@ -34,6 +37,7 @@ PASSAGES = {**audit.PASSAGES, **backward.PASSAGES, **bounds.PASSAGES, **engine.P
             **experiments.PASSAGES, **formats.PASSAGES, **kernel.PASSAGES,
             **reproductions.PASSAGES, **trained.PASSAGES}
 QUOTED = {**QUANTITIES, **PASSAGES}
+TABLES = {**audit.TABLES}
 
 
 def documents(root: Path) -> list[Path]:
@@ -45,4 +49,11 @@ def misquoted(F, paths=None) -> list[str]:
     """Every marked place in `paths` (default: every document) that does not say its
     quantity now, one line each."""
     paths = documents(Path(F.experiments).parent) if paths is None else paths
-    return quoting.misquoted(F, paths, QUOTED)
+    return quoting.misquoted(F, paths, QUOTED) + quoting.stale(F, paths, TABLES)
+
+
+def write_tables(F, paths=None) -> list[Path]:
+    """Rewrite every marked table in `paths` (default: every document beside the store that
+    exists) from the store; the files that changed."""
+    paths = documents(Path(F.experiments).parent) if paths is None else paths
+    return quoting.write_tables(F, [p for p in paths if Path(p).is_file()], TABLES)
