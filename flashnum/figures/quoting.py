@@ -229,8 +229,8 @@ TABLE = re.compile(r"(<!-- table:(\w+) -->\n)(.*?)(<!-- /table -->)", re.S)
 def markdown(df: pd.DataFrame) -> str:
     """The documents' one table renderer: the header from df's columns, one row per row,
     each cell as str() writes it (a table function formats its cells as the text reads)."""
-    # a "|" inside a cell would end it: written "/" as the kernel table writes it
-    cells = lambda row: "| " + " | ".join(str(c).replace("|", "/") for c in row) + " |\n"  # noqa: E731
+    # a bare "|" inside a cell would end it: written "/" (an escaped "\\|" stays a "|")
+    cells = lambda row: "| " + " | ".join(re.sub(r"(?<!\\)\|", "/", str(c)) for c in row) + " |\n"  # noqa: E501,E731
     return (cells(df.columns) + "|" + "---|" * len(df.columns) + "\n"
             + "".join(cells(r) for r in df.itertuples(index=False)))
 

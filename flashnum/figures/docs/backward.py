@@ -15,29 +15,36 @@ from flashnum.figures.quoting import Passage, require
 GRADS = ("dq", "dk", "dv")
 
 
+def bwd_sweep_table(F) -> pd.DataFrame:
+    """bwd_bf16_sweep per slice and policy: the bound, flash-attn's rule, the median relative
+    error and the largest error over the bound, per gradient."""
+    t = table(F, "bwd_bf16_sweep")
+    require(int(t.ref_uncertain.sum()) == 0, "the certified reference was certain in every case")
+    fl, qy = t[t.slice == "flash"], t[t.slice == "qiu_yao"]
+    g3 = lambda xs: ", ".join(f"{x:.2g}" for x in xs)  # noqa: E731
+    rows = []
+    for label, grp in [("flash, fa2", fl[fl.policy == "fa2"]),
+                       ("flash, lowp", fl[fl.policy == "lowp"]),
+                       ("naive", t[t.slice == "naive"]),
+                       ("qiu_yao slice, fa2 forward", qy[qy.forward_variant == "fa2"]),
+                       ("qiu_yao slice, qiu_yao forward", qy[qy.forward_variant == "qiu_yao"])]:
+        held = all(bool(grp[f"held_{g}"].all()) for g in GRADS)
+        rule = " / ".join(str(int(grp[f"rule_{g}"].astype(bool).sum())) for g in GRADS)
+        rows.append([label, len(grp), "all" if held else "not all",
+                     rule + (f" of {len(grp)}" if label.startswith("flash") else ""),
+                     g3((grp[f"err_{g}"] / grp[f"ref_{g}"]).median() for g in GRADS),
+                     "" if label.startswith("qiu_yao") else
+                     g3((grp[f"err_{g}"] / grp[f"bound_{g}"]).max() for g in GRADS)])
+    return pd.DataFrame(rows, columns=["slice, policy", "cases", "bound held (dQ, dK, dV)",
+                                       "flash-attn rule dQ / dK / dV",
+                                       "median err / max\\|g\\| dQ, dK, dV",
+                                       "largest err / bound dQ, dK, dV"])
+
+
 def bwd_sweep_docs(F):
     t = table(F, "bwd_bf16_sweep")
-    require(int(t.ref_uncertain.sum()) == 0,
-            "the certified reference was certain in every case")
-    g3 = lambda x: f"{x:.2g}"  # noqa: E731
-
-    def row(label, grp, with_bound=True):
-        held = all(bool(grp[f"held_{g}"].all()) for g in GRADS)
-        rule = [int(grp[f"rule_{g}"].astype(bool).sum()) for g in GRADS]
-        rel = ", ".join(g3((grp[f"err_{g}"] / grp[f"ref_{g}"]).median()) for g in GRADS)
-        bnd = ", ".join(g3((grp[f"err_{g}"] / grp[f"bound_{g}"]).max()) for g in GRADS)
-        n = len(grp)
-        rules = " / ".join(map(str, rule)) + (f" of {n}" if label.startswith("flash") else "")
-        return (f"| {label} | {n} | {'all' if held else 'not all'} | {rules} | {rel} | "
-                + (f"{bnd} |" if with_bound else "|"))
-
     fl = t[t.slice == "flash"]
     qy = t[t.slice == "qiu_yao"]
-    out = [f"`bwd_bf16_sweep` (`conf/experiment/bwd_bf16_sweep.yaml`, {len(t)} cases",
-           row("flash, fa2", fl[fl.policy == "fa2"]), row("flash, lowp", fl[fl.policy == "lowp"]),
-           row("naive", t[t.slice == "naive"]),
-           row("qiu_yao slice, fa2 forward", qy[qy.forward_variant == "fa2"], False),
-           row("qiu_yao slice, qiu_yao forward", qy[qy.forward_variant == "qiu_yao"], False)]
     fa = fl[fl.policy == "fa2"]
     ok = fa.rule_dq.astype(bool) & fa.rule_dk.astype(bool) & fa.rule_dv.astype(bool)
     share = ok.groupby(fa.distribution).mean()
@@ -46,14 +53,14 @@ def bwd_sweep_docs(F):
     lp = fl[fl.policy == "lowp"]
     worse = [(lp[f"err_{g}"] / lp[f"ref_{g}"]).median() / (fa[f"err_{g}"] / fa[f"ref_{g}"]).median()
              for g in GRADS]
-    require(4 <= min(worse) and max(worse) < 5,
-            "lowp's median errors are 4-5x fa2's")
+    require(4 <= min(worse) and max(worse) < 5, "lowp's median errors are 4-5x fa2's")
     med = qy.groupby("forward_variant").err_dq.median()
     ds = t.groupby("policy").ds_rowsum.median()
     held = all(bool(t[f"held_{g}"].all()) for g in GRADS)
     d = {v: dict(zip(g.grad, g.err, strict=True))
          for v, g in table(F, "bwd_delta_site").groupby("variant")}
-    return out + [
+    return [
+        f"`bwd_bf16_sweep` (`conf/experiment/bwd_bf16_sweep.yaml`, {len(t)} cases",
         f"The a-priori bound held for every entry of every gradient in all {len(t)} cases"
         if held else "a bound failed",
         f"(err / bound up to {(fa.err_dv / fa.bound_dv).max():.2f} for fa2's dV",
@@ -143,28 +150,25 @@ def bwd_growth_docs(F):
             f"{np.median(spreads):.2f})"]
 
 
-def bwd_growth_table(F):
-    """The rows of docs/backward.md's growth tables: alpha of max|g^ - g| / max|g| ~ N^alpha
+def bwd_growth_table(F, precision: str) -> pd.DataFrame:
+    """docs/backward.md's growth table of one dtype: alpha of max|g^ - g| / max|g| ~ N^alpha
     fitted here by least squares in log-log per seed, median [min, max] over the seeds."""
     t = table(F, "bwd_seqlen_growth")
     rows = []
-    for prec in ("bf16", "fp16"):
-        for pol in ("fa2", "naive", "lowp"):
-            for dist in ("gaussian", "late_max", "fa3_outliers"):
-                grp = t[(t.precision == prec) & (t.policy == pol) & (t.distribution == dist)]
-                cells = []
-                for g in GRADS:
-                    a = []
-                    for _, s in grp.groupby("seed"):
-                        # an exact gradient has no log; an overflowed one (inf) no error
-                        s = s[(s[f"err_{g}"] > 0) & np.isfinite(s[f"err_{g}"])]
-                        rel = (s[f"err_{g}"] / s[f"ref_{g}"]).to_numpy(float)
-                        a.append(np.polyfit(np.log(s.seq_len.to_numpy(float)), np.log(rel), 1)[0])
-                    cells.append(f"{np.median(a):.2f} [{min(a):.2f}, {max(a):.2f}]")
-                rows.append(f"| {pol} | {dist} | {grp.seq_len.min()}-{grp.seq_len.max()} | "
-                            + " | ".join(cells) + " |")
-    return rows
-
+    for pol in ("fa2", "naive", "lowp"):
+        for dist in ("gaussian", "late_max", "fa3_outliers"):
+            grp = t[(t.precision == precision) & (t.policy == pol) & (t.distribution == dist)]
+            cells = []
+            for g in GRADS:
+                a = []
+                for _, s in grp.groupby("seed"):
+                    # an exact gradient has no log; an overflowed one (inf) no error
+                    s = s[(s[f"err_{g}"] > 0) & np.isfinite(s[f"err_{g}"])]
+                    rel = (s[f"err_{g}"] / s[f"ref_{g}"]).to_numpy(float)
+                    a.append(np.polyfit(np.log(s.seq_len.to_numpy(float)), np.log(rel), 1)[0])
+                cells.append(f"{np.median(a):.2f} [{min(a):.2f}, {max(a):.2f}]")
+            rows.append([pol, dist, f"{grp.seq_len.min()}-{grp.seq_len.max()}", *cells])
+    return pd.DataFrame(rows, columns=["policy", "distribution", "N", "dQ", "dK", "dV"])
 
 
 def bwd_bench_docs(F):
@@ -184,13 +188,14 @@ def bwd_bench_docs(F):
             f"| {c['wall_s']:.1f} s wall ({c['cpu_s']:.1f} s CPU); 128 bits sufficed"]
 
 
+TABLES = {"BwdSweep": bwd_sweep_table, "BwdGrowthBf16": lambda F: bwd_growth_table(F, "bf16"),
+          "BwdGrowthFp16": lambda F: bwd_growth_table(F, "fp16")}
+
 PASSAGES = {
-    "BwdSweep": Passage("docs/backward.md: bwd_bf16_sweep's table and findings, "
-                        "bwd_delta_site's dQ errors", bwd_sweep_docs),
+    "BwdSweep": Passage("docs/backward.md: bwd_bf16_sweep's findings, bwd_delta_site's dQ "
+                        "errors", bwd_sweep_docs),
     "BwdOrder": Passage("docs/backward.md: bwd_order", bwd_order_docs),
     "BwdGrowth": Passage("docs/backward.md: bwd_seqlen_growth's findings", bwd_growth_docs),
     "BwdBench": Passage("docs/backward.md: the backward's speed, memory and certified "
                         "reference (bench/results/backward.json)", bwd_bench_docs),
-    "BwdGrowthTable": Passage("docs/backward.md: bwd_seqlen_growth's fitted exponents, median "
-                              "[min, max] over the seeds", bwd_growth_table),
 }

@@ -49,17 +49,21 @@ def tightness_readme(F):
 
 
 def tightness_docs(F):
-    t = table(F, "bound_tightness")
-    acc = accounting(t["bound"], t["holds"])
-    out = [f"finite and held in {acc['held']} of {acc['cases']} cases and vacuous in "
-           f"{acc['vacuous']}"]
+    acc = accounting(*(table(F, "bound_tightness")[c] for c in ("bound", "holds")))
+    return [f"finite and held in {acc['held']} of {acc['cases']} cases and vacuous in "
+            f"{acc['vacuous']}"]
+
+
+def tightness_table(F) -> pd.DataFrame:
+    """bound_tightness per policy and precision (flashnum.analysis.bounds.tightness_summary):
+    bound / measured of the deterministic and probabilistic bounds."""
     g = lambda x: f"{x:.3g}".replace("e+0", "e").replace("e+", "e")  # noqa: E731
-    for _, r in tightness_summary(t).iterrows():
-        cells = [r.policy, r.precision, r.cases, r.held, r.vacuous] + [
-            g(r[c]) for c in ("det_median", "det_min", "det_max", "prob_median", "prob_min",
-                              "prob_max")] + [r.held_prob]
-        out.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return out
+    t = tightness_summary(table(F, "bound_tightness"))
+    cols = ("det_median", "det_min", "det_max", "prob_median", "prob_min", "prob_max")
+    return pd.concat([t[["policy", "precision", "cases", "held", "vacuous"]],
+                      t[list(cols)].map(g), t[["held_prob"]]], axis=1).set_axis(
+        ["policy", "precision", "cases", "finite and held", "vacuous", "det. median", "det. min",
+         "det. max", "prob. median", "prob. min", "prob. max", "prob. held"], axis=1)
 
 
 def stress(F, family):
@@ -164,23 +168,23 @@ def ties_claims(F):
             f"increases their magnitude by ${tex_sci(float(shift))}$"]
 
 
-def ties_table(F):
+def ties_table(F) -> pd.DataFrame:
+    """ties_bias's attribution: the mean signed error with one site alone in bf16, and with
+    every site but it."""
     a = table(F, "ties_bias")
-    a = a[a.kind == "attribution"]
-    rows = {s: (o, w) for s, o, w in zip(a.run, a.err_only, a.err_without, strict=True)}
+    a = a[a.kind == "attribution"].set_index("run")
+    require(a.loc[["pv_acc", "l_acc"]].err_only.abs().max() < 1e-9,
+            "pv_acc and l_acc in fp32 alone err by under 1e-9")
 
     def cell(x):
         d = 2 if abs(x) >= 1e-5 else 1
         return f"${'+' if x > 0 and d == 2 else ''}{tex_sci(x, d)}$"
 
-    out = [f"| {s} | {cell(rows[s][0])} | {cell(rows[s][1])} |" for s in ("s", "p")]
-    out += [f"| {s} ({why}) | {cell(rows[s][0])} | {cell(rows[s][1])} |"
-            for s, why in (("l", "state and block row sums"), ("o", "state and $PV$ tiles"))]
-    out.append(f"| div | {cell(rows['div'][0])} | {cell(rows['div'][1])} |")
-    require(max(abs(rows[s][0]) for s in ("pv_acc", "l_acc")) < 1e-9,
-            "pv_acc and l_acc in fp32 alone err by under 1e-9")
-    out.append(f"| pv_acc, l_acc (fp32) | $< 10^{{-9}}$ | {cell(rows['pv_acc'][1])} |")
-    return out
+    sites = {"s": "s", "p": "p", "l": "l (state and block row sums)",
+             "o": "o (state and $PV$ tiles)", "div": "div", "pv_acc": "pv_acc, l_acc (fp32)"}
+    return pd.DataFrame([[name, "$< 10^{-9}$" if s == "pv_acc" else cell(a.err_only[s]),
+                          cell(a.err_without[s])] for s, name in sites.items()],
+                        columns=["site (bf16 unless noted)", "alone", "all but it"])
 
 
 PASSAGES = {
@@ -189,12 +193,11 @@ PASSAGES = {
     "BoundSweepLine": Passage("docs/experiments.md: bf16_sweep's summary line",
                               bf16_sweep_summary_line),
     "ReadmeTightness": Passage("README.md: bound_tightness in short", tightness_readme),
-    "BoundTightness": Passage("docs/bounds.md: bound_tightness's table", tightness_docs),
+    "BoundTightness": Passage("docs/bounds.md: bound_tightness's accounting", tightness_docs),
     "ReadmeStress": Passage("README.md: the stress test (bound_stress)", stress_readme),
     "BoundStress": Passage("docs/bounds.md: the stress test (bound_stress)", stress_docs),
     "BoundTightnessProse": Passage("docs/bounds.md: where the bound is tight and loose",
                                    tightness_prose),
     "TiesBias": Passage("docs/bounds.md: the ties bias (experiments/ties_bias)", ties_claims),
-    "TiesAttribution": Passage("docs/bounds.md: the ties bias per site (ties_bias)",
-                               ties_table),
 }
+TABLES = {"BoundTightness": tightness_table, "TiesAttribution": ties_table}
