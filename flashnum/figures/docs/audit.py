@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from flashnum.figures.audit import _FWD_COLS, _GRAD_COLS, kernel_grad_rows, kernel_table_rows
+from flashnum.figures.audit import FWD_COLS, GRAD_COLS, kernel_grad_rows, kernel_table_rows
 from flashnum.figures.docs.digits import ceil_to, pct, pct_floor, sci, thousands
 from flashnum.figures.docs.sources import bench, last_run, table
 from flashnum.figures.quoting import Passage, require
@@ -288,7 +288,7 @@ def kernel_table(F) -> pd.DataFrame:
     require(set(zip(unsupported.target, unsupported.precision, strict=True)) == {
         ("ort_attention", "bf16"), ("ort_mha", "bf16"), ("jax_xla", "fp16")},
             "exactly ort_attention bf16, ort_mha bf16 and jax_xla fp16 are unsupported")
-    return pd.DataFrame(kernel_table_rows(k), columns=_FWD_COLS)
+    return pd.DataFrame(kernel_table_rows(k), columns=FWD_COLS)
 
 
 def kernel_table_docs(F):
@@ -377,7 +377,7 @@ TABLES = {
     "AuditKernels": kernel_audit,
     "AuditKernelTable": kernel_table,
     "AuditKernelGrad": lambda F: pd.DataFrame(kernel_grad_rows(table(F, "kernel_table")),
-                                              columns=_GRAD_COLS),
+                                              columns=GRAD_COLS),
 }
 
 PASSAGES = {name: Passage(f"docs/audit.md, README.md: {name}", fn) for name, fn in {
