@@ -63,7 +63,6 @@ def bwd_sweep_docs(F):
         f"`bwd_bf16_sweep` (`conf/experiment/bwd_bf16_sweep.yaml`, {len(t)} cases",
         f"The a-priori bound held for every entry of every gradient in all {len(t)} cases"
         if held else "a bound failed",
-        f"(err / bound up to {(fa.err_dv / fa.bound_dv).max():.2f} for fa2's dV",
         f"in {int(ok.sum())} of {len(fa)} cases; every miss is on sink "
         f"({100 * share['sink']:.0f}% of its cases pass), ties ({100 * share['ties']:.0f}%) or "
         f"fa3_outliers ({100 * share['fa3_outliers']:.0f}%)",
