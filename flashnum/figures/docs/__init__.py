@@ -37,7 +37,8 @@ PASSAGES = {**audit.PASSAGES, **backward.PASSAGES, **bounds.PASSAGES, **engine.P
             **experiments.PASSAGES, **formats.PASSAGES, **kernel.PASSAGES,
             **reproductions.PASSAGES, **trained.PASSAGES}
 QUOTED = {**QUANTITIES, **PASSAGES}
-TABLES = {**audit.TABLES, **backward.TABLES, **bounds.TABLES, **kernel.TABLES, **trained.TABLES,
+TABLES = {**audit.TABLES, **backward.TABLES, **bounds.TABLES, **formats.TABLES, **kernel.TABLES,
+          **trained.TABLES,
           **reproductions.TABLES}
 
 
