@@ -10,129 +10,47 @@ import math
 import numpy as np
 import pandas as pd
 
-from flashnum.figures.docs.digits import g2, pct_short, pm, sci, signed, zs
+from flashnum.figures.docs.digits import g2, sci, signed, zs
 from flashnum.figures.docs.sources import table
 from flashnum.figures.docs.views import view
 from flashnum.figures.pooling import pcast_by_config, qiu_yao_pooled
 from flashnum.figures.quoting import require
-from flashnum.figures.reproductions import golden_by_cell
-
-FA3_ROWS = {"fp16 standard": "fp16 standard", "fp16 FlashAttention-2": "fp16 FlashAttention-2",
-            "fp8 standard (per-tensor)": "fp8 standard (per-tensor)",
-            "fp8 FA3 (block quant + Hadamard)": "fp8 FA3",
-            "fp8 FA3 without block quantization": "fp8 FA3 without block quantization",
-            "fp8 FA3 without incoherent processing": "fp8 FA3 without incoherent processing",
-            "fp8 FA3 P cast only (inputs unquantized)": "fp8 P cast only (ours)"}
-STATED = ("unrounded", 10.0, "1/sqrt(d)")  # FA3's stated reference, outlier std and scale
-
-
-def fa3_grid(F):
-    """repro_fa3_table3 indexed by protocol: (section, ref_inputs, outlier_std, scale_rule,
-    n, d, row)."""
-    df = table(F, "repro_fa3_table3")
-    return df.set_index(["section", "ref_inputs", "outlier_std", "scale_rule", "n", "d",
-                         "row"]).sort_index()
 
 
 def fa3_table(F) -> pd.DataFrame:
-    """FA3's Table 3: the published RMSE, ours at the best fp16 protocol and at N = 8192,
-    d = 128 (the best fp8 one), each +- its standard error."""
-    df = table(F, "repro_fa3_table3")
-    best, g = df[df.best].set_index("row"), fa3_grid(F)
-    big = g.xs(("fp16", *STATED, 8192, 128)).combine_first(best[best.n == 8192])
-    cell = lambda r, row: pm(r.loc[row, "ours"], r.loc[row, "ours_se"])  # noqa: E731
-    ratio = lambda r: f"{r.ratio_std_over_flash.max():.2f}"  # noqa: E731
-    pub = best.published
-    rows = [[FA3_ROWS[row], sci(pub[row]) if pub.notna()[row] else "-",
-             cell(best, row) if row.startswith("fp16") else
-             "(d=64 not in the fp8 grid)" if row.startswith("fp8 standard") else "",
-             sci(best.loc[row, "ours"], 3) if "P cast" in row else cell(big, row)]
-            for row in FA3_ROWS]
-    match = lambda s: g.xs((s, *STATED)).match.groupby(level=["n", "d"]).first()  # noqa: E731
-    joint = g.xs(("fp8", *STATED)).match_joint.groupby(level=["n", "d"]).first()
-    published = pub["fp16 standard"] / pub["fp16 FlashAttention-2"]
-    require(g.xs(("fp16", *STATED, 8192, 128)).ratio_std_over_flash.max() > published,
+    """FA3's Table 3 at the stated protocol: the best fp16 shape and N = 8192, d = 128."""
+    t = table(F, "repro_fa3_table3").query(FA3_STATED)
+    big = t[(t.section == "fp16") & (t.n == 8192) & (t.d == 128)].set_index("row")
+    require(big.ratio_std_over_flash.max() > big.published["fp16 standard"]
+            / big.published["fp16 FlashAttention-2"],
             "at the best protocol the fp16 ratio lies above the published one")
-    rows.insert(2, ["ratio standard / FA2", f"{published:.1f}",
-                    ratio(best.loc[["fp16 standard"]]),
-                    ratio(g.xs(("fp16", *STATED, 8192, 128)))])
-    rows.append(["match, fp16 pair / fp8 four / all six", "", f"{match('fp16')[2048, 64]:.2f} / "
-                 "- / -", f"{match('fp16')[8192, 128]:.2f} / {match('fp8')[8192, 128]:.2f} / "
-                 f"{joint[8192, 128]:.2f}"])
-    return pd.DataFrame(rows, columns=["row", "published", "ours, N=2048, d=64",
-                                       "ours, N=8192, d=128"])
-
-
-def golden(F):
-    c = golden_by_cell(table(F, "repro_is_flash_stable"))
-    rng = lambda r, d: f"{r.ratio_min:.{d}f}-{r.ratio_max:.{d}f}"  # noqa: E731
-    tile = lambda r: f"{r.ratio_to_standard:.1f} ({rng(r, 1)})"  # noqa: E731
-    return c, rng, tile
-
-
-def golden_length(F) -> pd.DataFrame:
-    c, rng, _ = golden(F)
-    ln = c[c.sweep == "length"].set_index(["policy", "n"])
-    require(ln.loc["lowp"].sort_index().ratio_to_standard.is_monotonic_increasing,
-            "lowp's ratio grows with N")
-    dev = lambda r, d: f"{sci(r.ours, 3)} ({r.ratio_to_standard:.{d}f}; {rng(r, d)})"  # noqa: E731
-    return pd.DataFrame([{"N": n, "standard max dev": sci(ln.loc[("naive", n)].ours, 3),
-                          "fa2 max dev (x standard; per seed)": dev(ln.loc[("fa2", n)], 2),
-                          "lowp max dev (x standard; per seed)": dev(ln.loc[("lowp", n)], 1)}
-                         for n in (256, 1024, 4096, 16384)])
-
-
-def golden_tiles(F) -> pd.DataFrame:
-    c, _, tile = golden(F)
-    require(c[c.policy == "fa2"].ratio_max.max() < 1,
-            "fa2 deviates less than standard attention in every seed")
-    df = table(F, "repro_is_flash_stable")
-    lt = df[(df.sweep == "tiles") & (df.policy == "lowp") & ~df.swapped.astype(bool)]
-    require(lt.sort_values("block_n").groupby("seed").ratio_to_standard.apply(
-        lambda r: bool((r.diff().dropna() < 0).all())).all(),
-        "lowp's ratio falls with every larger block_n in every seed")
-    t = c[(c.sweep == "tiles") & (c.policy == "lowp")].set_index(["block_m", "block_n"])
-    require((c[c.swapped.astype(bool)].block_m_effect == 0).all(),
-            "block_m alone changes no output bit, in every seed")
-    swapped = {(64, 256): (256, 64), (64, 1024): (1024, 64)}
-    require(all(t.loc[s].ratio_to_standard == t.loc[(64, 64)].ratio_to_standard
-                for s in swapped.values()), "a swapped tiling gives the 64 x 64 result")
-    rows = []
-    for m, (bm, bn) in zip((4096, 16384, 65536, 262144), ((16, 16), (64, 64), (64, 256),
-                                                         (64, 1024)), strict=True):
-        s = swapped.get((bm, bn))
-        rows.append([m, f"({bm}, {bn})", tile(t.loc[(bm, bn)]),
-                     f"({s[0]}, {s[1]})" if s else "same tiling",
-                     tile(t.loc[s]) if s else "", "0" if s else ""])
-    return pd.DataFrame(rows, columns=["M", "(block_m, block_n)", "lowp x standard (per seed)",
-                                       "swapped (block_m, block_n)",
-                                       "lowp x standard (per seed)", "block_m effect"])
+    return view("repro_fa3_table3", FA3_STATED + FA3_SHAPES, FA3_COLS)(F)
 
 
 def pcast_table(F) -> pd.DataFrame:
-    """The P cast per configuration, each the median over its seeds (the best gain's
-    per-seed range beside it)."""
+    """The P cast per configuration: each column's median over the seeds (their range)."""
     c = pcast_by_config(table(F, "repro_fp8_pcast"))
     require(c[(c.order == "reverse") & (c.p_scale == 256)].ratio_min.min() > 10,
             "reverse + S = 256 beats forward order without a scale far beyond 10x in every draw")
     require(c[(c.order == "reverse") & (c.p_scale == 1)].ratio_vs_forward.min() > 10,
             "reverse order alone lowers the MSE by more than an order of magnitude")
-    k = c.set_index(["n", "height", "order", "p_scale"])
-    ratio = lambda x: f"{x:.0f}x" if x >= 20 else f"{x:.1f}x"  # noqa: E731
-    rows = []
-    for n in (1024, 4096):
-        for h in (8.0, 10.0, 12.0, 14.0):
-            cs = [k.loc[(n, h, o, s)] for s, o in ((1.0, "forward"), (1.0, "reverse"),
-                                                   (256.0, "forward"), (256.0, "reverse"))]
-            best = cs[3]
-            seeds = f" ({ratio(best.ratio_min)}-{ratio(best.ratio_max)})" if best.seeds > 1 else ""
-            rows.append([n, f"{cs[0].realised_height:.2f}".rstrip("0").rstrip(".")]
-                        + [f"{sci(x.ours)} ({pct_short(x.underflow_fraction)})" for x in cs]
-                        + [f"{ratio(best.ratio_vs_forward)}{seeds}",
-                           ratio(best.ratio_vs_forward_same_scale)])
-    return pd.DataFrame(rows, columns=[
-        "N", "height", "forward, S=1: MSE (flushed)", "reverse, S=1", "forward, S=256",
-        "reverse, S=256", "reverse+S vs forward S=1 (per seed)", "reverse+S vs forward S=256"])
+    return view("repro_fp8_pcast", "", ["realised_height", "ours", "underflow_fraction",
+                                         "ratio_vs_forward", "ratio_vs_forward_same_scale"],
+                by=["n", "height", "order", "p_scale"], agg="median (span)")(F)
+
+
+def golden_tiles(F) -> pd.DataFrame:
+    """Golden et al.'s tile sweep (lowp), each cell the median over the seeds (their range)."""
+    df = table(F, "repro_is_flash_stable")
+    lt = df[(df.sweep == "tiles") & (df.policy == "lowp") & ~df.swapped.astype(bool)]
+    require(lt.sort_values("block_n").groupby("seed").ratio_to_standard.apply(
+        lambda r: bool((r.diff().dropna() < 0).all())).all(),
+        "lowp's ratio falls with every larger block_n in every seed")
+    ln = df[(df.sweep == "length") & (df.policy == "lowp")].groupby("n").ratio_to_standard
+    require(ln.median().is_monotonic_increasing, "lowp's ratio grows with N")
+    return view("repro_is_flash_stable", GOLDEN, ["ratio_to_standard", "block_m_effect"],
+                by=["sram", "block_m", "block_n"], never=GOLDEN_NEVER,
+                agg={"ratio_to_standard": "median (span)", "block_m_effect": "max"})(F)
 
 
 def qiu_yao(F):
@@ -201,43 +119,31 @@ def block_scaled_table(F) -> pd.DataFrame:
     return med.reset_index().set_axis(["format", "Q, K, V", "P", "both"], axis=1)
 
 
-SHAPES = [(4096, 1), (4096, 16), (32768, 1), (131072, 1)]  # (Nk, Nq) of repro_splitkv_decode
-
-
-def splitkv(F):
-    return table(F, "repro_splitkv_decode").set_index(["nk", "nq", "split_precision",
-                                                       "num_splits"]).sort_index()
-
-
-def splitkv_error(F) -> pd.DataFrame:
-    e = splitkv(F)
-    return pd.DataFrame([[nk, nq, p, *(sci(e.loc[(nk, nq, p, s), "max_abs_err"])
-                                       for s in (1, 8, 64))]
-                         for nk, nq in SHAPES for p in ("fp32", "bf16")],
-                        columns=["Nk", "Nq", "partials", "S = 1", "S = 8", "S = 64"])
-
-
-def splitkv_cpu(F) -> pd.DataFrame:
-    cpu = splitkv(F).cpu_s.unstack("split_precision")
-    lo, hi = cpu.min(axis=1), cpu.max(axis=1)
-    fmt = lambda x: f"{x:.2f}" if x < 1 else f"{x:.1f}"  # noqa: E731
-    span = lambda a, b: fmt(a) if fmt(a) == fmt(b) else f"{fmt(a)}-{fmt(b)}"  # noqa: E731
-    return pd.DataFrame([[nk, nq, *(span(lo[nk, nq, s], hi[nk, nq, s]) for s in (1, 8, 64))]
-                         for nk, nq in SHAPES], columns=["Nk", "Nq", "S = 1", "S = 8", "S = 64"])
-
-
+FA3_STATED = "ref_inputs == 'unrounded' and outlier_std == 10 and scale_rule == '1/sqrt(d)'"
+FA3_SHAPES = " and ((n == 2048 and d == 64 and section == 'fp16') or (n == 8192 and d == 128))"
+FA3_COLS = ["section", "n", "d", "row", "published", "ours", "ours_se", "match", "match_joint",
+            "ratio_std_over_flash"]
+GOLDEN = "sweep == 'tiles' and policy == 'lowp'"
 QIU_YAO_FIX = ("metric == 'mean_signed_err' and distribution == 'ties' and "
                "variant == 'qiu_yao'")
+GOLDEN_NEVER = {"policy == 'fa2' and ratio_to_standard >= 1":
+                "fa2 deviates less than standard attention in every seed",
+                "block_m_effect > 0 or block_m_effect < 0":
+                "block_m alone changes no output bit, in every seed"}
 OFFSET_NEVER = {"budget_ok and err_over_u_vmax >= 0.5":
                 "within the budget every row stays below half the bound"}
 THRESHOLD_NEVER = {"order == 'reverse' and spread == 0 and rel_err * 4095 > 63.5":
                    "reverse order loses only the non-sink keys of the sink's own block"}
 
-TABLES = {"ReproFaThree": fa3_table, "ReproGoldenLength": golden_length,
-          "ReproGoldenTiles": golden_tiles, "ReproPcast": pcast_table,
+TABLES = {"ReproFaThree": fa3_table, "ReproPcast": pcast_table,
+          "ReproGoldenLength": view("repro_is_flash_stable", "sweep == 'length'",
+                                    ["ours", "ratio_to_standard"], by=["n", "policy"],
+                                    agg="median (span)"),
+          "ReproGoldenTiles": golden_tiles,
           "ReproQiuYao": qiu_yao_table, "ReproQiuYaoClamp": qiu_yao_clamp,
-          "ReproBlockScaled": block_scaled_table, "ReproSplitKv": splitkv_error,
-          "ReproSplitKvCpu": splitkv_cpu,
+          "ReproBlockScaled": block_scaled_table,
+          "ReproSplitKv": view("repro_splitkv_decode", "", ["nk", "nq", "split_precision",
+                                                            "num_splits", "max_abs_err", "cpu_s"]),
           "ReproFaThreeProtocols": view(
               "repro_fa3_table3", "section == 'fp16' and row == 'fp16 FlashAttention-2'",
               ["ours", "match", "ratio_std_over_flash"],

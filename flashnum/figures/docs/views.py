@@ -7,7 +7,8 @@ A view is a table function F -> DataFrame (flashnum.figures.docs TABLES): the ro
 `where` selects (a DataFrame.query string; "" keeps all), the `columns` in that order, each
 number with three significant digits. With `by`, one row per group (in `by`'s order), each
 column its smallest and largest value over the group ("1.18" when they agree, "1.18-1.30"
-otherwise), or the pandas aggregate `agg` names ("min", "median"; a dict: one per column).
+otherwise), "median (span)" ("4.0 (3.2-4.5)"), or the pandas aggregate `agg` names ("min",
+"median"; a dict: one per column).
 `never` maps a query
 to the document's words: the query must select no row of the stored table (the claim,
 e.g. "within the budget every row stays below half the bound", holds). The values are
@@ -35,6 +36,9 @@ def span(values: pd.Series) -> str:
     return lo if lo == hi else f"{lo} to {hi}" if lo.startswith("-") else f"{lo}-{hi}"
 
 
+AGGS = {"span": span, "median (span)": lambda x: f"{cell(x.median())} ({span(x)})"}
+
+
 def view(source: str, where: str, columns: list[str], by: list[str] | None = None,
          agg="span", never: dict[str, str] | None = None):
     """The table function that shows `columns` of the stored table `source` (see above)."""
@@ -45,7 +49,7 @@ def view(source: str, where: str, columns: list[str], by: list[str] | None = Non
         df = df.query(where) if where else df
         if by:
             g = df.groupby(by, sort=True)[columns]
-            how = lambda a: span if a == "span" else a  # noqa: E731
+            how = lambda a: AGGS.get(a, a)  # noqa: E731
             agg_ = {c: how(a) for c, a in agg.items()} if isinstance(agg, dict) else how(agg)
             return g.agg(agg_).reset_index().map(cell)
         return df[columns].reset_index(drop=True).map(cell)
