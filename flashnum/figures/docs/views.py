@@ -5,14 +5,13 @@
 
 A view is a table function F -> DataFrame (flashnum.figures.docs TABLES): the rows that
 `where` selects (a DataFrame.query string; "" keeps all), the `columns` in that order, each
-number with three significant digits. With `by`, one row per group (in `by`'s order), each
-column its smallest and largest value over the group ("1.18" when they agree, "1.18-1.30"
-otherwise), "median (span)" ("4.0 (3.2-4.5)"), or the pandas aggregate `agg` names ("min",
-"median"; a dict: one per column).
-`never` maps a query
-to the document's words: the query must select no row of the stored table (the claim,
-e.g. "within the budget every row stays below half the bound", holds). The values are
-the store's: nothing is computed but the range or the aggregate.
+number with `digits` (3) significant digits. With `by`, one row per group (in `by`'s
+order), each column its smallest and largest value over the group ("1.18" when they agree,
+"1.18-1.30" otherwise), or as `agg` names: "median (span)" ("4.0 (3.2-4.5)") or a pandas
+aggregate ("min", "median"); a dict names one per column. `never` maps a query to the
+document's words: the query must select no row of the stored table (the claim, e.g.
+"within the budget every row stays below half the bound", holds). The values are the
+store's: nothing is computed but the range or the aggregate.
 """
 
 from __future__ import annotations
@@ -23,34 +22,34 @@ from flashnum.figures.docs.sources import table
 from flashnum.figures.quoting import require
 
 
-def cell(x) -> str:
-    """A stored value as a table block prints it: numbers to three significant digits."""
+def cell(x, digits: int = 3) -> str:
+    """A stored value as a table block prints it: numbers to `digits` significant digits."""
     if isinstance(x, bool) or not isinstance(x, float):
         return str(x)
-    return f"{x:.3g}"
+    return f"{x:.{digits}g}"
 
 
-def span(values: pd.Series) -> str:
-    """A group's values as their range: "1.18", "1.18-1.30" or "-1.3 to 1.7"."""
-    lo, hi = cell(values.min()), cell(values.max())
-    return lo if lo == hi else f"{lo} to {hi}" if lo.startswith("-") else f"{lo}-{hi}"
-
-
-AGGS = {"span": span, "median (span)": lambda x: f"{cell(x.median())} ({span(x)})"}
+def aggregates(digits: int) -> dict:
+    """The aggregates a view names beyond pandas': a group's range, its median and range."""
+    def span(values: pd.Series) -> str:  # "1.18", "1.18-1.30" or "-1.3 to 1.7"
+        lo, hi = cell(values.min(), digits), cell(values.max(), digits)
+        return lo if lo == hi else f"{lo} to {hi}" if lo.startswith("-") else f"{lo}-{hi}"
+    return {"span": span,
+            "median (span)": lambda x: f"{cell(x.median(), digits)} ({span(x)})"}
 
 
 def view(source: str, where: str, columns: list[str], by: list[str] | None = None,
-         agg="span", never: dict[str, str] | None = None):
+         agg="span", never: dict[str, str] | None = None, digits: int = 3):
     """The table function that shows `columns` of the stored table `source` (see above)."""
     def make(F) -> pd.DataFrame:
         df = table(F, source)
         for query, says in (never or {}).items():
             require(df.query(query).empty, says)
         df = df.query(where) if where else df
+        fmt = lambda x: cell(x, digits)  # noqa: E731
         if by:
-            g = df.groupby(by, sort=True)[columns]
-            how = lambda a: AGGS.get(a, a)  # noqa: E731
+            how = lambda a: aggregates(digits).get(a, a)  # noqa: E731
             agg_ = {c: how(a) for c, a in agg.items()} if isinstance(agg, dict) else how(agg)
-            return g.agg(agg_).reset_index().map(cell)
-        return df[columns].reset_index(drop=True).map(cell)
+            return df.groupby(by, sort=True)[columns].agg(agg_).reset_index().map(fmt)
+        return df[columns].reset_index(drop=True).map(fmt)
     return make
