@@ -37,9 +37,8 @@ PASSAGES = {**audit.PASSAGES, **backward.PASSAGES, **bounds.PASSAGES, **engine.P
             **experiments.PASSAGES, **formats.PASSAGES, **kernel.PASSAGES,
             **reproductions.PASSAGES, **trained.PASSAGES}
 QUOTED = {**QUANTITIES, **PASSAGES}
-TABLES = {**audit.TABLES, **backward.TABLES, **bounds.TABLES, **formats.TABLES, **kernel.TABLES,
-          **trained.TABLES,
-          **reproductions.TABLES}
+TABLES = {**audit.TABLES, **backward.TABLES, **bounds.TABLES, **experiments.TABLES,
+          **formats.TABLES, **kernel.TABLES, **reproductions.TABLES, **trained.TABLES}
 
 
 def documents(root: Path) -> list[Path]:
