@@ -35,19 +35,8 @@ def pct_floor(frac, digits=2):
     return f"{math.floor(frac * 100 * 10**digits) / 10**digits:.{digits}f}%"
 
 
-def pct_short(frac):
-    """95%, 5.9%, 0.06% style."""
-    x = 100 * frac
-    if x >= 10:
-        return f"{x:.0f}%"
-    if x >= 0.95:
-        return f"{x:.1f}%"
-    return f"{x:.1g}%"
 
 
-def ceil_to(x, digits):
-    """0.091 style for an 'at most' claim: rounded up, so the text never understates."""
-    return f"{math.ceil(x * 10**digits) / 10**digits:.{digits}f}"
 
 
 def signed(x):
@@ -62,10 +51,6 @@ def zs(z, sign=True):
     return "+" + s if sign and z >= 0 else s
 
 
-def pm(x, se):
-    """2.53e-4 +- 0.20e-4 style: three digits, the error in the value's exponent."""
-    e = math.floor(math.log10(x))
-    return f"{x / 10**e:.2f}e{e} +- {se / 10**e:.2f}e{e}"
 
 
 def pct(frac, digits):
