@@ -10,10 +10,10 @@ from pathlib import Path
 import pandas as pd
 
 from flashnum.figures.audit import FWD_COLS, GRAD_COLS, kernel_grad_rows, kernel_table_rows
-from flashnum.figures.docs.digits import pct, pct_floor, thousands
+from flashnum.figures.docs.digits import pct, pct_floor
 from flashnum.figures.docs.sources import bench, last_run, table
+from flashnum.figures.docs.views import view
 from flashnum.figures.quoting import Passage, require
-from flashnum.harness.qiu_yao_agreement import CASES, PAIRS
 from flashnum.harness.torch_cpu_backward_agreement import summary as torch_cpu_summary
 
 BACKWARD = "kernel_audit_backward"  # the gradient audit: its rows, each report's audit.json
@@ -83,27 +83,6 @@ def ports(F) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def torch_cpu_forward(F) -> pd.DataFrame:
-    c = table(F, "torch_cpu_forward")
-    require(set(c.seed) == {0} and c.groupby("precision").causal.mean().eq(0.5).all(),
-            "every case is seed 0, half of each dtype's cases causal")
-    rows = []
-    for p in DTYPES:
-        x = c[c.precision == p]
-        rows.append({"precision": p, "comparisons": len(x),
-                     "elements": thousands(int(x.elements.sum())),
-                     "bitwise": pct((x.bitwise * x.elements).sum() / x.elements.sum(), 4),
-                     "worst comparison": pct(x.bitwise.min(), 4),
-                     "LSE bitwise (worst)": pct(x.lse_bitwise.min(), 4),
-                     "max difference (ulp)": f"{x.max_ulps.max():.0f}"})
-    return pd.DataFrame(rows)
-
-
-def shapes(df) -> str:
-    dims = ["batch", "heads", "seq_len_q", "seq_len_k", "head_dim"]
-    return ", ".join("x".join(map(str, s)) for s in sorted(set(df[dims].itertuples(index=False))))
-
-
 def torch_cpu_speed(F) -> pd.DataFrame:
     """bench/results/torch_cpu.json: the model's CPU time over torch's bf16 SDPA."""
     t = bench(F, "torch_cpu")
@@ -121,44 +100,8 @@ def torch_cpu_speed(F) -> pd.DataFrame:
                                f"{small.cpu_ratio.max():.1f}x"}])
 
 
-def qiu_yao_cases(F) -> list[dict]:
-    """experiments/qiu_yao_agreement as one dict per row, params decoded, in the order of
-    its cases (docs/audit.md's table)."""
-    order = [(c[0], json.dumps(c[1], sort_keys=True), c[3], c[4], v) for c in CASES
-             for _, v in PAIRS]
-    rows = table(F, "qiu_yao_agreement").to_dict("records")
-    rows.sort(key=lambda c: order.index((c["distribution"], c["params"], c["d"], c["causal"],
-                                         c["variant"])))
-    return [{**c, "params": json.loads(c["params"])} for c in rows]
-
-
-def qiu_yao_table(F) -> pd.DataFrame:
-    by = {}
-    for c in qiu_yao_cases(F):
-        by.setdefault((c["distribution"], json.dumps(c["params"]), c["d"], c["causal"]),
-                      {})[c["variant"]] = c
-    cell = lambda c: f"{100 * c['bitwise']:.4f}% (max diff {c['max_diff']:.2g})"  # noqa: E731
-    rows = []
-    for row in by.values():
-        c = row["fa2"]
-        name = ", ".join([c["distribution"], *(f"{k}={v}" for k, v in c["params"].items())])
-        rows.append({"inputs": f"{name} (median row max {c['median_row_max']:.2f})",
-                     "d": c["d"], "causal": yes(c["causal"]),
-                     "their plain forward vs lowp": cell(c),
-                     "their fix (STABLE=1) vs qiu_yao_released": cell(row["qiu_yao_released"]),
-                     "their fix vs idealised qiu_yao": cell(row["qiu_yao"])})
-    return pd.DataFrame(rows)
-
-
 def tutorial_forward(F) -> pd.DataFrame:
     return table(F, "triton_tutorial_forward").sort_values(["n", "causal", "sm_scale"])
-
-
-def tutorial_table(F) -> pd.DataFrame:
-    c = tutorial_forward(F)
-    return pd.DataFrame({"N": c.n, "causal": c.causal.map(yes), "sm_scale": c.sm_scale,
-                         'bitwise, exp2_scale="twice"': c.bitwise_twice.map(lambda x: pct(x, 3)),
-                         'bitwise, exp2_scale="once"': c.bitwise_once.map(lambda x: pct(x, 3))})
 
 
 def tutorial_docs(F):
@@ -255,7 +198,7 @@ def audit_readme(F):
     t = bench(F, "torch_cpu")
     require(t["summary"]["bitwise"] == 1.0 and t["summary"]["worst_case_bitwise"] == 1.0,
             "the torch_cpu model equals torch's CPU kernel on every element")
-    q = pd.DataFrame(qiu_yao_cases(F))
+    q = table(F, "qiu_yao_agreement")
     fix = 1 - q[(q.variant == "qiu_yao") & (q.distribution == "ties")].bitwise
     k = table(F, "kernel_audit")
     sdpa = k[k.target == "torch_sdpa"].groupby("precision")
@@ -309,9 +252,18 @@ def torch_cpu_backward_readme(F):
 
 TABLES = {
     "AuditBackward": backward_table, "AuditBackwardClosest": backward_closest,
-    "AuditPorts": ports, "AuditTorchCpu": torch_cpu_forward, "AuditTorchCpuSpeed": torch_cpu_speed,
-    "AuditTorchCpuBackward": torch_cpu_backward_table, "AuditQiuYao": qiu_yao_table,
-    "AuditTutorial": tutorial_table, "AuditTutorialBackward": tutorial_backward_table,
+    "AuditPorts": ports, "AuditTorchCpuSpeed": torch_cpu_speed,
+    "AuditTorchCpu": view("torch_cpu_forward", "", ["case_id", "elements", "bitwise",
+                          "lse_bitwise", "max_ulps"], by=["precision"], digits=6, never={
+        "seed != 0": "every case is seed 0"}, agg={"case_id": "count", "elements": "sum",
+                                                  "bitwise": "min", "lse_bitwise": "min",
+                                                  "max_ulps": "max"}),
+    "AuditTorchCpuBackward": torch_cpu_backward_table,
+    "AuditQiuYao": view("qiu_yao_agreement", "", ["median_row_max", "bitwise", "max_diff"],
+                        by=["distribution", "params", "d", "causal", "variant"], digits=6),
+    "AuditTutorial": view("triton_tutorial_forward", "", ["n", "causal", "sm_scale",
+                          "bitwise_twice", "bitwise_once"], digits=6),
+    "AuditTutorialBackward": tutorial_backward_table,
     "AuditKernels": kernel_audit,
     "AuditKernelTable": kernel_table,
     "AuditKernelGrad": lambda F: pd.DataFrame(kernel_grad_rows(table(F, "kernel_table")),
