@@ -17,33 +17,20 @@ GRADS = ("dq", "dk", "dv")
 
 
 def bwd_sweep_table(F) -> pd.DataFrame:
-    """bwd_bf16_sweep per slice and policy: the bound, flash-attn's rule, the median relative
-    error and the largest error over the bound, per gradient."""
+    """bwd_bf16_sweep per slice, policy and forward: flash-attn's rule kept (share of cases),
+    the median relative error and the largest error over the bound, per gradient."""
     t = table(F, "bwd_bf16_sweep")
     require(int(t.ref_uncertain.sum()) == 0, "the certified reference was certain in every case")
-    fl, qy = t[t.slice == "flash"], t[t.slice == "qiu_yao"]
+    fl = t[t.slice == "flash"]
     fa, lp = fl[fl.policy == "fa2"], fl[fl.policy == "lowp"]
     worse = [(lp[f"err_{g}"] / lp[f"ref_{g}"]).median() / (fa[f"err_{g}"] / fa[f"ref_{g}"]).median()
              for g in GRADS]
     require(4 <= min(worse) and max(worse) < 5, "lowp's median errors are 4-5x fa2's")
-    g3 = lambda xs: ", ".join(f"{x:.2g}" for x in xs)  # noqa: E731
-    rows = []
-    for label, grp in [("flash, fa2", fl[fl.policy == "fa2"]),
-                       ("flash, lowp", fl[fl.policy == "lowp"]),
-                       ("naive", t[t.slice == "naive"]),
-                       ("qiu_yao slice, fa2 forward", qy[qy.forward_variant == "fa2"]),
-                       ("qiu_yao slice, qiu_yao forward", qy[qy.forward_variant == "qiu_yao"])]:
-        held = all(bool(grp[f"held_{g}"].all()) for g in GRADS)
-        rule = " / ".join(str(int(grp[f"rule_{g}"].astype(bool).sum())) for g in GRADS)
-        rows.append([label, len(grp), "all" if held else "not all",
-                     rule + (f" of {len(grp)}" if label.startswith("flash") else ""),
-                     g3((grp[f"err_{g}"] / grp[f"ref_{g}"]).median() for g in GRADS),
-                     "" if label.startswith("qiu_yao") else
-                     g3((grp[f"err_{g}"] / grp[f"bound_{g}"]).max() for g in GRADS)])
-    return pd.DataFrame(rows, columns=["slice, policy", "cases", "bound held (dQ, dK, dV)",
-                                       "flash-attn rule dQ / dK / dV",
-                                       "median err / max\\|g\\| dQ, dK, dV",
-                                       "largest err / bound dQ, dK, dV"])
+    cols = {"case_id": "count"} | {f"rule_{g}": "mean" for g in GRADS} | {
+        f"err_{g} / ref_{g}": "median" for g in GRADS} | {f"err_{g} / bound_{g}": "max"
+                                                           for g in GRADS}
+    return view("bwd_bf16_sweep", "", list(cols), by=["slice", "policy", "forward_variant"],
+                agg=cols, digits=2)(F)
 
 
 def growth_pairs(F) -> pd.DataFrame:

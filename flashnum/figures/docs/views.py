@@ -4,14 +4,15 @@
     view("repro_fa3_table3", "section == 'fp16'", ["match"], by=["ref_inputs", "n"])
 
 A view is a table function F -> DataFrame (flashnum.figures.docs TABLES): the rows that
-`where` selects (a DataFrame.query string; "" keeps all), the `columns` in that order, each
+`where` selects (a DataFrame.query string; "" keeps all), the `columns` in that order (a
+stored column, or an expression of them that DataFrame.eval reads: "err_dq / ref_dq"), each
 number with `digits` (3) significant digits. With `by`, one row per group (in `by`'s
 order), each column its smallest and largest value over the group ("1.18" when they agree,
 "1.18-1.30" otherwise), or as `agg` names: "median (span)" ("4.0 (3.2-4.5)") or a pandas
 aggregate ("min", "median"); a dict names one per column. `never` maps a query to the
 document's words: the query must select no row of the stored table (the claim, e.g.
 "within the budget every row stays below half the bound", holds). The values are the
-store's: nothing is computed but the range or the aggregate.
+store's: nothing is computed but the expressions, the range or the aggregate.
 """
 
 from __future__ import annotations
@@ -46,10 +47,13 @@ def view(source: str, where: str, columns: list[str], by: list[str] | None = Non
         for query, says in (never or {}).items():
             require(df.query(query).empty, says)
         df = df.query(where) if where else df
+        # a column that is not stored is an expression of stored ones ("err_dq / ref_dq")
+        df = df.assign(**{c: df.eval(c) for c in columns if c not in df.columns})
         fmt = lambda x: cell(x, digits)  # noqa: E731
         if by:
             how = lambda a: aggregates(digits).get(a, a)  # noqa: E731
             agg_ = {c: how(a) for c, a in agg.items()} if isinstance(agg, dict) else how(agg)
-            return df.groupby(by, sort=True)[columns].agg(agg_).reset_index().map(fmt)
+            g = df.groupby(by, sort=True, dropna=False)[columns]
+            return g.agg(agg_).reset_index().map(fmt)
         return df[columns].reset_index(drop=True).map(fmt)
     return make
