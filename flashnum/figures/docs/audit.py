@@ -142,22 +142,9 @@ def tutorial_backward_docs(F):
             f"{100 * fa2.max().max():.0f}% of entries"]
 
 
-def kernel_audit(F) -> pd.DataFrame:
-    """experiments/kernel_audit per target and dtype: cases, the worst error over the bound,
-    torch's error over the emulated fa2's, standard attention's and lowp's (median)."""
-    k = table(F, "kernel_audit")
-    require(bool(k.passed.astype(bool).all()), "every case of every run keeps every rule")
-    require(bool((k[k.target == "torch_sdpa"].model_bitwise == 1).all()),
-            "the torch_cpu model equals torch's SDPA bit for bit in every case")
-    med = lambda g, c: f"{(g.err_max / g[c]).median():.2f}"  # noqa: E731
-    return pd.DataFrame([{
-        "target": t, "precision": p, "cases": len(g),
-        "worst error / bound": f"{(g.err_max / g.fa_bound).max():.2f}",
-        "median error / fa2's": med(g, "fa2_err_max"),
-        "/ standard's": med(g, "std_err_max"), "/ lowp's": med(g, "lowp_err_max"),
-        "model bitwise, mean (worst)": f"{pct(g.model_bitwise.mean(), 3)} "
-                                       f"({pct(g.model_bitwise.min(), 3)})"}
-        for (t, p), g in k.groupby(["target", "precision"])])
+KERNEL_AUDIT = {"case_id": "count", "err_max / fa_bound": "max",
+                "err_max / fa2_err_max": "median", "err_max / std_err_max": "median",
+                "err_max / lowp_err_max": "median", "model_bitwise": "min"}
 
 
 def _kernel_table(F):
@@ -264,7 +251,11 @@ TABLES = {
     "AuditTutorial": view("triton_tutorial_forward", "", ["n", "causal", "sm_scale",
                           "bitwise_twice", "bitwise_once"], digits=6),
     "AuditTutorialBackward": tutorial_backward_table,
-    "AuditKernels": kernel_audit,
+    "AuditKernels": view("kernel_audit", "", list(KERNEL_AUDIT), by=["target", "precision"],
+                         agg=KERNEL_AUDIT, digits=4, never={
+        "not passed": "every case of every run keeps every rule",
+        "target == 'torch_sdpa' and model_bitwise != 1":
+        "the torch_cpu model equals torch's SDPA bit for bit in every case"}),
     "AuditKernelTable": kernel_table,
     "AuditKernelGrad": lambda F: pd.DataFrame(kernel_grad_rows(table(F, "kernel_table")),
                                               columns=GRAD_COLS),
