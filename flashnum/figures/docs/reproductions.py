@@ -5,12 +5,10 @@ sentences make in words are checked (require) where the table is made.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
-from flashnum.figures.docs.digits import g2, sci, signed, zs
+from flashnum.figures.docs.digits import g2, signed, zs
 from flashnum.figures.docs.sources import table
 from flashnum.figures.docs.views import view
 from flashnum.figures.pooling import pcast_by_config, qiu_yao_pooled
@@ -94,18 +92,12 @@ def qiu_yao_clamp(F) -> pd.DataFrame:
     q = table(F, "repro_qiu_yao")
     c = q[(q.distribution == "clamp_sweep") & (q.policy == "lowp")]
     rel = c[c.variant == "qiu_yao_released"].set_index("max_logit")
-    ideal = c[c.variant == "qiu_yao"]
     # "exact (out / ref = 1)": up to the float64 rounding of the ratio itself (< 1e-14)
     one = lambda x: bool(np.all(np.abs(x - 1) < 1e-14))  # noqa: E731
-    require(rel.loc[23.5, "predicted"] == 1 and one(ideal.ours)
+    require(rel.loc[23.5, "predicted"] == 1 and one(c[c.variant == "qiu_yao"].ours)
             and one(rel[rel.index <= 23.5].ours),
             "the released fix is exact up to max logit 23.5, the idealised one everywhere")
-    three = lambda x: "1" if x == 1 else (f"{x:.3g}" if x >= 0.01 else sci(x, 3))  # noqa: E731
-    ms = (23.5, 23.75, 24, 25, 27.5, 30, 35, 40)
-    return pd.DataFrame([["out / ref", *(three(rel.loc[x, "ours"]) for x in ms)],
-                         ["2 exp(-M) / 1e-10", f"({2 * math.exp(-23.5) / 1e-10:.2f}: no clamp)",
-                          *(three(rel.loc[x, "predicted"]) for x in ms[1:])]],
-                        columns=["max logit M", *(f"{x:g}" for x in ms)])
+    return view("repro_qiu_yao", CLAMP, ["max_logit", "ours", "predicted"])(F)
 
 
 def block_scaled(F):
@@ -124,6 +116,8 @@ FA3_SHAPES = " and ((n == 2048 and d == 64 and section == 'fp16') or (n == 8192 
 FA3_COLS = ["section", "n", "d", "row", "published", "ours", "ours_se", "match", "match_joint",
             "ratio_std_over_flash"]
 GOLDEN = "sweep == 'tiles' and policy == 'lowp'"
+CLAMP = ("distribution == 'clamp_sweep' and policy == 'lowp' and variant == 'qiu_yao_released'"
+         " and max_logit in [23.5, 23.75, 24, 25, 27.5, 30, 35, 40]")
 QIU_YAO_FIX = ("metric == 'mean_signed_err' and distribution == 'ties' and "
                "variant == 'qiu_yao'")
 GOLDEN_NEVER = {"policy == 'fa2' and ratio_to_standard >= 1":
