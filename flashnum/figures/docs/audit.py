@@ -126,11 +126,9 @@ def tutorial_backward_table(F) -> pd.DataFrame:
             "every difference is under one fp16 ulp of the gradient's largest entry")
     require((big.exp2_dq == big.interpreter_dq).all(),
             "at sm_scale 1.3 the exp2 alone does not change dQ's agreement")
-    cols = {"triton_tutorial": "interpreter", "exp2 put in": "exp2", "row sum put in": "sum",
-            "all three put in": "engine", "fa2 baseline": "fa2"}
-    return pd.DataFrame({"N": c.n, "causal": c.causal.map(yes), "sm_scale": c.sm_scale}
-                        | {k: [pcts(r, 2) for r in c[[f"{a}_{g}" for g in GRADS]].to_numpy()]
-                           for k, a in cols.items()})
+    cols = [f"{a}_{g}" for a in ("interpreter", "exp2", "sum", "engine", "fa2") for g in GRADS]
+    return view("triton_tutorial_backward", "", ["n", "causal", "sm_scale", *cols],
+                digits=4)(F)
 
 
 def tutorial_backward_docs(F):
