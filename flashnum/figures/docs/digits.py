@@ -16,12 +16,6 @@ def sci(x, digits=2):
     return quoting.sci(digits)(x)
 
 
-def tex_sci(x, digits=2):
-    """-2.6\\times10^{-4} style, as a document's LaTeX writes it."""
-    mant, exp = sci(x, digits).split("e")
-    return f"{mant}\\times10^{{{exp}}}"
-
-
 def thousands(n):
     """1,790 style."""
     return f"{n:,}"
@@ -35,10 +29,6 @@ def pct_floor(frac, digits=2):
     return f"{math.floor(frac * 100 * 10**digits) / 10**digits:.{digits}f}%"
 
 
-
-
-
-
 def signed(x):
     """+8.2e-5, -3.3e-4, +0.11, +1.00 style: signed mean errors."""
     s = f"{x:+.2f}" if abs(x) >= 0.095 else sci(x)
@@ -49,8 +39,6 @@ def zs(z, sign=True):
     """-8.8, +14, +0.28, +967 style: two significant digits, three from 100 on."""
     s = f"{z:.0f}" if abs(z) >= 100 else g2(z)
     return "+" + s if sign and z >= 0 else s
-
-
 
 
 def pct(frac, digits):
