@@ -1,18 +1,17 @@
-"""What README.md and docs/*.md quote, checked by one mechanism (flashnum.figures.quoting).
+"""What README.md and docs/*.md quote or show, checked by one mechanism (flashnum.figures.quoting).
 
     QUOTED      name -> Quantity: every named number and fact (QUANTITIES, shared with the
-                paper) and every passage (the documents' tables and sentences with
-                several numbers, rebuilt from the stored tables with the document's digits)
-    DOCUMENTS   the Markdown files that quote them (README.md, docs/*.md)
+                paper) and every passage (a document's sentences with several numbers)
     TABLES      name -> F -> DataFrame: the documents' tables, generated whole into the
-                marked blocks <!-- table:Name --> ... <!-- /table -->
+                marked blocks <!-- table:Name --> ... <!-- /table --> (most of them views
+                of one stored table, flashnum.figures.docs.views)
     misquoted(F)  every marked place that does not say its quantity now, every stale table
     write_tables(F)  rewrite every marked table from the store (python -m flashnum.figures)
 
-A document carries a quantity's rendered text followed by <!--q:Name-->; a passage's
-fragments each carry its marker. tests/test_quoted.py recomputes them from the stored
-tables and checks every marked place. A new quoted number goes into QUANTITIES
-(flashnum.figures.quantities); a new passage into the module here named for its topic.
+A document carries a quantity's rendered text followed by <!--q:Name-->; tests/test_quoted.py
+recomputes every quantity and table from the stored tables and checks every marked place.
+A new quoted number goes into QUANTITIES (flashnum.figures.quantities); a new table or
+passage into the module here named for its topic.
 """
 
 from __future__ import annotations
