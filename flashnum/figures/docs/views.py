@@ -27,7 +27,7 @@ def cell(x, digits: int = 3) -> str:
     """A stored value as a table block prints it: numbers to `digits` significant digits."""
     if isinstance(x, bool) or not isinstance(x, float):
         return str(x)
-    return f"{x:.{digits}g}"
+    return "-" if x != x else f"{x:.{digits}g}"  # NaN: no value (none published, say)
 
 
 def aggregates(digits: int) -> dict:
