@@ -170,3 +170,28 @@ def test_a_marker_in_code_is_an_example_not_a_quote():
     # the text before a marker is read as Markdown renders it: other markers and line
     # breaks are not there
     assert quotes("a 1<!--q:A-->\nb  2<!--q:B-->") == [("A", "a 1"), ("B", "a 1 b 2")]
+
+
+def test_a_view_shows_the_stored_rows_ranges_and_expressions(tmp_path):
+    """flashnum.figures.docs.views: the rows `where` keeps, a group's range, an expression
+    column, a missing value, and a `never` query that selects a row; the expected cells are
+    written out here (the oracle)."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from flashnum.figures.docs.views import view
+    from flashnum.figures.quoting import Contradicted
+
+    (tmp_path / "demo").mkdir()
+    pd.DataFrame({"g": ["x", "x", "y", "z"], "a": [1.0, 2.0, 3.0, -1.0],
+                  "b": [0.5, 0.25, float("nan"), 4.0]}).to_parquet(
+        tmp_path / "demo" / "results.parquet")
+    F = SimpleNamespace(experiments=str(tmp_path))
+    got = view("demo", "a > 0", ["a", "a / b"], by=["g"])(F)
+    assert got.values.tolist() == [["x", "1-2", "2-8"], ["y", "3", "-"]]
+    assert view("demo", "g == 'z'", ["g", "b"])(F).values.tolist() == [["z", "4"]]
+    med = view("demo", "g == 'x'", ["a"], by=["g"], agg="median (span)")(F)
+    assert med.values.tolist() == [["x", "1.5 (1-2)"]]
+    with pytest.raises(Contradicted, match="every a is positive"):
+        view("demo", "", ["a"], never={"a <= 0": "every a is positive"})(F)
