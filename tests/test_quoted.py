@@ -6,7 +6,9 @@ same quantity as the macro \\FaThreeProtocolRatio of numbers.tex. A yes/no fact 
 as the words of its answer; a passage (a table, a sentence with several numbers:
 flashnum.figures.docs) as each of its fragments, each followed by its marker. Here every
 quantity is recomputed from the stored tables and bench results, and every marked place
-must say it, every passage fragment be marked somewhere.
+must say it, every passage fragment be marked somewhere. A table is generated whole from
+the store between <!-- table:Name --> and <!-- /table --> (flashnum.figures.docs.TABLES):
+each block must be what the store gives now, byte for byte.
 """
 
 from pathlib import Path
@@ -14,10 +16,19 @@ from pathlib import Path
 import pytest
 
 from flashnum.figures.context import Figures
-from flashnum.figures.docs import QUOTED, documents, misquoted
+from flashnum.figures.docs import QUOTED, TABLES, documents, misquoted, write_tables
 from flashnum.figures.numbers import FACTS, NUMBERS
 from flashnum.figures.quantities import QUANTITIES
-from flashnum.figures.quoting import Fact, Passage, quoted_as, quotes, require, sci
+from flashnum.figures.quoting import (
+    Fact,
+    Passage,
+    markdown,
+    quoted_as,
+    quotes,
+    require,
+    sci,
+    tables,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = documents(ROOT)
@@ -40,6 +51,45 @@ def test_every_quantity_is_quoted_and_computable(F):
         macro = f"\\if{name}" if q.fact else f"\\{name}"  # a yes/no: the paper branches on it
         assert name in marked or (q.paper and macro in paper), f"{name} is quoted nowhere"
         assert q.value(F) is not None, f"{name}: its table or bench result is missing"
+
+
+def test_every_table_is_in_a_document_and_computable(F):
+    blocks = [name for path in DOCS for name, _ in tables(path.read_text())]
+    assert sorted(set(blocks)) == sorted(TABLES), "a table no document shows, or an unknown one"
+    assert len(blocks) == len(set(blocks)), "a table shown twice"
+    for name, fn in TABLES.items():
+        assert len(fn(F)) > 0, f"{name}: its table has no rows"
+
+
+def test_a_stale_table_is_reported_with_its_name_and_file_and_rewritten(F, tmp_path,
+                                                                         monkeypatch):
+    import pandas as pd
+
+    import flashnum.figures.docs as docs
+
+    monkeypatch.setitem(docs.TABLES, "Demo", lambda F: pd.DataFrame({"a": ["x"], "b": [1.5]}))
+    want = "| a | b |\n|---|---|\n| x | 1.5 |\n"  # written out here: the oracle
+    good = tmp_path / "good.md"
+    good.write_text(f"before\n<!-- table:Demo -->\n{want}<!-- /table -->\nafter\n")
+    assert misquoted(F, [good]) == [] and write_tables(F, [good]) == []
+    bad = tmp_path / "bad.md"
+    bad.write_text("<!-- table:Demo -->\n| a | b |\n|---|---|\n| x | 1.6 |\n<!-- /table -->\n"
+                   "<!-- table:NoSuchTable -->\n<!-- /table -->\n")
+    said = misquoted(F, [bad])
+    assert said == [f"{bad}: table Demo differs from what the store gives (python -m "
+                    "flashnum.figures rewrites it)",
+                    f"{bad}: unknown table 'NoSuchTable' (declare it in TABLES)"]
+    assert write_tables(F, [bad]) == [bad]
+    assert bad.read_text().startswith(f"<!-- table:Demo -->\n{want}<!-- /table -->\n")
+    assert misquoted(F, [bad]) == said[1:]
+
+
+def test_the_renderer_writes_a_header_a_rule_and_one_line_per_row():
+    import pandas as pd
+
+    df = pd.DataFrame({"N": [256, 512], "share": ["99.5%", "a|b"]})
+    # a "|" in a cell would end the cell: written "/"
+    assert markdown(df) == "| N | share |\n|---|---|\n| 256 | 99.5% |\n| 512 | a/b |\n"
 
 
 def test_the_papers_quantities_have_a_macro_and_only_they():
@@ -120,3 +170,28 @@ def test_a_marker_in_code_is_an_example_not_a_quote():
     # the text before a marker is read as Markdown renders it: other markers and line
     # breaks are not there
     assert quotes("a 1<!--q:A-->\nb  2<!--q:B-->") == [("A", "a 1"), ("B", "a 1 b 2")]
+
+
+def test_a_view_shows_the_stored_rows_ranges_and_expressions(tmp_path):
+    """flashnum.figures.docs.views: the rows `where` keeps, a group's range, an expression
+    column, a missing value, and a `never` query that selects a row; the expected cells are
+    written out here (the oracle)."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from flashnum.figures.docs.views import view
+    from flashnum.figures.quoting import Contradicted
+
+    (tmp_path / "demo").mkdir()
+    pd.DataFrame({"g": ["x", "x", "y", "z"], "a": [1.0, 2.0, 3.0, -1.0],
+                  "b": [0.5, 0.25, float("nan"), 4.0]}).to_parquet(
+        tmp_path / "demo" / "results.parquet")
+    F = SimpleNamespace(experiments=str(tmp_path))
+    got = view("demo", "a > 0", ["a", "a / b"], by=["g"])(F)
+    assert got.values.tolist() == [["x", "1-2", "2-8"], ["y", "3", "-"]]
+    assert view("demo", "g == 'z'", ["g", "b"])(F).values.tolist() == [["z", "4"]]
+    med = view("demo", "g == 'x'", ["a"], by=["g"], agg="median (span)")(F)
+    assert med.values.tolist() == [["x", "1.5 (1-2)"]]
+    with pytest.raises(Contradicted, match="every a is positive"):
+        view("demo", "", ["a"], never={"a <= 0": "every a is positive"})(F)

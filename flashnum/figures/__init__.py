@@ -4,6 +4,8 @@
     make -C paper figures
 
 Reads experiments/<name>/ through flashnum.harness.store.load and never reruns a case.
+Rewrites the marked tables of README.md and docs/*.md beside the store (flashnum.figures.docs
+TABLES: each block <!-- table:Name --> ... <!-- /table --> generated whole from the store).
 Writes into --out (default paper/figures/):
 
     <figure>.pdf, <figure>.png   the plot (matplotlib, Agg)
@@ -152,9 +154,15 @@ class Args:
 
 
 def _run(a) -> int:
+    # imported here, not above: its modules import figure modules, which would change the
+    # registry's order
+    from flashnum.figures import docs
+
     root = a.store.root if a.store.root != StoreConf.root else None
     F = generate(root, a.out or None)
     print(f"wrote {len(F.made)} figures/tables and numbers.tex to {F.out}")
+    for path in docs.write_tables(F):
+        print(f"  rewrote      the tables of {path}")
     for stem in F.made:
         print(f"  made         {stem}")
     for stem, exp in F.placeholders:

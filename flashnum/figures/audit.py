@@ -100,10 +100,10 @@ def qiu_yao_clamp(F: Figures) -> None:
 
 # -- experiments/kernel_table ------------------------------------------------------------
 
-_FWD_COLS = ["kernel", "dtype", "cases kept", "rules broken", "worst err / bound",
+FWD_COLS = ["kernel", "dtype", "cases kept", "rules broken", "worst err / bound",
              "err / standard", "model", "bitwise", "within 1 ulp", "closest other",
              "ms per call"]
-_GRAD_COLS = ["kernel", "dtype", "worst grad err / bound", "grad err / standard",
+GRAD_COLS = ["kernel", "dtype", "worst grad err / bound", "grad err / standard",
               "gradient model", "bitwise", "within 1 ulp", "closest (dQ / dK / dV bitwise)",
               "ms fwd+bwd"]
 
@@ -159,7 +159,7 @@ def kernel_table_rows(df: pd.DataFrame) -> list[list[str]]:
         if r.status != "ran":
             if not str(r.status).startswith("needs a GPU"):
                 rows.append([r.target, r.precision, str(r.status).split(":")[0]]
-                            + ["--"] * (len(_FWD_COLS) - 3))
+                            + ["--"] * (len(FWD_COLS) - 3))
             continue
         broken = ", ".join(f"{c[len('broken_'):]} {int(r[c])}" for c in r.index
                            if c.startswith("broken_") and r[c] > 0) or "none"
@@ -171,7 +171,7 @@ def kernel_table_rows(df: pd.DataFrame) -> list[list[str]]:
     for t in TARGETS.values():
         if t.gpu_only:
             rows.append([t.name, "--", "needs a GPU", t.what, t.install]
-                        + ["--"] * (len(_FWD_COLS) - 5))
+                        + ["--"] * (len(FWD_COLS) - 5))
     return rows
 
 
@@ -189,22 +189,6 @@ def kernel_grad_rows(df: pd.DataFrame) -> list[list[str]]:
     return rows
 
 
-def _markdown(cols: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def kernel_table_markdown(df: pd.DataFrame) -> str:
-    """The forward table as README and docs/audit.md quote it (flashnum.figures.docs)."""
-    return _markdown(_FWD_COLS, kernel_table_rows(df))
-
-
-def kernel_grad_markdown(df: pd.DataFrame) -> str:
-    """The gradient table as docs/audit.md quotes it (flashnum.figures.docs)."""
-    return _markdown(_GRAD_COLS, kernel_grad_rows(df))
-
-
 @figure("kernel_table")
 def tab_kernel_table(F: Figures) -> None:
     df = F.table("kernel_table")
@@ -212,9 +196,9 @@ def tab_kernel_table(F: Figures) -> None:
         F.placeholder("tab_kernel_table_grad", "kernel_table")
         return F.placeholder("tab_kernel_table", "kernel_table")
     rows = [[tex_word(c) for c in row] for row in kernel_table_rows(df)]
-    F.write_table("tab_kernel_table", tabular(_FWD_COLS, rows, "llllrrlrrlr"))
+    F.write_table("tab_kernel_table", tabular(FWD_COLS, rows, "llllrrlrrlr"))
     grows = [[tex_word(c) for c in row] for row in kernel_grad_rows(df)]
-    F.write_table("tab_kernel_table_grad", tabular(_GRAD_COLS, grows, "llrrlrrlr"))
+    F.write_table("tab_kernel_table_grad", tabular(GRAD_COLS, grows, "llrrlrrlr"))
     ran = _ran(df)
     counts = kernel_counts(df)
     F.num("KernelTableKernels", str(counts["kernels"]))

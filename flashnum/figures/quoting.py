@@ -4,6 +4,8 @@
     words("held", "failed")          md of a yes/no fact: the words each answer reads as
     require(cond, "what the text says")  inside a value: the text's claim in words holds
     quotes(text), quoted_as(before, rendered), misquoted(F, paths, registry)
+    markdown(df)                     the one table renderer: DataFrame -> Markdown rows
+    tables(text), stale(F, paths, TABLES), write_tables(F, paths, TABLES)   marked tables
 
 A quantity is a number (rendered with the digits its sentence wants), a yes/no fact (the
 paper branches on it, \\ifName; a document writes the chosen words), or a passage: the
@@ -14,6 +16,11 @@ as a command's output: the marker on the line after the block); misquoted recomp
 quantity and reports
 every marked place that does not say it, and every passage fragment no marker follows.
 The registry itself is flashnum.figures.quantities.QUANTITIES.
+
+A table is generated whole: a function F -> DataFrame (its cells as the document prints
+them, its columns the header) rendered by markdown() between the invisible lines
+<!-- table:Name --> and <!-- /table -->. `python -m flashnum.figures` rewrites each block
+from the store; stale() reports every block that differs from what the store gives now.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import pandas as pd
 
 from flashnum.figures.tex import tex_num
 
@@ -212,3 +221,60 @@ def misquoted(F, paths, registry: dict) -> list[str]:
     for name, (path, left) in unmatched.items():
         bad += [f"{path}: {name} says {f!r}, and no marked place does" for f in sorted(left)]
     return bad
+
+
+TABLE = re.compile(r"(<!-- table:(\w+) -->\n)(.*?)(<!-- /table -->)", re.S)
+
+
+def markdown(df: pd.DataFrame) -> str:
+    """The documents' one table renderer: the header from df's columns, one row per row,
+    each cell as str() writes it (a table function formats its cells as the text reads)."""
+    # a bare "|" inside a cell would end it: written "/" (an escaped "\\|" stays a "|")
+    cells = lambda row: "| " + " | ".join(re.sub(r"(?<!\\)\|", "/", str(c)) for c in row) + " |\n"  # noqa: E501,E731
+    return (cells(df.columns) + "|" + "---|" * len(df.columns) + "\n"
+            + "".join(cells(r) for r in df.itertuples(index=False)))
+
+
+def tables(text: str) -> list[tuple[str, str]]:
+    """(name, content) of each marked table block of a Markdown text."""
+    return [(m[2], m[3]) for m in TABLE.finditer(text)]
+
+
+def _rendered(F, name: str, registry: dict) -> tuple[str | None, str | None]:
+    """(the block's Markdown, None) or (None, why it cannot be made)."""
+    if name not in registry:
+        return None, f"unknown table {name!r} (declare it in TABLES)"
+    try:
+        return markdown(registry[name](F)), None
+    except Contradicted as e:
+        return None, f"table {name}: the stored tables no longer say: {e}"
+    except FileNotFoundError as e:
+        return None, f"table {name}: its source is missing: {e.filename}"
+
+
+def stale(F, paths, registry: dict) -> list[str]:
+    """Every marked table in `paths` that is not what the store gives now, one line each
+    (path, name, why): `python -m flashnum.figures` rewrites a stale one."""
+    bad = []
+    for path in paths:
+        for name, content in tables(Path(path).read_text()):
+            want, why = _rendered(F, name, registry)
+            if why is not None:
+                bad.append(f"{path}: {why}")
+            elif content != want:
+                bad.append(f"{path}: table {name} differs from what the store gives "
+                           "(python -m flashnum.figures rewrites it)")
+    return bad
+
+
+def write_tables(F, paths, registry: dict) -> list[Path]:
+    """Rewrite each marked table of `paths` from the store; the files that changed. A block
+    that cannot be made is left as it is (stale() reports it)."""
+    changed = []
+    for path in map(Path, paths):
+        text = path.read_text()
+        new = TABLE.sub(lambda m: m[1] + (_rendered(F, m[2], registry)[0] or m[3]) + m[4], text)
+        if new != text:
+            path.write_text(new)
+            changed.append(path)
+    return changed

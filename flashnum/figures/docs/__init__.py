@@ -1,15 +1,17 @@
-"""What README.md and docs/*.md quote, checked by one mechanism (flashnum.figures.quoting).
+"""What README.md and docs/*.md quote or show, checked by one mechanism (flashnum.figures.quoting).
 
     QUOTED      name -> Quantity: every named number and fact (QUANTITIES, shared with the
-                paper) and every passage (the documents' tables and sentences with
-                several numbers, rebuilt from the stored tables with the document's digits)
-    DOCUMENTS   the Markdown files that quote them (README.md, docs/*.md)
-    misquoted(F)  every marked place that does not say its quantity now
+                paper) and every passage (a document's sentences with several numbers)
+    TABLES      name -> F -> DataFrame: the documents' tables, generated whole into the
+                marked blocks <!-- table:Name --> ... <!-- /table --> (most of them views
+                of one stored table, flashnum.figures.docs.views)
+    misquoted(F)  every marked place that does not say its quantity now, every stale table
+    write_tables(F)  rewrite every marked table from the store (python -m flashnum.figures)
 
-A document carries a quantity's rendered text followed by <!--q:Name-->; a passage's
-fragments each carry its marker. tests/test_quoted.py recomputes them from the stored
-tables and checks every marked place. A new quoted number goes into QUANTITIES
-(flashnum.figures.quantities); a new passage into the module here named for its topic.
+A document carries a quantity's rendered text followed by <!--q:Name-->; tests/test_quoted.py
+recomputes every quantity and table from the stored tables and checks every marked place.
+A new quoted number goes into QUANTITIES (flashnum.figures.quantities); a new table or
+passage into the module here named for its topic.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ PASSAGES = {**audit.PASSAGES, **backward.PASSAGES, **bounds.PASSAGES, **engine.P
             **experiments.PASSAGES, **formats.PASSAGES, **kernel.PASSAGES,
             **reproductions.PASSAGES, **trained.PASSAGES}
 QUOTED = {**QUANTITIES, **PASSAGES}
+TABLES = {**audit.TABLES, **backward.TABLES, **bounds.TABLES, **experiments.TABLES,
+          **formats.TABLES, **kernel.TABLES, **reproductions.TABLES, **trained.TABLES}
 
 
 def documents(root: Path) -> list[Path]:
@@ -45,4 +49,11 @@ def misquoted(F, paths=None) -> list[str]:
     """Every marked place in `paths` (default: every document) that does not say its
     quantity now, one line each."""
     paths = documents(Path(F.experiments).parent) if paths is None else paths
-    return quoting.misquoted(F, paths, QUOTED)
+    return quoting.misquoted(F, paths, QUOTED) + quoting.stale(F, paths, TABLES)
+
+
+def write_tables(F, paths=None) -> list[Path]:
+    """Rewrite every marked table in `paths` (default: every document beside the store that
+    exists) from the store; the files that changed."""
+    paths = documents(Path(F.experiments).parent) if paths is None else paths
+    return quoting.write_tables(F, [p for p in paths if Path(p).is_file()], TABLES)

@@ -1,6 +1,7 @@
-"""What docs/backward.md quotes about the backward pass: its tables and findings as passages
-rebuilt from experiments/bwd_bf16_sweep, bwd_order, bwd_delta_site and bwd_seqlen_growth,
-and the backward's benchmark (bench/results/backward.json, python bench/bench_backward.py).
+"""What docs/backward.md shows of the backward pass: its tables, generated from
+experiments/bwd_bf16_sweep, bwd_order, bwd_delta_site and bwd_seqlen_growth (TABLES, the
+claims of its findings checked where they are made), and the backward's benchmark
+(bench/results/backward.json, python bench/bench_backward.py).
 """
 
 from __future__ import annotations
@@ -8,163 +9,83 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from flashnum.figures.docs.digits import g2, sci
 from flashnum.figures.docs.sources import bench, table
+from flashnum.figures.docs.views import view
 from flashnum.figures.quoting import Passage, require
 
 GRADS = ("dq", "dk", "dv")
 
 
-def bwd_sweep_docs(F):
+def bwd_sweep_table(F) -> pd.DataFrame:
+    """bwd_bf16_sweep per slice, policy and forward: flash-attn's rule kept (share of cases),
+    the median relative error and the largest error over the bound, per gradient."""
     t = table(F, "bwd_bf16_sweep")
-    require(int(t.ref_uncertain.sum()) == 0,
-            "the certified reference was certain in every case")
-    g3 = lambda x: f"{x:.2g}"  # noqa: E731
-
-    def row(label, grp, with_bound=True):
-        held = all(bool(grp[f"held_{g}"].all()) for g in GRADS)
-        rule = [int(grp[f"rule_{g}"].astype(bool).sum()) for g in GRADS]
-        rel = ", ".join(g3((grp[f"err_{g}"] / grp[f"ref_{g}"]).median()) for g in GRADS)
-        bnd = ", ".join(g3((grp[f"err_{g}"] / grp[f"bound_{g}"]).max()) for g in GRADS)
-        n = len(grp)
-        rules = " / ".join(map(str, rule)) + (f" of {n}" if label.startswith("flash") else "")
-        return (f"| {label} | {n} | {'all' if held else 'not all'} | {rules} | {rel} | "
-                + (f"{bnd} |" if with_bound else "|"))
-
+    require(int(t.ref_uncertain.sum()) == 0, "the certified reference was certain in every case")
     fl = t[t.slice == "flash"]
-    qy = t[t.slice == "qiu_yao"]
-    out = [f"`bwd_bf16_sweep` (`conf/experiment/bwd_bf16_sweep.yaml`, {len(t)} cases",
-           row("flash, fa2", fl[fl.policy == "fa2"]), row("flash, lowp", fl[fl.policy == "lowp"]),
-           row("naive", t[t.slice == "naive"]),
-           row("qiu_yao slice, fa2 forward", qy[qy.forward_variant == "fa2"], False),
-           row("qiu_yao slice, qiu_yao forward", qy[qy.forward_variant == "qiu_yao"], False)]
-    fa = fl[fl.policy == "fa2"]
-    ok = fa.rule_dq.astype(bool) & fa.rule_dk.astype(bool) & fa.rule_dv.astype(bool)
-    share = ok.groupby(fa.distribution).mean()
-    require(share["gaussian"] == 1 and share["late_max"] == 1,
-            "every fa2 case on gaussian and late_max keeps the rule")
-    lp = fl[fl.policy == "lowp"]
+    fa, lp = fl[fl.policy == "fa2"], fl[fl.policy == "lowp"]
     worse = [(lp[f"err_{g}"] / lp[f"ref_{g}"]).median() / (fa[f"err_{g}"] / fa[f"ref_{g}"]).median()
              for g in GRADS]
-    require(4 <= min(worse) and max(worse) < 5,
-            "lowp's median errors are 4-5x fa2's")
-    med = qy.groupby("forward_variant").err_dq.median()
-    ds = t.groupby("policy").ds_rowsum.median()
-    held = all(bool(t[f"held_{g}"].all()) for g in GRADS)
-    d = {v: dict(zip(g.grad, g.err, strict=True))
-         for v, g in table(F, "bwd_delta_site").groupby("variant")}
-    return out + [
-        f"The a-priori bound held for every entry of every gradient in all {len(t)} cases"
-        if held else "a bound failed",
-        f"(err / bound up to {(fa.err_dv / fa.bound_dv).max():.2f} for fa2's dV",
-        f"in {int(ok.sum())} of {len(fa)} cases; every miss is on sink "
-        f"({100 * share['sink']:.0f}% of its cases pass), ties ({100 * share['ties']:.0f}%) or "
-        f"fa3_outliers ({100 * share['fa3_outliers']:.0f}%)",
-        f"the fa2 dQ error is {d['fa2']['dq']:.2g} against torch's "
-        f"{d['torch bf16 autograd']['dq']:.2g}, and {d['O stored in fp32']['dq']:.2g} with O kept "
-        f"in fp32",
-        f"moves the backward's median errors by about "
-        f"{100 * abs(med['qiu_yao'] / med['fa2'] - 1):.0f}% on tied maxima",
-        f"median err dQ {g2(med['qiu_yao'])} vs {g2(med['fa2'])} with the fa2 forward",
-        f"{ds['fa2']:.3g} (fa2), {ds['lowp']:.3g} (lowp), {ds['naive']:.2g} (naive)"]
+    require(4 <= min(worse) and max(worse) < 5, "lowp's median errors are 4-5x fa2's")
+    cols = {"case_id": "count"} | {f"rule_{g}": "mean" for g in GRADS} | {
+        f"err_{g} / ref_{g}": "median" for g in GRADS} | {f"err_{g} / bound_{g}": "max"
+                                                           for g in GRADS}
+    return view("bwd_bf16_sweep", "", list(cols), by=["slice", "policy", "forward_variant"],
+                agg=cols, digits=2)(F)
 
 
-def bwd_order_docs(F):
-    o = table(F, "bwd_order")
-    b = o[o.precision == "bf16"]
-    sink, gauss = b[b.distribution == "sink"], o[o.distribution == "gaussian"]
-    spread = (o.dq_spread / o.err_dq).groupby(o.precision).max()
-    held = all(bool(o[f"held_{g}"].all()) for g in GRADS)
-    return [f"(bwd_order: up to {sink.err_dk.max():.0f} for fa2, {sink.torch_err_dk.max():.0f} for "
-            f"torch, against ~{gauss.torch_err_dk.median():.1g} on gaussian)",
-            f"({len(o)} cases): the dQ accumulation order did not change dQ at all in "
-            f"{100 * (o.dq_spread == 0).mean():.0f}% of the cases",
-            f"the largest spread over the 6 orders was {spread['bf16']:.2f}x dQ's error in bf16 "
-            f"({spread['fp16']:.2f}x in fp16)",
-            "Every bound held." if held else "a bound failed"]
-
-
-def bwd_growth_docs(F):
+def growth_pairs(F) -> pd.DataFrame:
+    """bwd_seqlen_growth's bound per (row, gradient), its verdict checked against the stored
+    maxima: held on a finite bound means err <= bound."""
     t = table(F, "bwd_seqlen_growth")
-    fit = lambda s, y: np.polyfit(np.log(s.seq_len.to_numpy(float)), np.log(y), 1)[0]  # noqa: E731
-    r64 = max((t[f"ref64_err_{g}"] / t[f"ref_{g}"]).max() for g in GRADS)
-    r64e = max((t[f"ref64_err_{g}"] / t[f"err_{g}"]).max() for g in GRADS)
-    # the bound per (row, gradient), counted honestly: finite and held, exceeded, vacuous
     pairs = pd.concat([pd.DataFrame({"precision": t.precision, "policy": t.policy,
                                      "distribution": t.distribution, "seq_len": t.seq_len,
                                      "grad": g, "bound": t[f"bound_{g}"], "err": t[f"err_{g}"],
                                      "held": t[f"held_{g}"].astype(bool)}) for g in GRADS])
-    require(pairs.bound.notna().all(),
-            "every row has its bound")
+    require(pairs.bound.notna().all(), "every row has its bound")
     fin = np.isfinite(pairs.bound)
-    # held on a finite bound: recomputed here from the stored maxima, not only the flag
     require(((pairs.err <= pairs.bound) == pairs.held)[fin].all(),
             "held on a finite bound agrees with the stored maxima")
-    vac = pairs[~fin]
-    where = "; ".join(f"{prec} {pol} on {dist} from N = {grp.seq_len.min()} ("
-                      f"{'/'.join(sorted(set(grp.grad), key=GRADS.index))})"
-                      for (prec, pol, dist), grp in vac.groupby(["precision", "policy",
-                                                                  "distribution"]))
-    over = pairs[~np.isfinite(pairs.err)]
-    over_where = "; ".join(f"{prec} {pol} {g} on {dist} at N = "
-                           f"{', '.join(str(n) for n in sorted(set(grp.seq_len)))}"
-                           for (prec, pol, g, dist), grp in over.groupby(
-                               ["precision", "policy", "grad", "distribution"]))
-    fa = t[t.policy == "fa2"]
-    ok = fa.rule_dq.astype(bool) & fa.rule_dk.astype(bool) & fa.rule_dv.astype(bool)
-    sel = lambda p, d, prec="bf16": t[(t.policy == p) & (t.distribution == d)  # noqa: E731
-                                     & (t.precision == prec)]
-    fg = sel("fa2", "gaussian")
-    rel = (fg.err_dq / fg.ref_dq).groupby(fg.seq_len).median()
-    absa = np.mean([np.median([fit(s, s[f"err_{g}"]) for _, s in fg.groupby("seed")])
-                    for g in GRADS])
-    lo = sel("lowp", "fa3_outliers")
-    lrel = (lo.err_dq / lo.ref_dq).groupby(lo.seq_len).median()
-    spreads = []
-    for _, grp in t.groupby(["policy", "precision", "distribution"]):
-        for g in GRADS:
-            a = [fit(s[np.isfinite(s[f"err_{g}"])], (s[f"err_{g}"] / s[f"ref_{g}"])[
-                np.isfinite(s[f"err_{g}"])]) for _, s in grp.groupby("seed")]
-            spreads.append(max(a) - min(a))
-    return [f"{len(t)} cases: Nq = Nk = N from {t.seq_len.min()} to {t.seq_len.max()}",
-            f"at most {sci(r64)} of max|g| and {r64e:.0g} of the error measured",
-            f"Of the {len(pairs)} (case, gradient) pairs the bound was finite and held for "
-            f"every entry in {int((fin & pairs.held).sum())}, finite and exceeded in "
-            f"{int((fin & ~pairs.held).sum())}, and vacuous (infinite somewhere) in {len(vac)}: "
-            f"{where}.",
-            f"The computed gradient overflowed (an inf or NaN entry) in {len(over)} pairs: "
-            f"{over_where}.",
-            f"in {int(ok.sum())} of {len(fa)} cases",
-            f"fall as about N^{absa:.2f}",
-            f"(dQ on gaussian: {g2(rel[rel.index.min()])} of max|dQ| at N = {rel.index.min()}, "
-            f"{g2(rel[rel.index.max()])} at {rel.index.max()})",
-            f"its dQ error reaches {lrel[8192]:.2f} of max|dQ| at N = 8192",
-            f"The seed-to-seed spread of alpha is {min(spreads):.2f}-{max(spreads):.2f} (median "
-            f"{np.median(spreads):.2f})"]
+    return pairs
 
 
-def bwd_growth_table(F):
-    """The rows of docs/backward.md's growth tables: alpha of max|g^ - g| / max|g| ~ N^alpha
+def bwd_growth_bound(F) -> pd.DataFrame:
+    """The (precision, policy, distribution, gradient) groups whose bound is vacuous
+    (infinite) somewhere, and where the computed gradient overflowed (an inf or NaN)."""
+    rows = []
+    for key, g in growth_pairs(F).groupby(["precision", "policy", "distribution", "grad"]):
+        vac, over = g[~np.isfinite(g.bound)], g[~np.isfinite(g.err)]
+        if len(vac) or len(over):
+            rows.append([*key, len(vac), vac.seq_len.min() if len(vac) else "-",
+                         ", ".join(map(str, sorted(set(over.seq_len)))) or "-"])
+    t, p = table(F, "bwd_seqlen_growth"), growth_pairs(F)
+    require(not (np.isfinite(p.bound) & ~p.held).any(), "no finite bound was exceeded")
+    require(t[t.policy == "fa2"][[f"rule_{g}" for g in GRADS]].astype(bool).all().all(),
+            "fa2 met flash-attn's rule in every case")
+    require({tuple(r[:4]) for r in rows if r[6] != "-"} == {("fp16", "lowp", "late_max", "dk")},
+            "the computed gradient overflowed only in fp16 lowp's dK on late_max")
+    return pd.DataFrame(rows, columns=["precision", "policy", "distribution", "gradient",
+                                       "vacuous pairs", "vacuous from N", "overflowed at N"])
+
+
+def bwd_growth_table(F, precision: str) -> pd.DataFrame:
+    """docs/backward.md's growth table of one dtype: alpha of max|g^ - g| / max|g| ~ N^alpha
     fitted here by least squares in log-log per seed, median [min, max] over the seeds."""
     t = table(F, "bwd_seqlen_growth")
     rows = []
-    for prec in ("bf16", "fp16"):
-        for pol in ("fa2", "naive", "lowp"):
-            for dist in ("gaussian", "late_max", "fa3_outliers"):
-                grp = t[(t.precision == prec) & (t.policy == pol) & (t.distribution == dist)]
-                cells = []
-                for g in GRADS:
-                    a = []
-                    for _, s in grp.groupby("seed"):
-                        # an exact gradient has no log; an overflowed one (inf) no error
-                        s = s[(s[f"err_{g}"] > 0) & np.isfinite(s[f"err_{g}"])]
-                        rel = (s[f"err_{g}"] / s[f"ref_{g}"]).to_numpy(float)
-                        a.append(np.polyfit(np.log(s.seq_len.to_numpy(float)), np.log(rel), 1)[0])
-                    cells.append(f"{np.median(a):.2f} [{min(a):.2f}, {max(a):.2f}]")
-                rows.append(f"| {pol} | {dist} | {grp.seq_len.min()}-{grp.seq_len.max()} | "
-                            + " | ".join(cells) + " |")
-    return rows
-
+    for pol in ("fa2", "naive", "lowp"):
+        for dist in ("gaussian", "late_max", "fa3_outliers"):
+            grp = t[(t.precision == precision) & (t.policy == pol) & (t.distribution == dist)]
+            cells = []
+            for g in GRADS:
+                a = []
+                for _, s in grp.groupby("seed"):
+                    # an exact gradient has no log; an overflowed one (inf) no error
+                    s = s[(s[f"err_{g}"] > 0) & np.isfinite(s[f"err_{g}"])]
+                    rel = (s[f"err_{g}"] / s[f"ref_{g}"]).to_numpy(float)
+                    a.append(np.polyfit(np.log(s.seq_len.to_numpy(float)), np.log(rel), 1)[0])
+                cells.append(f"{np.median(a):.2f} [{min(a):.2f}, {max(a):.2f}]")
+            rows.append([pol, dist, f"{grp.seq_len.min()}-{grp.seq_len.max()}", *cells])
+    return pd.DataFrame(rows, columns=["policy", "distribution", "N", "dQ", "dK", "dV"])
 
 
 def bwd_bench_docs(F):
@@ -184,13 +105,25 @@ def bwd_bench_docs(F):
             f"| {c['wall_s']:.1f} s wall ({c['cpu_s']:.1f} s CPU); 128 bits sufficed"]
 
 
-PASSAGES = {
-    "BwdSweep": Passage("docs/backward.md: bwd_bf16_sweep's table and findings, "
-                        "bwd_delta_site's dQ errors", bwd_sweep_docs),
-    "BwdOrder": Passage("docs/backward.md: bwd_order", bwd_order_docs),
-    "BwdGrowth": Passage("docs/backward.md: bwd_seqlen_growth's findings", bwd_growth_docs),
-    "BwdBench": Passage("docs/backward.md: the backward's speed, memory and certified "
-                        "reference (bench/results/backward.json)", bwd_bench_docs),
-    "BwdGrowthTable": Passage("docs/backward.md: bwd_seqlen_growth's fitted exponents, median "
-                              "[min, max] over the seeds", bwd_growth_table),
-}
+ALL = "held_dq and held_dk and held_dv"
+FA2_RULE = "slice == 'flash' and policy == 'fa2'"
+TABLES = {"BwdSweepRule": view("bwd_bf16_sweep", FA2_RULE, [f"rule_{g}" for g in GRADS],
+                               by=["distribution"], agg="mean", never={
+              f"{FA2_RULE} and distribution in ['gaussian', 'late_max'] and not (rule_dq and "
+              "rule_dk and rule_dv)": "every fa2 case on gaussian and late_max keeps the rule",
+              f"not ({ALL})": "the a-priori bound held for every entry of every case"}),
+          "BwdDeltaSite": view("bwd_delta_site", "grad == 'dq'", ["variant", "err"]),
+          "BwdQiuYao": view("bwd_bf16_sweep", "slice == 'qiu_yao'", ["err_dq"],
+                            by=["forward_variant"], agg="median"),
+          "BwdDsRowsum": view("bwd_bf16_sweep", "", ["ds_rowsum"], by=["policy"], agg="median"),
+          "BwdOrder": view("bwd_order", "", ["err_dq", "dq_spread", "err_dk", "torch_err_dk"],
+                           by=["distribution", "precision"], agg="max", never={
+              "dq_spread > 2 * err_dq": "the spread is at most of the order of the error",
+              f"not ({ALL})": "every bound held"}),
+          "BwdSweep": bwd_sweep_table, "BwdGrowthBound": bwd_growth_bound,
+          "BwdGrowthBf16": lambda F: bwd_growth_table(F, "bf16"),
+          "BwdGrowthFp16": lambda F: bwd_growth_table(F, "fp16")}
+
+PASSAGES = {"BwdBench": Passage("docs/backward.md: the backward's speed, memory and "
+                               "certified reference (bench/results/backward.json)",
+                               bwd_bench_docs)}

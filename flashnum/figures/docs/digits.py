@@ -16,12 +16,6 @@ def sci(x, digits=2):
     return quoting.sci(digits)(x)
 
 
-def tex_sci(x, digits=2):
-    """-2.6\\times10^{-4} style, as a document's LaTeX writes it."""
-    mant, exp = sci(x, digits).split("e")
-    return f"{mant}\\times10^{{{exp}}}"
-
-
 def thousands(n):
     """1,790 style."""
     return f"{n:,}"
@@ -35,21 +29,6 @@ def pct_floor(frac, digits=2):
     return f"{math.floor(frac * 100 * 10**digits) / 10**digits:.{digits}f}%"
 
 
-def pct_short(frac):
-    """95%, 5.9%, 0.06% style."""
-    x = 100 * frac
-    if x >= 10:
-        return f"{x:.0f}%"
-    if x >= 0.95:
-        return f"{x:.1f}%"
-    return f"{x:.1g}%"
-
-
-def ceil_to(x, digits):
-    """0.091 style for an 'at most' claim: rounded up, so the text never understates."""
-    return f"{math.ceil(x * 10**digits) / 10**digits:.{digits}f}"
-
-
 def signed(x):
     """+8.2e-5, -3.3e-4, +0.11, +1.00 style: signed mean errors."""
     s = f"{x:+.2f}" if abs(x) >= 0.095 else sci(x)
@@ -60,12 +39,6 @@ def zs(z, sign=True):
     """-8.8, +14, +0.28, +967 style: two significant digits, three from 100 on."""
     s = f"{z:.0f}" if abs(z) >= 100 else g2(z)
     return "+" + s if sign and z >= 0 else s
-
-
-def pm(x, se):
-    """2.53e-4 +- 0.20e-4 style: three digits, the error in the value's exponent."""
-    e = math.floor(math.log10(x))
-    return f"{x / 10**e:.2f}e{e} +- {se / 10**e:.2f}e{e}"
 
 
 def pct(frac, digits):

@@ -26,14 +26,9 @@ def table(F, name: str) -> pd.DataFrame:
     return pd.read_parquet(Path(F.experiments) / name / "results.parquet")
 
 
-def runs(F, name: str) -> list[dict]:
-    """Every run the experiment's manifest records, oldest first."""
-    return json.loads((Path(F.experiments) / name / "manifest.json").read_text())["runs"]
-
-
 def last_run(F, name: str) -> dict:
     """The manifest's record of the run that wrote the stored table last."""
-    return runs(F, name)[-1]
+    return json.loads((Path(F.experiments) / name / "manifest.json").read_text())["runs"][-1]
 
 
 def bench(F, name: str) -> dict:
