@@ -6,11 +6,17 @@ makes that model's error, and the case where the kernel is worst.
     d["closest"], d["shares"], d["site"], d["worst"]
 
 The closest model: every candidate the installed flashnum runs (flashnum.audit.models:
-each preset with its variants, torch_cpu, triton_tutorial) is run on every case the
-kernel answered, and the share of the kernel's values it equals bit for bit is counted
-(the output, and dQ, dK, dV in a gradient audit; `bitwise` pools every value of every
-case the model could take). The best candidate with a flash structure is then tried with
-the other key block sizes (models.BLOCK_NS). A share near 100% says what the kernel
+each preset with its variants, every kernel model of flashnum.models.MODELS) is run on
+every case the kernel answered, and the share of the kernel's values it equals bit for
+bit is counted (the output, and dQ, dK, dV in a gradient audit; `bitwise` pools every
+value of every case the model could take). The SCANNED flash candidates with the largest
+shares, and fa2 whatever its share, are then tried at every tiling of models.TILINGS:
+block sizes up to one block of the whole row, in forward order and in FlexAttention's
+(partial_first). Each model runs once per case and distinct values (Runs: candidates
+whose models.Candidate.bits_key agrees on a case share the run); `cost` counts the
+candidates, the model runs and the reused ones, and the seconds. A gradient audit whose
+kernel gave no gradient (it has no backward) compares the outputs alone, with every
+forward candidate (`forward_only`). A share near 100% says what the kernel
 computes; the sites of that model then say where its error comes from. Under REPRODUCES
 (99%) no model reproduces the kernel: the diagnosis says so (`reproduced` False), still
 names the closest with its share, and attributes no site to it (a site of a model that

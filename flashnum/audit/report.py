@@ -129,7 +129,7 @@ def _diagnosis_lines(d) -> list[str]:
         lines = first + [f"  diagnosis: no flashnum model reproduces the kernel (none equals "
                          f"it on {100 * REPRODUCES:.0f}% of the values); the closest, "
                          f"{best['model']}, equals it {share}; no site is attributed to it"]
-    others = [f"{r.model} {100 * r.bitwise:.1f}%" for r in shares.itertuples()
+    others = [f"{r.model} {100 * r.bitwise:.2f}%" for r in shares.itertuples()
               if r.model != best["model"] and r.bitwise == r.bitwise][:6]
     if others:
         lines.append("    next: " + ", ".join(others))
