@@ -182,3 +182,25 @@ def test_a_model_spec_names_a_tiling(spec, want):
 def test_a_bad_model_spec_names_the_valid_values(spec, match):
     with pytest.raises(ValueError, match=match):
         models.Candidate.of(spec)
+
+
+@pytest.mark.parametrize("policy,variant", [("fa2", "fa2"), ("fa2", "exp2"), ("fa2", "fa1"),
+                                            ("lowp", "fa2")])
+def test_candidates_with_one_bits_key_compute_the_same_values(policy, variant):
+    # the premise of running each model once per distinct values: run both and compare
+    g = torch.Generator().manual_seed(2)
+    pairs = [((256, 256, False), (128, "forward"), (128, "partial_first")),  # no cut tile
+             ((77, 77, True), (256, "forward"), (models.ROW, "forward")),    # both clamp to 77
+             ((77, 77, True), (128, "partial_first"), (models.ROW, "forward"))]
+    for (nq, nk, causal), a, b in pairs:
+        q, k, v = (torch.randn(1, 2, n, 64, generator=g, dtype=torch.float64)
+                   for n in (nq, nk, nk))
+        ca, cb = (models.Candidate(policy, variant, *t) for t in (a, b))
+        assert ca.bits_key(nq, nk, causal) == cb.bits_key(nq, nk, causal)
+        oa, ob = (models.forward(c, q, k, v, precision="bf16", causal=causal,
+                                 alignment="top_left") for c in (ca, cb))
+        assert torch.equal(oa, ob), (nq, nk, causal, a, b)
+    # and a tiling that changes the visiting order has a key of its own
+    c = models.Candidate(policy, variant, 128, "partial_first")
+    assert c.bits_key(300, 300, True) != models.Candidate(policy, variant, 128).bits_key(
+        300, 300, True)

@@ -3,7 +3,7 @@ makes that model's error, and the case where the kernel is worst.
 
     from flashnum.audit.diagnosis import diagnose, worst_case
     d = diagnose(kept, table, case_list, precision="bf16", alignment="top_left")
-    d["closest"], d["shares"], d["site"], d["worst"]
+    d["closest"], d["shares"], d["site"], d["worst"], d["cost"]
 
 The closest model: every candidate the installed flashnum runs (flashnum.audit.models:
 each preset with its variants, every kernel model of flashnum.models.MODELS) is run on
@@ -110,7 +110,7 @@ class Runs:
         cz = models._causal(c, case.causal, self.alignment, q.shape[-2], k.shape[-2])
         if cz is None:
             return None  # the model cannot take the kernel's mask
-        key = (c.bits_key(q.shape[-2], k.shape[-2], cz), case.id)
+        key = (c.bits_key(q.shape[-2], k.shape[-2], cz, self.backward), case.id)
         if key in self.counts:
             self.reused += 1
             return self.counts[key]

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flashnum.engine.call import Call
 from flashnum.engine.variants import FA2, variant_of
 from flashnum.models import MODELS
 from flashnum.numerics.policy import PRESETS
@@ -88,24 +89,27 @@ class Candidate:
             kw.update(order=self.order, block_m=kw["block_n"])
         return kw
 
-    def bits_key(self, nq: int, nk: int, causal) -> tuple:
+    def bits_key(self, nq: int, nk: int, causal, backward: bool = False) -> tuple:
         """What decides this candidate's values on a case of nq queries and nk keys under
         the engine's `causal` argument: two candidates with one key compute the same values
-        there. A block past the row is clamped to it (flashnum.numerics.tiling.clamp_block),
-        and an order that visits every query block's key blocks as forward does is forward
-        (each row's values depend only on the key blocks it visits, in their order)."""
+        there. Blocks past the data are clamped to it (flashnum.numerics.tiling.clamp_block);
+        in the forward each row's values depend only on the key blocks it visits, in their
+        order, so the query block counts only through the order, and an order that visits
+        as forward does is forward. The backward sums dK and dV over query blocks: there
+        the query block counts too."""
         if not self.tiled:
             return (self.policy, self.variant)
-        bn = clamp_block(self.block_n_for(nk), nk)
-        if self.order == "forward":
-            return (self.policy, self.variant, bn, "forward")
-        bm = clamp_block(self.block_n_for(nk), nq)
-        order = (self.order, bm)
-        if self.order == "partial_first":
+        kw = self._kw(nk)
+        bn = clamp_block(kw["block_n"], nk)
+        bm = clamp_block(kw.get("block_m", Call.block_m), nq)  # the engine's default
+        order = kw.get("order", "forward")
+        if order == "partial_first":
             n_kb = n_blocks(nk, bn)
-            perm = key_block_order(self.order, n_blocks(nq, bm), n_kb,
+            perm = key_block_order(order, n_blocks(nq, bm), n_kb,
                                    classes=tile_classes(nq, nk, bm, bn, causal))
             order = "forward" if bool((perm == torch.arange(n_kb)).all()) else order
+        if order != "forward" or backward:
+            return (self.policy, self.variant, bn, order, bm)
         return (self.policy, self.variant, bn, order)
 
     @classmethod
