@@ -72,3 +72,14 @@ def test_an_unknown_order_names_partial_first_among_the_valid_ones():
     q = torch.zeros(1, 1, 8, 4)
     with pytest.raises(ValueError, match="partial_first"):
         flashnum.attention(q, q, q, order="sideways")
+
+
+def test_the_mp_backend_visits_in_the_same_order():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 1, 40, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    kw = dict(block_m=16, block_n=16, causal=True, order="partial_first", trace=True)
+    mp = flashnum.attention(q, k, v, precision="mp", mp_bits=64, **kw)
+    em = flashnum.attention(q, k, v, precision="fp32", **kw)
+    # N = 40 in blocks of 16: rows 32..39 of the last block cut every tile
+    assert mp.trace.order[0, 0].tolist() == em.trace.order[0, 0].tolist() == [
+        [0, 1, 2], [1, 0, 2], [0, 1, 2]]
