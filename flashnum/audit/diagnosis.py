@@ -14,7 +14,8 @@ shares, and fa2 whatever its share, are then tried at every tiling of models.TIL
 block sizes up to one block of the whole row, in forward order and in FlexAttention's
 (partial_first). Each model runs once per case and distinct values (Runs: candidates
 whose models.Candidate.bits_key agrees on a case share the run); `cost` counts the
-candidates, the model runs and the reused ones, and the seconds. A gradient audit whose
+candidates (at most len(candidates) + (SCANNED + 1) * len(models.TILINGS)), the
+model runs and the reused ones, and the seconds. A gradient audit whose
 kernel gave no gradient (it has no backward) compares the outputs alone, with every
 forward candidate (`forward_only`). A share near 100% says what the kernel
 computes; the sites of that model then say where its error comes from. Under REPRODUCES
