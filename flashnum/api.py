@@ -52,7 +52,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options) -> R
     model:     None, or a model of a real kernel instead of a policy (flashnum.models.MODELS:
                torch_cpu, torch_math, jax_xla, ort_cpu, triton_tutorial): its own splits,
                orders, exp and casts; precision, causal and scale are its inputs
-    order:     forward reverse random max_ascending max_descending, or a permutation
+    order:     forward reverse random max_ascending max_descending partial_first, or a
+               permutation
     variant:   a flashnum.engine.variants.Variant with its own parameters (Lazy(tau=4.0),
                QiuYao(beta=2.0), Exp2(exp2_scale="twice"), FA2(), FA1(), QiuYaoReleased()),
                or its name: fa2 fa1 exp2 lazy qiu_yao qiu_yao_released

@@ -55,7 +55,7 @@ def test_the_seed_tutorial_example_is_reproduced():
 
 # -- invariants (hypothesis over shapes, tiles, orders, logit ranges) ----------
 
-ORDERS = ["forward", "reverse", "random", "max_ascending", "max_descending"]
+ORDERS = ["forward", "reverse", "random", "max_ascending", "max_descending", "partial_first"]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

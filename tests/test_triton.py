@@ -80,6 +80,7 @@ CASES = [  # (lead, nq, nk, d, dv, block_m, block_n, order, causal, variant)
     ((2,), 70, 40, 32, 32, 32, 16, [2, 0, 1], True, "fa2"),  # Nq > Nk: masked rows
     ((2,), 64, 100, 64, 64, 32, 16, "random", False, "fa2"),
     ((2,), 64, 100, 128, 16, 64, 32, "max_descending", True, "exp2"),
+    ((2,), 70, 90, 32, 32, 32, 32, "partial_first", True, "fa2"),  # per query block
 ]
 
 

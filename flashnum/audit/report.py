@@ -100,8 +100,8 @@ class Report:
             d = self.diagnosis
             d["shares"].to_csv(path / "diagnosis.csv", index=False)
             meta["diagnosis"] = dict(closest=d["closest"], reproduced=d.get("reproduced"),
-                                     site=d["site"],
-                                     candidates=d["candidates"])
+                                     site=d["site"], candidates=d["candidates"],
+                                     forward_only=d.get("forward_only"), cost=d.get("cost"))
         (path / "audit.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
         (path / "report.md").write_text(_markdown(self, plots))
         return path
@@ -129,10 +129,18 @@ def _diagnosis_lines(d) -> list[str]:
         lines = first + [f"  diagnosis: no flashnum model reproduces the kernel (none equals "
                          f"it on {100 * REPRODUCES:.0f}% of the values); the closest, "
                          f"{best['model']}, equals it {share}; no site is attributed to it"]
-    others = [f"{r.model} {100 * r.bitwise:.1f}%" for r in shares.itertuples()
+    others = [f"{r.model} {100 * r.bitwise:.2f}%" for r in shares.itertuples()
               if r.model != best["model"] and r.bitwise == r.bitwise][:6]
     if others:
         lines.append("    next: " + ", ".join(others))
+    if d.get("forward_only"):
+        lines.append("    the kernel gave no gradient (no backward): its outputs alone are "
+                     "compared")
+    cost = d.get("cost")
+    if cost:
+        lines.append(f"    searched {cost['candidates']} candidates (presets, kernel models, "
+                     f"tilings) on {cost['cases']} cases: {cost['model_runs']} model runs, "
+                     f"{cost['reused']} reused, {cost['seconds']:.0f} s")
     site = d["site"]
     if site is not None:
         lines.append(f"    dominant site of {best['model']}'s {site['quantity']} error: "

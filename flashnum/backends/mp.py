@@ -24,7 +24,14 @@ import torch
 
 from flashnum.engine.result import Result, Trace
 from flashnum.engine.variants import variant_of
-from flashnum.numerics.tiling import causal_visible, key_block_order, n_blocks, needs_block_max
+from flashnum.numerics.tiling import (
+    causal_visible,
+    key_block_order,
+    n_blocks,
+    needs_block_max,
+    needs_tile_classes,
+    tile_classes,
+)
 
 
 def run_call(call) -> Result:
@@ -65,7 +72,9 @@ def attention_mp(q, k, v, *, bits=256, block_m=64, block_n=64, order="forward", 
     for b in range(B):
         S = _logits(ctx, Q[b], K[b], sc, vis)
         bmax = _block_maxes(S, block_m, block_n, n_qb, n_kb) if needs_block_max(order) else None
-        perm = key_block_order(order, n_qb, n_kb, seed, bmax).numpy()
+        classes = (tile_classes(nq, nk, block_m, block_n, causal)
+                   if needs_tile_classes(order) else None)
+        perm = key_block_order(order, n_qb, n_kb, seed, bmax, classes).numpy()
         orders[b] = perm
         Vb = [[ctx.mpf(float(x)) for x in row] for row in V[b]]
         for i in range(nq):

@@ -110,6 +110,8 @@ from flashnum.numerics.tiling import (
     key_block_order,
     n_blocks,
     needs_block_max,
+    needs_tile_classes,
+    tile_classes,
 )
 
 # first of the triton imports: without a GPU it sets TRITON_INTERPRET before triton loads
@@ -388,7 +390,8 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     policy:          a Policy, or a preset name with `precision` (fa2 in fp16 bf16 fp32 tf32;
                      precision unset: bf16 for a preset, the Policy's inputs for a Policy)
     block_m/block_n: 16 32 64 128
-    order:           forward reverse random max_ascending max_descending, or a permutation
+    order:           forward reverse random max_ascending max_descending partial_first,
+                     or a permutation
     variant:         fa2 (exp), exp2 (log2 e folded into the scale): a name or a
                      flashnum.engine.variants.Variant (Exp2(exp2_scale="twice"));
                      exp2_scale=once|twice with the name exp2 (flashnum.engine.tiles)
@@ -441,7 +444,10 @@ def run_call(call, launch: Launch | None = None) -> Result:
         bmax = _block_max(q3, k3, qk_scale, block_m, block_n, n_qb, n_kb, causal, qk_prec)
         perm = key_block_order(call.order, n_qb, n_kb, call.seed, bmax.cpu())
     else:
-        perm = key_block_order(call.order, n_qb, n_kb, call.seed)[None]  # (1, n_qb, n_kb)
+        classes = (tile_classes(nq, nk, block_m, block_n, call.causal)
+                   if needs_tile_classes(call.order) else None)
+        perm = key_block_order(call.order, n_qb, n_kb, call.seed,
+                               classes=classes)[None]  # (1, n_qb, n_kb)
     kernel = Kernel(qk_scale, block_m, block_n, causal, var.base2, pol.l_from == "p_cast",
                     qk_prec, pv_prec, pol.p_cast, pol.out, call.trace)
     k_out = fa2_forward(q3, k3, v3, perm.to(torch.int32).to(device).contiguous(), kernel,

@@ -34,7 +34,13 @@ from flashnum.engine.tiles import (
 from flashnum.numerics import elementary
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.policy import Policy
-from flashnum.numerics.tiling import key_block_order, needs_block_max
+from flashnum.numerics.tiling import (
+    key_block_order,
+    needs_block_max,
+    needs_tile_classes,
+    tile_classes,
+    varies_by_query_block,
+)
 
 
 def flash(call: Call, pol: Policy) -> Result:
@@ -45,7 +51,7 @@ def flash(call: Call, pol: Policy) -> Result:
     q3, k3, v3 = stored_inputs(ar, q, call.k, call.v)
     tiles = Tiles.of(q3, k3, v3, call.block_m, call.block_n)
     run = Run(ar, variant=variant, f_diff=wider(pol.fmt("s"), pol.fmt("m")),
-              tall=not needs_block_max(order))
+              tall=not varies_by_query_block(order))
     scale_s = scale_in_logits_format(ar, call.softmax_scale, variant.base2, variant.exp2_form)
     perm = _key_order(run, tiles, order, seed, scale_s, causal)
     trace = call.trace
@@ -69,6 +75,9 @@ def flash(call: Call, pol: Policy) -> Result:
 def _key_order(run: Run, tiles: Tiles, order, seed: int, scale_s: float, causal: bool):
     """(B or 1, n_qb, n_kb): the key block each query block processes at each step."""
     n_qb, n_kb = tiles.n_qb, tiles.n_kb
+    if needs_tile_classes(order):
+        classes = tile_classes(tiles.nq, tiles.nk, tiles.bm, tiles.bn, causal)
+        return key_block_order(order, n_qb, n_kb, seed, classes=classes)[None]
     if not needs_block_max(order):
         return key_block_order(order, n_qb, n_kb, seed)[None]
     # a tile's largest logit over its *real* query rows: padded rows would add logit 0

@@ -24,7 +24,7 @@ from flashnum.engine.variants import EXP2_SCALES, variant_of
 from flashnum.numerics.constants import LOG2E
 from flashnum.numerics.formats import EXACT, FORMATS
 from flashnum.numerics.policy import make_policy
-from flashnum.numerics.tiling import n_blocks, needs_block_max, visible
+from flashnum.numerics.tiling import n_blocks, varies_by_query_block, visible
 
 FP32 = FORMATS["fp32"]
 
@@ -188,7 +188,7 @@ def logits(q, k, *, precision="bf16", policy="fa2", block_m=64, block_n=64, caus
     tiles = Tiles.of(q3, k3, k3, block_m, block_n)
     var = variant_of(variant, exp2_scale=exp2_scale)
     scale_s = scale_in_logits_format(ar, scale, var.base2, var.exp2_form)
-    tall = not needs_block_max(order)
+    tall = not varies_by_query_block(order)
     cols = [tile_logits(ar, tiles, torch.full((1, tiles.n_qb), j), scale_s, causal, tall)
             for j in range(tiles.n_kb)]
     s = torch.cat(cols, dim=-1).reshape(q3.shape[0], -1, tiles.n_kb * block_n)

@@ -13,7 +13,7 @@ the valid choices.
     policy      preset fa2 naive lowp exact, or uniform (every site in the
                 precision, dots included); `sites` overrides single sites
     tiling      block_m, block_n (positive), order: forward reverse random
-                max_ascending max_descending
+                max_ascending max_descending partial_first
     backend     emulate triton mp (mp_bits for mp)
     distribution  name and params, one of flashnum.inputs.distributions.DISTRIBUTIONS;
                 path, call, head_ids, rows: shorthands for params.* (distribution=captured)

@@ -16,8 +16,12 @@ The two agree when Nq == Nk. `check_causal` turns what a caller gave into False,
 Orders (`order=`): "forward" (key blocks 0, 1, ...), "reverse", "random" (a
 seeded permutation, the same for every query block), "max_ascending" /
 "max_descending" (per query block, by the block's largest logit over that query
-block's rows, ties by block index), or an explicit permutation of range(n_kb)
-(a list or 1-D tensor).
+block's rows, ties by block index), "partial_first" (per query block, the tiles the
+mask cuts first, then the whole ones, each in forward order, the tiles it hides last:
+FlexAttention's kernels, which run a block mask's partial blocks, with the mask
+applied, before its full blocks; tile_classes says which is which), or an explicit
+permutation of range(n_kb) (a list or 1-D tensor). max_* and partial_first differ
+between query blocks (varies_by_query_block).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import numbers
 import numpy as np
 import torch
 
-ORDERS = ("forward", "reverse", "random", "max_ascending", "max_descending")
+ORDERS = ("forward", "reverse", "random", "max_ascending", "max_descending", "partial_first")
 ALIGNMENTS = ("bottom_right", "top_left")
 
 
@@ -106,13 +110,51 @@ def needs_block_max(order) -> bool:
     return isinstance(order, str) and order.startswith("max_")
 
 
-def key_block_order(order, n_qb: int, n_kb: int, seed: int = 0, block_max=None) -> torch.Tensor:
+def needs_tile_classes(order) -> bool:
+    return isinstance(order, str) and order == "partial_first"
+
+
+def varies_by_query_block(order) -> bool:
+    """Whether query blocks may visit the key blocks in different orders (no one tall
+    GEMM for all query blocks then)."""
+    return needs_block_max(order) or needs_tile_classes(order)
+
+
+# tile_classes' values
+HIDDEN, PARTIAL, FULL = 0, 1, 2
+
+
+def tile_classes(nq: int, nk: int, block_m: int, block_n: int, causal) -> torch.Tensor:
+    """(n_qb, n_kb) int8: FULL where every (query, key) of the padded tile exists and is
+    visible, HIDDEN where none is, PARTIAL otherwise: a block mask's classes, whose
+    padding past Nq or Nk counts as masked (so a ragged last block is partial)."""
+    n_qb, n_kb = n_blocks(nq, block_m), n_blocks(nk, block_n)
+    i = torch.arange(n_qb * block_m)[:, None]
+    j = torch.arange(n_kb * block_n)[None, :]
+    seen = (i < nq) & (j < nk)
+    if causal:
+        seen = seen & visible(i, j, nq, nk, causal)
+    tiles = seen.reshape(n_qb, block_m, n_kb, block_n)
+    any_, all_ = tiles.any(dim=(1, 3)), tiles.all(dim=(1, 3))
+    return torch.where(all_, FULL, torch.where(any_, PARTIAL, HIDDEN)).to(torch.int8)
+
+
+def key_block_order(order, n_qb: int, n_kb: int, seed: int = 0, block_max=None,
+                    classes=None) -> torch.Tensor:
     """(n_qb, n_kb) long: the key block each query block processes at each step.
 
     block_max: (n_qb, n_kb) float, the largest logit of each (query block, key
     block) tile (-inf for fully masked tiles); needed only for max_* orders.
+    classes: (n_qb, n_kb), tile_classes of the call; needed only for partial_first.
     """
     if isinstance(order, str):
+        if order == "partial_first":
+            if classes is None:
+                raise ValueError(f"order {order!r} needs the tiles' classes (tile_classes)")
+            rank = torch.as_tensor(classes).to(torch.int64).cpu()
+            # partial tiles, then full ones, then hidden ones (they change nothing)
+            key = torch.where(rank == PARTIAL, 0, torch.where(rank == FULL, 1, 2))
+            return torch.sort(key, dim=-1, stable=True).indices
         if order == "forward":
             perm = torch.arange(n_kb)
         elif order == "reverse":
