@@ -49,7 +49,7 @@ import pandas as pd
 import torch
 
 from flashnum.audit.gradients import GRADS
-from flashnum.audit.models import backward_kw
+from flashnum.audit.models import ORDER_WORDS, ROW, backward_kw
 from flashnum.audit.rules import DTYPES, RULES
 from flashnum.audit.standard import visible
 from flashnum.audit.targets import GPU_COMMAND, TARGETS
@@ -60,29 +60,47 @@ from flashnum.models import MODELS as REGISTERED
 GRAD_CANDIDATES = ("naive", "naive@fp32", "fa2", "fa2:exp2", "fa2:fa2:32x32",
                    "fa2:exp2:32x32", "fa2:exp2:128x128", "lowp", "torch_cpu")
 # the candidates a kernel is compared with; "policy[:variant[:block_n]]"
-CANDIDATES = ("naive", "fa2", "fa2:fa2:128", "fa2:exp2", "fa2:exp2:128", "lowp", "torch_cpu",
-              "jax_xla", "torch_math", "ort_cpu")
+# (every registered kernel model too, and the tilings of a block-mask kernel: one key block
+# of the row, 128-key tiles visited partial first: flashnum.audit.models, ROW and ORDERS)
+CANDIDATES = tuple(dict.fromkeys((
+    "naive", "fa2", "fa2:fa2:128", "fa2:exp2", "fa2:exp2:128", "lowp", "fa2:fa2:row",
+    "fa2:fa2:128:partial_first", "fa2:exp2:128:partial_first", *REGISTERED)))
 # packages whose versions the manifest records beside flashnum.harness.manifest.versions()
 PACKAGES = ("jax", "jaxlib", "onnx", "onnxruntime", "transformers", "ml_dtypes", "triton",
             "flash_attn")
 def model_kwargs(spec: str) -> dict:
     """flashnum.attention keyword arguments of a model spec
-    'policy[:variant[:block_n or block_mxblock_n]][@precision]' (@fp32: the model computes
-    in fp32 from the dtype's values and its results are rounded to the dtype, as torch's
-    math backend widens bf16 and fp16 inputs; the key "compute" holds it)."""
+    'policy[:variant[:block_n or block_mxblock_n or row[:order]]][@precision]' (row: one
+    key block of the case's N keys, resolved by `tiled`; an order other than forward takes
+    square tiles, a block mask's one BLOCK_SIZE; @fp32: the model computes in fp32 from the
+    dtype's values and its results are rounded to the dtype, as torch's math backend widens
+    bf16 and fp16 inputs; the key "compute" holds it)."""
     spec, _, compute = spec.partition("@")
     policy, *rest = spec.split(":")
     kw = dict(model=policy) if policy in REGISTERED else dict(policy=policy)
     if rest:
         kw["variant"] = rest[0]
-    if len(rest) > 1:
+    if len(rest) > 1 and rest[1] == ROW:
+        kw["block_n"] = ROW
+    elif len(rest) > 1:
         m, _, n = rest[1].rpartition("x")
         kw["block_n"] = int(n)
         if m:
             kw["block_m"] = int(m)
+    if len(rest) > 2:
+        kw["order"] = rest[2]
+        kw.setdefault("block_m", kw["block_n"])
     if compute:
         kw["compute"] = compute
     return kw
+
+
+def tiled(kw: dict, nk: int) -> dict:
+    """model_kwargs' keywords on a case of nk keys (a block of the row: nk keys)."""
+    if kw.get("block_n") != ROW:
+        return kw
+    return {**kw, "block_n": max(int(nk), 1),
+            **({"block_m": max(int(nk), 1)} if kw.get("block_m") == ROW else {})}
 
 
 def model_label(spec: str) -> str:
@@ -91,10 +109,14 @@ def model_label(spec: str) -> str:
     out = kw.get("model") or kw["policy"]
     if variant_of(kw.get("variant", FA2.name)) != FA2():
         out += f", variant {kw['variant']}"
-    if "block_m" in kw:
+    if kw.get("block_n") == ROW:
+        out += ", one key block of the row"
+    elif "block_m" in kw and "order" not in kw:
         out += f", blocks {kw['block_m']} x {kw['block_n']}"
     elif "block_n" in kw:
         out += f", block_n {kw['block_n']}"
+    if kw.get("order", "forward") != "forward":
+        out += f", {ORDER_WORDS.get(kw['order'], 'order ' + kw['order'])}"
     if "compute" in kw:
         out += f", computed in {kw['compute']}"
     return out
@@ -114,7 +136,7 @@ def model_grads(spec, q, k, v, do, *, precision, causal, alignment, scale):
     in base 2 (exp2=True)."""
     from flashnum.api import attention_backward
 
-    kw = model_kwargs(spec)
+    kw = tiled(model_kwargs(spec), k.shape[-2])
     if "model" in kw and REGISTERED[kw["model"]].backward is None:
         return None  # a model of a kernel with no backward
     kw.update(backward_kw(kw.get("variant", FA2.name)))
@@ -132,7 +154,7 @@ def model_out(spec, q, k, v, *, precision, causal, alignment, scale):
     either by name; a model that cannot, torch_cpu bottom-right, raises ValueError)."""
     from flashnum.api import attention
 
-    kw = model_kwargs(spec)
+    kw = tiled(model_kwargs(spec), k.shape[-2])
     dtype = DTYPES[precision]
     prec, (q, k, v) = _computed(kw, precision, (q, k, v))
     out = attention(q, k, v, precision=prec, causal=alignment if causal else False,
@@ -217,8 +239,8 @@ def _agreements(fn, case_list, precision, alignment, specs) -> dict[str, tuple[i
             try:
                 mo = model_out(s, q, k, v, precision=precision, causal=c.causal,
                                alignment=alignment, scale=inp.scale)
-            except ValueError:
-                mo = None
+            except (ValueError, NotImplementedError):
+                mo = None  # a model that does not take this case (its dtype, its mask)
             if mo is None:
                 continue
             if seen is not None:
