@@ -169,3 +169,15 @@ def test_the_eager_target_has_no_backward_either_and_says_so_in_one_line():
     assert said.startswith("no backward: inputs that require grad make it raised "
                            "NotImplementedError: FlexAttention does not support backward")
     assert "\n" not in said
+
+
+def test_the_kernel_table_row_of_a_kernel_with_no_backward_says_so_and_judges_its_forward():
+    from flashnum.audit.kernel_table import table_row
+
+    row, t = table_row("torch_flex_eager", "bf16", "quick")
+    assert row["status"] == "ran" and row["backward"] is False
+    assert row["no_backward"].startswith("no backward: inputs that require grad")
+    assert row["broken_grad_crash"] == 0 and "time_fwd_bwd_s" not in row
+    forward_broken = t["failed"].fillna("").apply(
+        lambda f: bool({r for r in f.split(",") if r} - {"grad_crash"}))
+    assert row["kept"] == len(t) - int(forward_broken.sum())

@@ -29,7 +29,10 @@ and the budget. For every (target, precision) one row:
                     gradient), grad_ratio_std_median; grad_model (GRAD_MODELS) and
                     grad_closest (of GRAD_CANDIDATES) with their bitwise and within-1-ulp
                     shares over every dQ, dK, dV entry (grad_closest_<g>_bitwise per
-                    gradient); time_fwd_bwd_s (forward and backward of the same call)
+                    gradient); time_fwd_bwd_s (forward and backward of the same call).
+                    A kernel whose every gradient raised as one with no backward on this
+                    device (torch's FlexAttention on CPU) is backward False with
+                    no_backward its one line, and its cases kept by the forward's rules
 
 results.parquet holds the rows; cases.parquet every audited case (the
 audit's table with target and precision); the manifest records every package version.
@@ -330,6 +333,15 @@ def _time_backward(fn, precision) -> float:
     return statistics.median(times[1:])
 
 
+def _no_backward(t: pd.DataFrame, failed: pd.Series) -> bool:
+    """Whether every case's gradient raised as a kernel with no backward does
+    (flashnum.audit.gradients: "no backward: ...")."""
+    if "message" not in t:
+        return False
+    return bool(failed.apply(lambda f: "grad_crash" in f).all()
+                and t["message"].fillna("").astype(str).str.contains("no backward").any())
+
+
 def table_row(target: str, precision: str, budget: str,
               experiment: str = "kernel_table") -> tuple[dict, pd.DataFrame | None]:
     """One row of the table (see the module docstring) and the audit's case table."""
@@ -357,9 +369,17 @@ def table_row(target: str, precision: str, budget: str,
     if crashed.all():
         msg = str(t["message"].dropna().iloc[0]) if "message" in t else "every case raised"
         return dict(row, status=f"unsupported: {msg[:160]}", cases=len(t), kept=0), t
-    row.update(status="ran", cases=len(t), kept=int(t["passed"].sum()))
+    failed = t["failed"].fillna("").str.split(",").apply(lambda f: {r for r in f if r})
+    if backward and _no_backward(t, failed):
+        # the kernel has no backward on this device: said once, and its forward judged by
+        # the forward's rules alone (a case is not "broken" by a pass that does not exist)
+        msg = t["message"].dropna().astype(str)
+        row.update(backward=False, no_backward=msg[msg.str.contains("no backward")].iloc[0][:160])
+        failed = failed.apply(lambda f: f - {"grad_crash"})
+        backward = False
+    row.update(status="ran", cases=len(t), kept=int((failed.apply(len) == 0).sum()))
     for rule in RULES:
-        row[f"broken_{rule}"] = int(sum(rule in str(f).split(",") for f in t["failed"]))
+        row[f"broken_{rule}"] = int(sum(rule in f for f in failed))
     ratio = t["err_max"] / t["fa_bound"]
     i = ratio.idxmax()
     row.update(worst_ratio=float(ratio.max()), worst_case=t.loc[i, "id"],
