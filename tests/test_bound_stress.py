@@ -12,7 +12,7 @@ import math
 import pandas as pd
 import torch
 
-from flashnum.harness.bound_stress import bound_stress_table, exceeded, summary
+from flashnum.studies.bounds import bound_stress_table, exceeded, summary
 
 MEASURES = ["bound", "measured", "ratio", "output_finite", "bound_finite", "held", "exceeded"]
 

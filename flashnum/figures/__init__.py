@@ -3,7 +3,7 @@
     python -m flashnum.figures [store.root=DIR] [out=paper/figures]
     make -C paper figures
 
-Reads experiments/<name>/ through flashnum.harness.store.load and never reruns a case.
+Reads experiments/<name>/ through flashnum.store.load and never reruns a case.
 Writes into --out (default paper/figures/):
 
     <figure>.pdf, <figure>.png   the plot (matplotlib, Agg)

@@ -2,7 +2,7 @@
 inputs x policies x precisions, one tidy table (experiments/attribution, written by
 `python -m flashnum.attribute experiment=true`).
 
-    from flashnum.harness.attribution_grid import EXPERIMENT, experiment
+    from flashnum.studies.attribution_grid import EXPERIMENT, experiment
     t = experiment(seeds=(0, 1))
 """
 

@@ -1,7 +1,7 @@
 """The bound tightness table: flashnum.analysis.bounds against the measured error over the
 input catalogue (the table experiment bound_tightness, conf/table/; docs/bounds.md quotes it).
 
-    from flashnum.harness.tightness import tightness_table
+    from flashnum.studies.tightness import tightness_table
     t = tightness_table(seq_len=128, seeds=range(1))
     flashnum.analysis.bounds.tightness_summary(t)
 """

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from flashnum.api import attention
-from flashnum.harness.torch_cpu_backward_agreement import DTYPES, SHAPE, cpu_name
+from flashnum.studies.torch_cpu_backward_agreement import DTYPES, SHAPE, cpu_name
 
 
 def ulp(x: torch.Tensor) -> torch.Tensor:
