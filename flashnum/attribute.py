@@ -4,7 +4,7 @@
     python -m flashnum.run experiment=attribution    # the stored grid: experiments/attribution
 
 One case prints flashnum.analysis.attribution.attribute's table per metric;
-experiment=true runs the grid flashnum.studies.attribution_grid.EXPERIMENT and replaces the
+experiment=true runs the grid flashnum.studies.attribution.EXPERIMENT and replaces the
 stored table <store.root>/attribution (flashnum.store.replace, with a manifest
 record). `--help` lists every key with its default.
 """
@@ -24,7 +24,7 @@ from flashnum.harness.config import StoreConf
 from flashnum.inputs.distributions import make
 from flashnum.reproduce import case_ids
 from flashnum.store import manifest
-from flashnum.studies.attribution_grid import EXPERIMENT, experiment
+from flashnum.studies.attribution import EXPERIMENT, experiment
 
 
 @dataclass

@@ -3,7 +3,7 @@
     # conf/table/bound_tightness.yaml
     experiment: bound_tightness
     description: how tight the a-priori bounds are, over the input catalogue
-    table: flashnum.studies.tightness:tightness_table  # module:function -> DataFrame
+    table: flashnum.studies.bounds:tightness_table  # module:function -> DataFrame
     args: {seq_len: 256, seeds: [0, 1]}                # its keyword arguments
     measures: [measured, bound, ...]                   # measured columns; the rest key a row
     external: {env: VAR, arg: path, what: "..."}       # optional: a file from outside the

@@ -1,4 +1,19 @@
-"""Where does the fa2 backward's dQ error come from on outlier inputs? The table of the
+"""Where the error comes from, site by site: the stored attribution grid of the forward, and
+the fa2 backward's dQ error on outlier inputs with one site at a time made wider. Each
+section below describes one table.
+
+-- attribution --
+
+The stored attribution experiment: flashnum.analysis.attribution.attribute over a grid of
+inputs x policies x precisions, one tidy table (experiments/attribution, written by
+`python -m flashnum.attribute experiment=true`).
+
+    from flashnum.studies.attribution import EXPERIMENT, experiment
+    t = experiment(seeds=(0, 1))
+
+-- bwd_delta_site --
+
+Where does the fa2 backward's dQ error come from on outlier inputs? The table of the
 experiment bwd_delta_site (conf/table/bwd_delta_site.yaml; docs/backward.md quotes it).
 
     python -m flashnum.run experiment=bwd_delta_site
@@ -18,11 +33,54 @@ import json
 import pandas as pd
 import torch
 
+from flashnum.analysis.attribution import attribute
 from flashnum.analysis.bounds_backward import bound_backward
 from flashnum.api import attention_backward
 from flashnum.harness import backward as hb
-from flashnum.numerics.policy import make_backward_policy
-from flashnum.reference import reference_backward
+from flashnum.inputs.distributions import make
+from flashnum.numerics.policy import make_backward_policy, make_policy
+from flashnum.reference import reference, reference_backward
+
+# -- attribution --
+
+
+EXPERIMENT = dict(
+    distributions=("gaussian", "ties", "fa3_outliers", "plateau", "sink", "late_max"),
+    # five independent draws per input: a site's share is reported over them, not one draw
+    policies=("fa2", "lowp", "naive"), precisions=("bf16", "fp16"), seeds=(0, 1, 2, 3, 4),
+    seq_len=256, head_dim=64, heads=2, block_n=64,
+)
+
+
+def experiment(**overrides) -> pd.DataFrame:
+    """The stored attribution experiment: `attribute` over a grid of inputs x policies x
+    precisions (EXPERIMENT, overridable), one tidy table with the case's columns."""
+    g = {**EXPERIMENT, **overrides}
+    frames = []
+    for dist in g["distributions"]:
+        for seed in g["seeds"]:
+            inp = make(dist, heads=g["heads"], seq_len_q=g["seq_len"], head_dim=g["head_dim"],
+                       seed=seed, block_n=g["block_n"])
+            for precision in g["precisions"]:
+                # the inputs as stored in the format: the error is the algorithm's own
+                fin = make_policy("fa2", precision).fmt("inputs")
+                q, k, v = fin.round(inp.q), fin.round(inp.k), fin.round(inp.v)
+                ref = reference(q, k, v, causal=inp.causal, scale=inp.scale).out
+                for policy in g["policies"]:
+                    t = attribute(q, k, v, precision=precision, policy=policy, ref_out=ref,
+                                  block_n=g["block_n"], causal=inp.causal, scale=inp.scale)
+                    t.insert(0, "distribution", dist)
+                    t.insert(1, "precision", precision)
+                    t.insert(2, "policy", policy)
+                    t.insert(3, "seed", seed)
+                    t.insert(4, "seq_len_k", g["seq_len"])
+                    t.insert(5, "block_n", g["block_n"])
+                    frames.append(t)
+    return pd.concat(frames, ignore_index=True)
+
+
+# -- bwd_delta_site --
+
 
 GRADS = ("dq", "dk", "dv")
 

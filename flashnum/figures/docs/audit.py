@@ -13,8 +13,8 @@ from flashnum.figures.audit import kernel_grad_markdown, kernel_table_markdown
 from flashnum.figures.docs.digits import ceil_to, pct, pct_floor, sci, thousands
 from flashnum.figures.docs.sources import bench, last_run, table
 from flashnum.figures.quoting import Passage, require
-from flashnum.reproduce.qiu_yao_agreement import CASES, PAIRS
-from flashnum.studies.torch_cpu_backward_agreement import summary as torch_cpu_summary
+from flashnum.reproduce.qiu_yao_bias import CASES, PAIRS
+from flashnum.studies.kernel_agreement import torch_cpu_backward_summary as torch_cpu_summary
 
 # the gradient audit: experiments/kernel_audit_backward (rows, each report's audit.json)
 BACKWARD = "kernel_audit_backward"

@@ -14,7 +14,7 @@ from flashnum.analysis.bounds import accounting, tightness_summary
 from flashnum.figures.docs.digits import sci, tex_sci, thousands
 from flashnum.figures.docs.sources import last_run, table
 from flashnum.figures.quoting import Passage, require
-from flashnum.studies.bounds import summary as stress_summary
+from flashnum.studies.bounds import stress_summary
 
 
 def bound_accounting(F):
@@ -63,7 +63,7 @@ def tightness_docs(F):
 
 
 def stress(F, family):
-    """experiments/bound_stress's accounting of one family (studies.bounds.summary)."""
+    """experiments/bound_stress's accounting of one family (studies.bounds.stress_summary)."""
     return stress_summary(table(F, "bound_stress"), family)
 
 
