@@ -35,7 +35,7 @@ import torch
 # first: on a CPU this sets TRITON_INTERPRET=1 before triton is imported
 from flashnum.backends import triton as tf  # isort: skip
 from flashnum.harness import timing  # isort: skip
-from flashnum.harness.triton_interpreter import fidelity_rows  # isort: skip
+from flashnum.studies.kernel_agreement import fidelity_rows  # isort: skip
 
 OUT = Path(__file__).parent / "results"
 CONFIGS = [  # (block_m, block_n, num_warps, num_stages): reported each, never tuned away

@@ -4,8 +4,8 @@
     python -m flashnum.run experiment=attribution    # the stored grid: experiments/attribution
 
 One case prints flashnum.analysis.attribution.attribute's table per metric;
-experiment=true runs the grid flashnum.harness.attribution_grid.EXPERIMENT and replaces the
-stored table <store.root>/attribution (flashnum.harness.store.replace, with a manifest
+experiment=true runs the grid flashnum.studies.attribution.EXPERIMENT and replaces the
+stored table <store.root>/attribution (flashnum.store.replace, with a manifest
 record). `--help` lists every key with its default.
 """
 
@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from flashnum import store
 from flashnum.analysis.attribution import METRICS, attribute
-from flashnum.harness import manifest, store
-from flashnum.harness.attribution_grid import EXPERIMENT, experiment
 from flashnum.harness.cli import alias, main_of
 from flashnum.harness.config import StoreConf
 from flashnum.inputs.distributions import make
 from flashnum.reproduce import case_ids
+from flashnum.store import manifest
+from flashnum.studies.attribution import EXPERIMENT, experiment
 
 
 @dataclass

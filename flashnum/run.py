@@ -16,7 +16,7 @@ import sys
 from flashnum.harness import cli, experiments
 from flashnum.harness import run as forward
 from flashnum.harness.experiments import Experiment
-from flashnum.harness.paths import CONF
+from flashnum.store.paths import CONF
 
 PROG = "flashnum.run"
 
@@ -62,7 +62,7 @@ def _table(exp: Experiment, rest: list[str]) -> int:
 
 
 def _head_stats(exp: Experiment, rest: list[str]) -> int:
-    from flashnum.harness import head_stats
+    from flashnum.studies import head_stats
 
     return forward.compared(exp.name, rest,
                     lambda r: head_stats.main([f"experiment={exp.path.stem}", *r]))

@@ -1,5 +1,5 @@
 """The store's command line: `python -m flashnum.stored` (the store itself is
-flashnum.harness.store; this module holds only its commands).
+flashnum.store; this module holds only its commands).
 
     python -m flashnum.stored bf16_sweep          # print size and columns; compact=true
     python -m flashnum.stored check bf16_sweep    # read every file; exit status 1 if one fails
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from flashnum.harness import cli
 from flashnum.harness.config import StoreConf
-from flashnum.harness.files import unreadable
-from flashnum.harness.repair import check_store, repair
-from flashnum.harness.store import compact, done_ids, experiment_dir, load, problems
+from flashnum.store import compact, done_ids, experiment_dir, load, problems
+from flashnum.store.files import unreadable
+from flashnum.store.repair import check_store, repair
 
 
 @dataclass

@@ -11,7 +11,7 @@ then `python -m flashnum.run experiment=NAME store.root=SCRATCH compare_with=ROO
 its own process, its output in SCRATCH/NAME.log. The verdict per experiment, written to
 SCRATCH/verify.txt and printed: identical (exit 0), DIFFERS (exit 1), not run (any other
 exit: a table that needs a third party's file says so), or a real kernel's table stored
-on another CPU class (flashnum.harness.compare: not compared). Exit status 1 if any
+on another CPU class (flashnum.store.compare: not compared). Exit status 1 if any
 DIFFERS, 2 for bad input (an unknown name, the scratch store being the compared one).
 """
 

@@ -6,7 +6,8 @@ import math
 import pandas as pd
 import pytest
 
-from flashnum.harness import backward, store
+from flashnum import store
+from flashnum.harness import backward
 
 
 def test_every_backward_experiment_expands_with_unique_case_ids():

@@ -12,7 +12,7 @@ import math
 import pandas as pd
 import torch
 
-from flashnum.harness.bound_stress import bound_stress_table, exceeded, summary
+from flashnum.studies.bounds import bound_stress_table, exceeded, stress_summary
 
 MEASURES = ["bound", "measured", "ratio", "output_finite", "bound_finite", "held", "exceeded"]
 
@@ -38,7 +38,7 @@ def test_a_bound_is_exceeded_by_a_larger_error_or_a_non_finite_output():
 
 def test_the_accounting_counts_every_draw_once_and_climbs_from_the_tightest():
     df = bound_stress_table({"catalogue": {"cases": 12, "climb": 2}})
-    s = summary(df, "catalogue")
+    s = stress_summary(df, "catalogue")
     assert s["cases"] == 12 and s["held"] + s["vacuous"] + s["exceeded"] == 12
     draws = df[df.kind == "draw"]
     assert (draws.bound_finite == draws.bound.map(math.isfinite)).all()

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import flashnum
-from flashnum.harness import store
+from flashnum import store
 from flashnum.harness.config import check
 from flashnum.harness.grid import expand
 from flashnum.inputs.distributions import make

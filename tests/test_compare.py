@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from flashnum.harness import store
-from flashnum.harness.compare import against, differences, report
+from flashnum import store
 from flashnum.harness.config import check
-from flashnum.harness.manifest import cpu_class
-from flashnum.harness.paths import CONF
 from flashnum.harness.run import run
+from flashnum.store.compare import against, differences, report
+from flashnum.store.manifest import cpu_class
+from flashnum.store.paths import CONF
 
 
 def table():

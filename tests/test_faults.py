@@ -1,6 +1,6 @@
 """The store under faults: a runner killed at each write point, concurrent runs, orphans.
 
-A runner in a subprocess stops itself at a chosen write point (flashnum.harness.faults:
+A runner in a subprocess stops itself at a chosen write point (flashnum.store.faults:
 FLASHNUM_FAULT=POINT[:N]:SIGNAL, deterministic, no sleeps) by SIGKILL, SIGTERM or SIGINT;
 then the same experiment is resumed. After each: no row lost, none computed twice, none
 twice in `load`; every manifest record complete and its counts the rows on disk; no
@@ -21,10 +21,11 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from flashnum.harness import manifest, owners, store
+from flashnum import store
 from flashnum.harness.grid import expand
-from flashnum.harness.paths import CONF
 from flashnum.harness.run import run
+from flashnum.store import manifest, owners
+from flashnum.store.paths import CONF
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(),
                                 reason="finds leftover processes through /proc (Linux)")

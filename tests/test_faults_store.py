@@ -24,10 +24,11 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import flashnum.stored as store_command  # the command line, python -m flashnum.stored
-from flashnum.harness import manifest, owners, store
+from flashnum import store
 from flashnum.harness import run as runmod
-from flashnum.harness.paths import CONF
 from flashnum.reference import clear_cache, reference, reference_cache_dir
+from flashnum.store import manifest, owners
+from flashnum.store.paths import CONF
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = ["experiment=smoke", "grid.0.seed=[0]", "progress=false", "n_jobs=1"]

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from flashnum import __main__ as door
-from flashnum import verify
-from flashnum.harness import backward, store
+from flashnum import store, verify
+from flashnum.harness import backward
 
 VERBS = ["run", "audit", "figures", "stored", "worst-case", "attribute", "verify"]
 
@@ -152,7 +152,7 @@ def test_every_experiment_conf_says_its_kind_and_the_router_has_one_runner_per_k
 
     from flashnum import run
     from flashnum.harness import experiments
-    from flashnum.harness.paths import CONF
+    from flashnum.store.paths import CONF
 
     for folder, kinds in experiments.FOLDERS.items():
         for path in sorted((CONF / folder).glob("*.yaml")):

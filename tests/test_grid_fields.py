@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from flashnum.harness import store
+from flashnum import store
 from flashnum.harness.config import check
 from flashnum.harness.grid import CASE_FIELDS, CONF, OPTIONAL, columns, expand
 from flashnum.harness.run import run

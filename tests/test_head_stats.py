@@ -1,4 +1,4 @@
-"""python -m flashnum.harness.head_stats: the logit statistics of every input of a forward
+"""python -m flashnum.studies.head_stats: the logit statistics of every input of a forward
 experiment, one row per (input, batch, head), stored with a manifest."""
 
 import json
@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashnum.harness import manifest, store
+from flashnum import store
 from flashnum.inputs.distributions import make
+from flashnum.store import manifest
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "flashnum.harness.head_stats", *args],
+    return subprocess.run([sys.executable, "-m", "flashnum.studies.head_stats", *args],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 
 

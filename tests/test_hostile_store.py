@@ -23,9 +23,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import flashnum.stored as store_command
-from flashnum.harness import manifest, owners, store
+from flashnum import store
 from flashnum.harness import run as runmod
-from flashnum.harness.paths import CONF
+from flashnum.store import manifest, owners
+from flashnum.store.paths import CONF
 
 SMOKE = ["experiment=smoke", "grid.0.seed=[0]", "progress=false", "n_jobs=1"]
 PART = "parts/part-00000000000000000001-1-x-abcdef12.parquet"

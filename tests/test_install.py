@@ -69,7 +69,7 @@ def test_the_unpacked_wheel_runs_an_experiment_from_another_directory(wheel, tmp
                        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "smoke: 48 cases in the grid" in p.stdout
-    q = subprocess.run([sys.executable, "-c", "import flashnum.harness.paths as p; print(p.CONF)"],
+    q = subprocess.run([sys.executable, "-c", "import flashnum.store.paths as p; print(p.CONF)"],
                        cwd=cwd, capture_output=True, text=True, timeout=120,
                        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)})
     assert Path(q.stdout.strip()) == site / "flashnum" / "conf"

@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from flashnum.harness import store
+from flashnum import store
 from flashnum.harness.grid import expand
-from flashnum.harness.paths import CONF
+from flashnum.store.paths import CONF
 
 REPO = Path(__file__).resolve().parents[1]
 # 2 inputs x 2 N x 2 policies x 2 precisions = 16 cases, a few seconds of work: most of the

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from flashnum.harness import manifest, store
-from flashnum.harness.paths import CONF
+from flashnum import store
 from flashnum.harness.run import run
+from flashnum.store import manifest
+from flashnum.store.paths import CONF
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = ["experiment=smoke", "progress=false", "n_jobs=1"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flashnum.harness import store
+from flashnum import store
 
 REPO = Path(__file__).resolve().parents[1]
 # small cases: 32 queries, head_dim 16, blocks of 16 keys (late_max needs two)

@@ -20,7 +20,7 @@ FILE = re.compile(r"(?<![\w/.-])flashnum/[\w/]+\.(?:py|c)\b")
 
 
 def named_paths(text: str) -> set[str]:
-    text = text.replace("\\_", "_")  # TeX writes flashnum.harness.head\_stats
+    text = text.replace("\\_", "_")  # TeX writes flashnum.studies.head\_stats
     found = set(DOTTED.findall(text))
     for m in FROM.finditer(text):
         found |= {f"{m.group(1)}.{n.split()[0]}" for n in m.group(2).split(",") if n.strip()}
@@ -67,6 +67,6 @@ def test_the_checker_rejects_what_does_not_exist():
         "flashnum.distributions.describe", "flashnum.distributions.make"}
     assert not resolves("flashnum.distributions.describe")
     assert not resolves("flashnum.engine.no_such_name")
-    assert named_paths(r"\code{flashnum.harness.head\_stats}") == {"flashnum.harness.head_stats"}
+    assert named_paths(r"\code{flashnum.studies.head\_stats}") == {"flashnum.studies.head_stats"}
     assert resolves("flashnum.inputs.distributions.describe")
     assert resolves("flashnum.reference.plain64")

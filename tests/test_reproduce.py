@@ -13,11 +13,12 @@ import torch
 
 import flashnum
 from flashnum import reproduce as R
-from flashnum.harness import manifest, store
+from flashnum import store
 from flashnum.inputs.distributions import make
 from flashnum.numerics import blockscaled as BS
 from flashnum.numerics.formats import FORMATS
 from flashnum.numerics.policy import make_policy
+from flashnum.store import manifest
 
 E4M3 = FORMATS["fp8_e4m3"]
 

@@ -19,15 +19,16 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import flashnum
+from flashnum import store
 from flashnum.analysis.invariants import invariants
 from flashnum.engine.variants import FA2, Exp2
-from flashnum.harness import manifest, store
 from flashnum.harness.config import check
 from flashnum.harness.grid import CASE_FIELDS, CONF, columns, expand, in_shard
 from flashnum.harness.run import ConfigError, policy_of, precheck, run
 from flashnum.harness.summary import growth
 from flashnum.inputs.distributions import make
 from flashnum.numerics.policy import PRODUCT_SITES, SITES, Policy, make_policy
+from flashnum.store import manifest
 
 REPO = Path(__file__).resolve().parents[1]
 # the forward runner's experiments; bwd_* are the backward runner's (flashnum.harness.backward)

@@ -9,7 +9,7 @@ neighbouring double, numpy's matmul reverses its sums; in every process of the r
 force flashnum's own paths: accumulate.c's AVX2 and scalar chains instead of AVX-512, the
 torch path instead of the fused loops, no compiler at all. Shards of the shipped
 experiments rerun that way must equal experiments/ in every column but the timings (and the
-columns that measure the machine's own torch: flashnum.harness.compare).
+columns that measure the machine's own torch: flashnum.store.compare).
 
 At 576772c, before flashnum had its own orders, the perturbed runs of the first three shards
 below differed from that commit's stored tables in 15 columns each (every error measure,

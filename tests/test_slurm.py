@@ -18,9 +18,9 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from flashnum.harness import store
+from flashnum import store
 from flashnum.harness.grid import expand, in_shard
-from flashnum.harness.paths import CONF
+from flashnum.store.paths import CONF
 
 REPO = Path(__file__).resolve().parents[1]
 # smoke with 24 seeds: 384 cases in 96 inputs (a part per input and shard), 5-10 s of work

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import flashnum.stored as store_command  # the command line, python -m flashnum.stored
-from flashnum.harness import owners, store
+from flashnum import store
+from flashnum.store import owners
 
 
 def rows(ids, value=1.0):
@@ -118,7 +119,7 @@ def test_an_empty_or_dead_lock_of_the_earlier_protocol_is_removed_and_blocks_not
 
 def test_the_lock_is_dropped_by_the_kernel_when_its_holder_dies(tmp_path):
     # a process that takes the lock and is killed holding it: the next writer gets it
-    code = ("import os, signal, sys; from flashnum.harness import owners\n"
+    code = ("import os, signal, sys; from flashnum.store import owners\n"
             f"with owners.locked({str(tmp_path)!r}):\n"
             "    print('held', flush=True); os.kill(os.getpid(), signal.SIGKILL)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

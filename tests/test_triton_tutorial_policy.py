@@ -276,7 +276,7 @@ def test_equals_the_tutorials_kernels_on_the_interpreter(monkeypatch):
     """The interpreter with the engine's exp2, log2 and row sum: every entry of out, dQ,
     dK, dV equal; as it is: at least 99% of each (N = 256, causal, sm_scale 0.5)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from flashnum.harness import triton_tutorial as bench
+    from flashnum.studies import kernel_agreement as bench
 
     mod = bench.load(TUTORIAL)
     q, k, v, do = qkv_do(256)
@@ -296,7 +296,7 @@ def test_equals_the_tutorials_kernels_on_the_interpreter(monkeypatch):
                     "triton's python/tutorials/06-fused-attention.py (not in this repository)")
 def test_the_tutorials_kernels_break_the_bare_2x_rule_too(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from flashnum.harness import triton_tutorial as bench
+    from flashnum.studies import kernel_agreement as bench
 
     mod = bench.load(TUTORIAL)
     q, k, v, do = folded_k_case()

@@ -35,7 +35,7 @@ from flashnum.audit.targets import resolve
 from flashnum.harness.cli import alias, main_of, named
 from flashnum.harness.config import StoreConf
 from flashnum.harness.grid import hash_id
-from flashnum.harness.paths import CONF
+from flashnum.store.paths import CONF
 
 
 @dataclass
@@ -96,7 +96,8 @@ def _experiment(cfg) -> int:
 
     import pandas as pd
 
-    from flashnum.harness import manifest, store
+    from flashnum import store
+    from flashnum.store import manifest
 
     root = Path(cfg.store.root) / cfg.experiment
     started, t0 = manifest.now(), time.perf_counter()

@@ -68,7 +68,7 @@ GRAD_CANDIDATES = ("naive", "naive@fp32", "fa2", "fa2:exp2", "fa2:fa2:32x32",
 CANDIDATES = tuple(dict.fromkeys((
     "naive", "fa2", "fa2:fa2:128", "fa2:exp2", "fa2:exp2:128", "lowp", "fa2:fa2:row",
     "fa2:fa2:128:partial_first", "fa2:exp2:128:partial_first", *REGISTERED)))
-# packages whose versions the manifest records beside flashnum.harness.manifest.versions()
+# packages whose versions the manifest records beside flashnum.store.manifest.versions()
 PACKAGES = ("jax", "jaxlib", "onnx", "onnxruntime", "transformers", "ml_dtypes", "triton",
             "flash_attn")
 def model_kwargs(spec: str) -> dict:
@@ -429,8 +429,9 @@ def run(cfg) -> int:
     """The experiment: every (target, precision) of conf/audit/<experiment>.yaml, stored."""
     from omegaconf import OmegaConf
 
-    from flashnum.harness import manifest, store
-    from flashnum.harness.paths import CONF
+    from flashnum import store
+    from flashnum.store import manifest
+    from flashnum.store.paths import CONF
 
     spec = OmegaConf.to_container(OmegaConf.load(CONF / "audit" / f"{cfg.experiment}.yaml"))
     if not torch.cuda.is_available():  # flashnum_triton's CPU interpreter must be chosen
@@ -499,7 +500,7 @@ def check(cfg) -> None:
 
     from flashnum.audit.cases import BUDGETS
     from flashnum.audit.targets import NAMES
-    from flashnum.harness.paths import CONF
+    from flashnum.store.paths import CONF
 
     spec = OmegaConf.to_container(OmegaConf.load(CONF / "audit" / f"{cfg.experiment}.yaml"))
     for t in spec["targets"]:

@@ -3,7 +3,7 @@
     python -m flashnum.figures [store.root=DIR] [out=paper/figures]
     make -C paper figures
 
-Reads experiments/<name>/ through flashnum.harness.store.load and never reruns a case.
+Reads experiments/<name>/ through flashnum.store.load and never reruns a case.
 Rewrites the marked tables of README.md and docs/*.md beside the store (flashnum.figures.docs
 TABLES: each block <!-- table:Name --> ... <!-- /table --> generated whole from the store).
 Writes into --out (default paper/figures/):

@@ -1,7 +1,7 @@
 """The context every figure function writes through: tables in, files and numbers out.
 
     F = Figures(experiments=Path("experiments"), out=Path("paper/figures"))
-    df = F.table("bf16_sweep")          # the stored rows (flashnum.harness.store), or None
+    df = F.table("bf16_sweep")          # the stored rows (flashnum.store), or None
     F.num("SweepCases", len(df))        # a number the text quotes (declared in NUMBERS)
     F.fact("QiuYaoTies", True)         # a fact the text branches on (declared in FACTS)
     F.save(fig, "heatmap", width=0.75)  # heatmap.pdf/.png without timestamps + heatmap.tex
@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from flashnum import store
 from flashnum.figures.numbers import EXPERIMENTS, FACTS, NUMBERS
 from flashnum.figures.tex import tex_escape, tex_num
-from flashnum.harness import store
 
 SWEEPS = ("bf16_sweep", "fp16_sweep", "fp32_sweep")
 PRECISIONS = ("bf16", "fp16", "fp32")  # the precisions the text quotes numbers for

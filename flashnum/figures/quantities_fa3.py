@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from flashnum.figures.quoting import Fact, Quantity, fixed, percent, sci
-from flashnum.harness.fa3_protocol import summary as fa3_summary
+from flashnum.reproduce.fa3 import protocol_summary as fa3_summary
 
 
 def _fa3(key: Callable[[dict], object], name: str = "fa3_protocol"

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from flashnum.figures.quoting import Fact, Quantity
-from flashnum.harness.exp_exhaustive import summary as exp_summary
+from flashnum.studies.exp_exhaustive import summary as exp_summary
 
 
 def _exp(key: Callable[[dict], int]) -> Callable[[object], object]:

@@ -10,7 +10,7 @@
     (key=value options, flashnum.harness.cli: limit, batch, summary, where, n_jobs, progress,
     num_shards and shard, store.root, compare_with: a store root whose rows the rows computed
     now must equal; the keys the forward runner takes, with the same meaning)
-    df = flashnum.harness.store.load("bwd_order")
+    df = flashnum.store.load("bwd_order")
 
 An experiment file has `experiment`, `description`, a `base` case and `grid`: a list of
 slices, each mapping axes to lists of values (the product of the lists; other axes from
@@ -43,7 +43,7 @@ and torch's gradients made once), tasks on n_jobs processes with one torch threa
 by a hash of their axes (reference and bound only when not at their defaults, so that
 the earlier tables keep their keys); a rerun computes only missing cases. Each run that
 writes rows appends a record to the experiment's manifest.json
-(flashnum.harness.manifest). With several seq_len, summary=true also prints the growth
+(flashnum.store.manifest). With several seq_len, summary=true also prints the growth
 fits (`growth`): err ~ N^alpha per policy, precision, distribution, gradient and seed.
 """
 
@@ -58,16 +58,17 @@ from pathlib import Path
 
 import torch
 
+from flashnum import store
 from flashnum.analysis.bounds_backward import bound_backward
 from flashnum.api import attention_backward
-from flashnum.harness import compare, manifest, owners, store
 from flashnum.harness.config import StoreConf
 from flashnum.harness.grid import hash_id, in_shard, points
-from flashnum.harness.paths import CONF as CONF_ROOT
 from flashnum.harness.scheduler import execute, n_workers
 from flashnum.inputs.distributions import make
 from flashnum.numerics.tiling import causal_visible
 from flashnum.reference import reference_backward
+from flashnum.store import compare, manifest, owners
+from flashnum.store.paths import CONF as CONF_ROOT
 
 CONF = CONF_ROOT / "experiment"
 AXES = ("policy", "precision", "seq_len", "head_dim", "block", "dq_order", "distribution",
@@ -446,7 +447,7 @@ class Args:
     shard: int = 0  # run computes shard `shard` of `num_shards`
     store: StoreConf = field(default_factory=StoreConf)
     # a store root (e.g. experiments): after the run, compare the rows computed now with the
-    # rows stored there (flashnum.harness.compare, as the forward runner); exit status 1 if any
+    # rows stored there (flashnum.store.compare, as the forward runner); exit status 1 if any
     # differ
     compare_with: str | None = None
 
@@ -562,7 +563,7 @@ def _tasks(todo: list[dict]) -> list[list[dict]]:
 
 def _run_task(cases: list[dict], exp_dir: str, batch: int, run_id: str | None = None) -> dict:
     """Run one task's cases in turn, storing a part every `batch` rows and at its end.
-    Only the cases it claims (flashnum.harness.owners): another run may have the rest."""
+    Only the cases it claims (flashnum.store.owners): another run may have the rest."""
     mine = set(owners.claim(exp_dir, [c["case_id"] for c in cases], run_id)) if run_id \
         else {c["case_id"] for c in cases}
     busy = [c["case_id"] for c in cases if c["case_id"] not in mine]

@@ -3,7 +3,7 @@
 Every command takes Hydra's `key=value` overrides (the same grammar as
 `python -m flashnum.run`: dotted keys, lists [a,b], +key=value for open mappings),
 stops a bad value before any work with one line on stderr and exit status 2,
-and writes into the one store (flashnum.harness.store, root `store.root=`).
+and writes into the one store (flashnum.store, root `store.root=`).
 
 A command other than run declares its options as a dataclass and calls main_of:
 
@@ -24,7 +24,7 @@ with their defaults. `run` itself composes conf/ (flashnum.harness.run.main).
 
 Stopping: SIGTERM (`kill`, a batch system's time limit) is handled as Ctrl-C is: the
 command stops its workers, says how to resume and exits with 143 (Ctrl-C: 130), the
-finished work stored. A store that cannot be read or written (flashnum.harness.files.
+finished work stored. A store that cannot be read or written (flashnum.store.files.
 StoreError: a corrupt file, a read-only folder, a full disk) is one line on stderr.
 """
 
@@ -46,9 +46,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from flashnum.harness.config import Config
-from flashnum.harness.files import StoreError, check_root
-from flashnum.harness.paths import CONF
 from flashnum.inputs.distributions import DISTRIBUTIONS
+from flashnum.store.files import StoreError, check_root
+from flashnum.store.paths import CONF
 
 OPEN_MAPPINGS = ("sites", "params", "search")  # config keys whose entries are free-form
 

@@ -154,7 +154,7 @@ class Config:
     max_cases: int | None = None  # first n cases of the (sharded) grid
     worst: int = 8  # how many worst cases the summary lists
     # a store root (e.g. experiments): after the run, compare the rows computed now with the
-    # rows stored there (flashnum.harness.compare); exit status 1 if any differ
+    # rows stored there (flashnum.store.compare); exit status 1 if any differ
     compare_with: str | None = None
 
 

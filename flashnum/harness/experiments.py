@@ -17,7 +17,7 @@ above the harness). The kinds with a YAML:
     table         conf/table/NAME.yaml, a table one function computes whole
                   (flashnum.harness.tables: the bound tightness, ...)
     head_stats    NAME_stats, the logit statistics of forward experiment NAME's inputs
-                  (flashnum.harness.head_stats NAME; its YAML is NAME's)
+                  (flashnum.studies.head_stats NAME; its YAML is NAME's)
 
 A user's folder (`--config-dir DIR` or `hydra.searchpath=[file://DIR]`) holds its own
 experiments as DIR/experiment/NAME.yaml, Hydra's layout; they are found first, so a copy
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from flashnum.harness.paths import CONF
+from flashnum.store.paths import CONF
 
 YAML_KINDS = ("forward", "backward", "audit", "table")
 FOLDERS = {"experiment": ("forward", "backward"), "audit": ("audit",), "table": ("table",)}

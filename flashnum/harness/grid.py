@@ -51,8 +51,8 @@ from flashnum.engine.variants import PARAMS as VARIANT_PARAMS
 from flashnum.engine.variants import VARIANTS as VARIANT_CLASSES
 from flashnum.engine.variants import Variant, variant_of
 from flashnum.harness.config import base_case, check_case, plain, set_variant
-from flashnum.harness.paths import CONF  # conf/ of the checkout, flashnum/conf/ when installed
 from flashnum.inputs.distributions import captured_case, params
+from flashnum.store.paths import CONF  # conf/ of the checkout, flashnum/conf/ when installed
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ The reference sees the inputs as the kernel stores them (rounded to the policy's
 K, V (as flashnum.inputs.search measures it). Cases sharing their inputs run together in
 one task, so each reference is computed once; tasks run on every core, one torch
 thread per process (so results do not depend on the number of workers). Each
-finished task appends its rows to experiments/<name>/ (flashnum.harness.store); a rerun
+finished task appends its rows to experiments/<name>/ (flashnum.store); a rerun
 skips every case_id already there, `recompute=true` runs them again.
 
 Invariants (m_ok, l_ok): flashnum.analysis.invariants. The config is composed once and
@@ -50,18 +50,20 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd
 from omegaconf import OmegaConf
 
+from flashnum import store
 from flashnum.analysis import bounds, metrics
 from flashnum.analysis.invariants import invariants
 from flashnum.api import attention
-from flashnum.harness import cli, compare, experiments, manifest, owners, scheduler, store, summary
+from flashnum.harness import cli, experiments, scheduler, summary
 from flashnum.harness.cli import ConfigError
 from flashnum.harness.config import check, register
-from flashnum.harness.files import make_dir
 from flashnum.harness.grid import CASE_FIELDS, CONF, Case, columns, expand, select
 from flashnum.inputs.distributions import make
 from flashnum.numerics.formats import Exact, Format
 from flashnum.numerics.policy import SITES, make_policy
 from flashnum.reference import reference
+from flashnum.store import compare, manifest, owners
+from flashnum.store.files import make_dir
 
 PROG = "flashnum.run"
 register()
@@ -509,7 +511,7 @@ def compared(name: str, overrides: list[str], runner) -> int:
     routes them): a table, head statistics, a reproduction, an audit or the attribution
     table. With compare_with=ROOT,
     every row of the run's store (store.root=, experiments by default) is then compared
-    with ROOT/name by flashnum.harness.compare, as the sweeps do; the exit status is then
+    with ROOT/name by flashnum.store.compare, as the sweeps do; the exit status is then
     the comparison's: 1 if any non-timing column differs."""
     other = [o.split("=", 1)[1] for o in overrides if o.startswith("compare_with=")]
     rest = [o for o in overrides if not o.startswith("compare_with=")]

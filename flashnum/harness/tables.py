@@ -3,7 +3,7 @@
     # conf/table/bound_tightness.yaml
     experiment: bound_tightness
     description: how tight the a-priori bounds are, over the input catalogue
-    table: flashnum.harness.tightness:tightness_table  # module:function -> DataFrame
+    table: flashnum.studies.bounds:tightness_table  # module:function -> DataFrame
     args: {seq_len: 256, seeds: [0, 1]}                # its keyword arguments
     measures: [measured, bound, ...]                   # measured columns; the rest key a row
     external: {env: VAR, arg: path, what: "..."}       # optional: a file from outside the
@@ -13,7 +13,7 @@
 
 The function returns one row per case. Each row's case_id is the one case-id function
 (flashnum.harness.grid.hash_id) of the experiment's name and the row's columns that are
-not measures, and the table replaces the stored one (flashnum.harness.store.replace) with
+not measures, and the table replaces the stored one (flashnum.store.replace) with
 a manifest record of the code and the config. `python -m flashnum.harness.tables NAME` is
 the same command. An experiment that runs a file that never enters this repository
 (`external`: a third party's code) takes its path from the environment variable `env`,
@@ -34,11 +34,12 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from flashnum.harness import manifest, store
+from flashnum import store
 from flashnum.harness.cli import main_of
 from flashnum.harness.config import StoreConf
 from flashnum.harness.grid import hash_id
-from flashnum.harness.paths import CONF
+from flashnum.store import manifest
+from flashnum.store.paths import CONF
 
 TABLES = CONF / "table"
 

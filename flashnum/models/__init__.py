@@ -12,7 +12,7 @@ orders, exp and casts), which no choice of sites states. Each is a Model below: 
 kernel it follows, its causal alignment, the precisions it takes, its forward (and
 backward) on a checked call (flashnum.engine.call). A model follows the machine where
 its kernel does (torch_cpu.c calls the same MKL sgemm as torch's kernel): its tables are
-compared on the CPU class that stored them (flashnum.harness.compare).
+compared on the CPU class that stored them (flashnum.store.compare).
 
   torch_cpu        torch's CPU SDPA flash kernel, forward and backward (torch_cpu.py,
                    its exps torch_cpu_exp.py and GEMMs torch_cpu_gemm.py, torch_cpu_backward.py)

@@ -5,7 +5,7 @@
 
 REPRODUCTIONS lists every published result, one module each (flashnum.reproduce.fa3,
 golden, ...) exporting its Reproduction; a new one is its module and a line here. Each
-table is stored whole under experiments/repro_<name>/ (flashnum.harness.store.replace,
+table is stored whole under experiments/repro_<name>/ (flashnum.store.replace,
 with a manifest record); a row's case_id hashes the reproduction's name and its protocol
 columns (every column not in MEASURES).
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from flashnum.harness import manifest, store
+from flashnum import store
 from flashnum.harness.cli import main_of
 from flashnum.harness.config import StoreConf
 from flashnum.harness.grid import hash_id
@@ -32,6 +32,7 @@ from flashnum.reproduce import (
     qiu_yao_bias,
     splitkv,
 )
+from flashnum.store import manifest
 
 REGISTRY = {m.REPRODUCTION.name: m.REPRODUCTION for m in (
     fa3, golden, qiu_yao_bias, pcast_order, fa4_offset, pcast_collapse, mx_formats, splitkv)}
@@ -64,7 +65,7 @@ def case_ids(name: str, df: pd.DataFrame) -> list[str]:
 
 
 def save(name: str, df: pd.DataFrame, config: dict, root=None):
-    """Store df as experiments/<name>/ (flashnum.harness.store.replace) with a manifest record.
+    """Store df as experiments/<name>/ (flashnum.store.replace) with a manifest record.
 
     A reproduction is one table: earlier rows of `name` are replaced, not appended to
     (the manifest appends a record of this run to the earlier ones). Each row gets a

@@ -14,7 +14,7 @@ from flashnum.figures.docs.digits import pct
 from flashnum.figures.docs.sources import bench, last_run, table
 from flashnum.figures.docs.views import view
 from flashnum.figures.quoting import Passage, require
-from flashnum.harness.torch_cpu_backward_agreement import summary as torch_cpu_summary
+from flashnum.studies.kernel_agreement import torch_cpu_backward_summary as torch_cpu_summary
 
 BACKWARD = "kernel_audit_backward"  # the gradient audit: its rows, each report's audit.json
 GRADS = ("dq", "dk", "dv")

@@ -15,7 +15,7 @@ from flashnum.figures.docs.digits import thousands
 from flashnum.figures.docs.sources import table
 from flashnum.figures.docs.views import view
 from flashnum.figures.quoting import Passage, require
-from flashnum.harness.bound_stress import summary as stress_summary
+from flashnum.studies.bounds import stress_summary
 
 
 def bound_accounting(F):
@@ -64,7 +64,7 @@ def tightness_table(F) -> pd.DataFrame:
 
 
 def stress(F, family):
-    """experiments/bound_stress's accounting of one family (harness.bound_stress.summary)."""
+    """experiments/bound_stress's accounting of one family (studies.bounds.stress_summary)."""
     return stress_summary(table(F, "bound_stress"), family)
 
 

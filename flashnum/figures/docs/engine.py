@@ -8,7 +8,7 @@ from __future__ import annotations
 from flashnum.figures.docs.digits import thousands
 from flashnum.figures.docs.sources import bench, table
 from flashnum.figures.quoting import Passage
-from flashnum.harness.exp_exhaustive import summary as exp_summary
+from flashnum.studies.exp_exhaustive import summary as exp_summary
 
 
 def engine_bench(F):

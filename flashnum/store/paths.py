@@ -1,6 +1,6 @@
 """Where the Hydra configs live: flashnum/conf/, in a checkout a link to the top-level conf/.
 
-    from flashnum.harness.paths import CONF     # a Path holding config.yaml
+    from flashnum.store.paths import CONF     # a Path holding config.yaml
 
 conf/ at the top of the repository is the only source; flashnum/conf links to it, so that
 a built wheel carries it as package data (pyproject.toml) and a non-editable install runs

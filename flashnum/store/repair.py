@@ -1,8 +1,8 @@
 """Check and repair a store's folder: is it flashnum's, and its bad files moved aside.
 
-    from flashnum.harness.repair import check_store, repair
+    from flashnum.store.repair import check_store, repair
     check_store("experiments/bf16_sweep")   # StoreError (one line) unless it is a store
-    repair("experiments/bf16_sweep")        # what flashnum.harness.store.problems finds,
+    repair("experiments/bf16_sweep")        # what flashnum.store.problems finds,
                                             # to quarantine/; dead runs reconciled; compact
     python -m flashnum.stored repair bf16_sweep   # the same from the shell
 
@@ -22,9 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flashnum.harness import manifest, owners
-from flashnum.harness.files import MANIFEST, PARTS, StoreError, write_json
-from flashnum.harness.store import (
+from flashnum.store import (
     LOCK,
     QUARANTINE,
     _files,
@@ -33,9 +31,12 @@ from flashnum.harness.store import (
     done_ids,
     foreign,
     grid_ids,
+    manifest,
+    owners,
     problems,
     reconcile,
 )
+from flashnum.store.files import MANIFEST, PARTS, StoreError, write_json
 
 PART_NAME = re.compile(r"part-\d{20}-\d+-[^-/]+-[0-9a-f]{8}\.parquet")
 

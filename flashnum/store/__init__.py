@@ -1,12 +1,12 @@
 """The results store: one tidy table per experiment, append-only and resumable.
 
-    import flashnum.harness.store
-    df = flashnum.harness.store.load("bf16_sweep")        # or a path to the folder
-    flashnum.harness.store.compact("bf16_sweep")          # merge the parts into results.parquet
+    import flashnum.store
+    df = flashnum.store.load("bf16_sweep")        # or a path to the folder
+    flashnum.store.compact("bf16_sweep")          # merge the parts into results.parquet
     python -m flashnum.stored bf16_sweep          # print size and columns; compact=true
     python -m flashnum.stored check bf16_sweep    # read every file; exit status 1 if one fails
     python -m flashnum.stored repair bf16_sweep   # unreadable files to quarantine/, recount
-    flashnum.harness.store.replace("repro_x", df, record)  # a table recomputed whole
+    flashnum.store.replace("repro_x", df, record)  # a table recomputed whole
 
 Layout of experiments/<name>/:
 
@@ -16,11 +16,11 @@ Layout of experiments/<name>/:
                           part-<time>-<pid>-<run_id>-<random>: the run that wrote it)
     manifest.json         one record per run that wrote rows: the command, the code (git
                           commit, dirty flag and diff hash), versions, machine, times,
-                          counts (flashnum.harness.manifest; manifest.shard-i-of-n.json
+                          counts (flashnum.store.manifest; manifest.shard-i-of-n.json
                           for a shard of a sharded run)
     grid.json             the case_ids of the grid last run (every shard writes the same;
                           load(name, grid=True) shows only its rows)
-    .lock, .runs/, claims/  who writes now (flashnum.harness.owners)
+    .lock, .runs/, claims/  who writes now (flashnum.store.owners)
     quarantine/           files `repair` found unreadable, moved aside, never deleted
 
 What it guarantees (each measured by tests/test_faults*.py and tests/test_store.py):
@@ -46,7 +46,7 @@ What it guarantees (each measured by tests/test_faults*.py and tests/test_store.
   writes there (a table without a string case_id, a part that is another table, a
   manifest or grid.json not of flashnum's layout, the owners' files of owners.foreign);
   a run checks every table's footer before it computes (tidy). `problems` lists them all,
-  flashnum.harness.repair moves them to quarantine/ and recounts, deleting nothing
+  flashnum.store.repair moves them to quarantine/ and recounts, deleting nothing
   readable, merging no foreign table, and refuses a folder that is not a store
   (check_store). Reading needs no write access.
 """
@@ -65,8 +65,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flashnum.harness import faults, manifest, owners
-from flashnum.harness.files import (  # noqa: F401  (check_root: the store's, kept here)
+from flashnum.store import faults, manifest, owners
+from flashnum.store.files import (  # noqa: F401  (check_root: the store's, kept here)
     MANIFEST,
     PARTS,
     RESULTS,
@@ -506,7 +506,7 @@ def replace(name_or_path, df: pd.DataFrame, record: dict | None = None, root=Non
     as one part, then, under the store's lock, results.parquet is rewritten from that
     part alone (sorted by case_id, as compact writes it) in one atomic rename, and only
     then are the earlier parts removed; a reader sees the old rows or the new ones.
-    record: flashnum.harness.manifest.record(...) of the run. Returns the folder.
+    record: flashnum.store.manifest.record(...) of the run. Returns the folder.
     """
     if "case_id" not in df.columns or df["case_id"].duplicated().any():
         raise ValueError("replace needs one row per case_id (a unique case_id column)")

@@ -1,7 +1,7 @@
 """The logit statistics of every input of a forward experiment, stored as a table of heads.
 
-    python -m flashnum.harness.head_stats trained_model      # -> experiments/trained_model_stats
-    df = flashnum.harness.store.load("trained_model_stats")  # one row per (input, batch, head)
+    python -m flashnum.studies.head_stats trained_model      # -> experiments/trained_model_stats
+    df = flashnum.store.load("trained_model_stats")  # one row per (input, batch, head)
 
 For each distinct input of conf/experiment/NAME.yaml's grid (distribution and its
 params, shape, seed, causal flag: every case that shares them reads the same Q, K, V,
@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
+from flashnum import store
 from flashnum.analysis.logit_stats import STATS, head_stats
-from flashnum.harness import manifest, store
 from flashnum.harness.cli import main_of
 from flashnum.harness.config import StoreConf
 from flashnum.harness.grid import hash_id
-from flashnum.harness.paths import CONF
 from flashnum.inputs.distributions import make
+from flashnum.store import manifest
+from flashnum.store.paths import CONF
 
 INPUT_FIELDS = ("distribution", "dist_params", "batch", "heads", "seq_len_q", "seq_len_k",
                 "head_dim", "causal", "seed", "block_n")
@@ -82,7 +83,7 @@ def stats_rows(inp: dict) -> list[dict]:
 
 @dataclass
 class Args:
-    """python -m flashnum.harness.head_stats EXPERIMENT [store.root=DIR]"""
+    """python -m flashnum.studies.head_stats EXPERIMENT [store.root=DIR]"""
 
     experiment: str = ""  # a forward experiment (conf/experiment/NAME.yaml)
     store: StoreConf = field(default_factory=StoreConf)
@@ -113,7 +114,7 @@ def _run(cfg) -> int:
 
 
 def main(argv=None) -> int:
-    return main_of("flashnum.harness.head_stats", Args, _run, argv, positional="experiment",
+    return main_of("flashnum.studies.head_stats", Args, _run, argv, positional="experiment",
                    check=_check, doc=__doc__)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# the folders of a store whose files sit one level down (flashnum.harness.owners, store)
+# the folders of a store whose files sit one level down (flashnum.store.owners, store)
 SUBFOLDERS = ("parts", "claims", ".runs")
 
 

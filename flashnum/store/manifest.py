@@ -1,6 +1,6 @@
 """Manifests: which code, command and machine produced the rows of a stored table.
 
-    from flashnum.harness import manifest
+    from flashnum.store import manifest
     rec = manifest.record("flashnum.run", ["experiment=bf16_sweep"], config=cfg_dict)
     manifest.begin(path, "bf16_sweep", rec)            # a run about to write rows
     ...                                                # the rows are written
@@ -13,9 +13,9 @@ first, one record per run that wrote rows. A record is appended when the run sta
 case already stored, or every case failed) takes its own record out again, so a rerun on
 another machine never claims rows it did not compute; the file is then byte for byte as
 it was unless another run changed it meanwhile. Every change is a read-modify-write under
-the store's lock (flashnum.harness.owners.locked) that touches one record only: no run
+the store's lock (flashnum.store.owners.locked) that touches one record only: no run
 removes or overwrites another's. A run killed before completing its record is reconciled
-by the next one (flashnum.harness.store.reconcile): counts.run becomes the rows its parts
+by the next one (flashnum.store.reconcile): counts.run becomes the rows its parts
 hold, and "reconciled" says when and why. An unreadable manifest raises StoreError naming
 the file and `python -m flashnum.stored repair`.
 
@@ -44,9 +44,9 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
-from flashnum.harness import owners
-from flashnum.harness.files import unreadable, write_json
-from flashnum.harness.paths import CONF
+from flashnum.store import owners
+from flashnum.store.files import unreadable, write_json
+from flashnum.store.paths import CONF
 
 PACKAGE = Path(__file__).resolve().parents[1]
 REPO = PACKAGE.parent
@@ -128,7 +128,7 @@ def versions() -> dict:
 def cpu_class() -> str:
     """The CPU as the libraries' kernel choice sees it: vendor, machine, vector width and the
     extensions torch's CPU kernels (oneDNN, MKL) dispatch on, e.g. "GenuineIntel x86_64
-    avx512 bf16 fp16 amx". A table that follows the machine (flashnum.harness.compare)
+    avx512 bf16 fp16 amx". A table that follows the machine (flashnum.store.compare)
     reproduces on a CPU of its class."""
     info = {}
     try:
@@ -293,7 +293,7 @@ def append(path, experiment: str, rec: dict) -> None:
 
 def begin(path, experiment: str, rec: dict) -> None:
     """Append rec (end_time None) before any row is written; it names its process
-    (rec["owner"], flashnum.harness.owners.me) so that the next run can tell it died."""
+    (rec["owner"], flashnum.store.owners.me) so that the next run can tell it died."""
     rec.setdefault("owner", owners.me(rec["run_id"]))
     append(path, experiment, rec)
 

@@ -6,7 +6,7 @@
 The content goes to a temporary name in the same folder, is flushed to disk, then
 renamed over `path` (os.replace is atomic on POSIX). A killed writer leaves at most a
 stray `.tmp-*` file, which nothing reads; its name says which process wrote it
-(flashnum.harness.owners.tag), so the store removes it once that process is dead and never
+(flashnum.store.owners.tag), so the store removes it once that process is dead and never
 one still being written. The store and the manifests write through here.
 
 StoreError is the one exception of a store that cannot be read or written: its text is
@@ -21,10 +21,10 @@ import json
 import os
 from pathlib import Path
 
-from flashnum.harness import faults, owners
-from flashnum.harness.errors import StoreError, unreadable  # noqa: F401  (named here too)
+from flashnum.store import faults, owners
+from flashnum.store.errors import StoreError, unreadable  # noqa: F401  (named here too)
 
-# a store's files (flashnum.harness.store): the table, its parts, the manifest
+# a store's files (flashnum.store): the table, its parts, the manifest
 RESULTS = "results.parquet"
 PARTS = "parts"
 MANIFEST = "manifest.json"
@@ -44,7 +44,7 @@ def make_dir(d: Path) -> None:
 
 def atomic_write(path: Path, write, point: str | None = None) -> None:
     """write(tmp_path), fsync, then rename over `path`. point: its name for
-    flashnum.harness.faults (the tests stop a process there)."""
+    flashnum.store.faults (the tests stop a process there)."""
     path = Path(path)
     make_dir(path.parent)
     tmp = path.parent / f".tmp-{owners.tag()}-{path.name}"

@@ -1,4 +1,11 @@
-"""Randomised stress test of the deterministic a-priori bound: the table of the experiment
+"""The a-priori bound (flashnum.analysis.bounds) put to the test: a randomised stress test of
+the deterministic bound, and how tight the bounds are over the input catalogue. One
+function per table experiment (conf/table/NAME.yaml names it); each section below
+describes one.
+
+-- bound_stress --
+
+Randomised stress test of the deterministic a-priori bound: the table of the experiment
 bound_stress (conf/table/bound_stress.yaml; README and docs/bounds.md quote it through
 flashnum.figures.docs.bounds).
 
@@ -25,9 +32,18 @@ ties; a step is kept when it lowers bound / measured and the bound stays finite)
 
 One row per drawn case (kind "draw": its parameters, then bound, measured, ratio and the
 verdict) and one per hill-climb (kind "climb": the start case's parameters, the best ratio
-reached, the steps and how many exceeded). `summary(df, family)` gives the accounting the
-docs quote. The column is `held`, not `bound_holds`: these per-row checks are not the
+reached, the steps and how many exceeded). `stress_summary(df, family)` gives the accounting
+the docs quote. The column is `held`, not `bound_holds`: these per-row checks are not the
 max_abs_err verdicts of the sweeps' tables, and stay out of their accounting.
+
+-- bound_tightness --
+
+The bound tightness table: flashnum.analysis.bounds against the measured error over the
+input catalogue (the table experiment bound_tightness, conf/table/; docs/bounds.md quotes it).
+
+    from flashnum.studies.bounds import tightness_table
+    t = tightness_table(seq_len=128, seeds=range(1))
+    flashnum.analysis.bounds.tightness_summary(t)
 """
 
 from __future__ import annotations
@@ -39,13 +55,16 @@ import warnings
 import pandas as pd
 import torch
 
-from flashnum.analysis.bounds import bound
+from flashnum.analysis.bounds import bound, verdict
 from flashnum.api import attention
 from flashnum.engine.variants import variant_of
-from flashnum.inputs.distributions import DISTRIBUTIONS, make
+from flashnum.inputs.distributions import DISTRIBUTIONS, FROM_FILE, make
 from flashnum.numerics.formats import get_format
 from flashnum.numerics.policy import make_policy
 from flashnum.reference import reference
+
+# -- bound_stress --
+
 
 TIGHTEST = 4  # hill-climbs start from this many of the tightest cases
 
@@ -225,7 +244,7 @@ def bound_stress_table(families: dict, seed: int = 0) -> pd.DataFrame:
                                             if c not in ("family", "kind", "case")]]
 
 
-def summary(df: pd.DataFrame, family: str) -> dict:
+def stress_summary(df: pd.DataFrame, family: str) -> dict:
     """The accounting of one family: cases, held, vacuous, exceeded, the tightest draw (its
     ratio and row) and the hill-climbs (steps, starts, best ratio, exceeded; None without)."""
     d = df[(df.family == family) & (df.kind == "draw")]
@@ -236,3 +255,56 @@ def summary(df: pd.DataFrame, family: str) -> dict:
                 exceeded=int(d.exceeded.sum()), tightest=tightest,
                 climb=(int(c.steps.iloc[0]), len(c), float(c.ratio.min()),
                        int(c.exceeded.sum())) if len(c) else None)
+
+
+# -- bound_tightness --
+
+
+def tightness_table(distributions=None, *, policies=("fa2", "naive", "lowp"),
+                    precisions=("bf16", "fp16", "fp32"), block_ns=(16, 64),
+                    orders=("forward", "reverse"), variant="fa2", seq_len=256, head_dim=64,
+                    heads=1, seeds=(0,), prob=True, delta=1e-3):
+    """One row per case: the measured max |out - ref|, the bounds, and their ratio.
+
+    measured is max_ij |out - ref| (ref certified, flashnum.reference); holds checks
+    measured <= bound + max ref.err_bound. tightness = bound / measured (>= 1 when the
+    bound holds; inf bounds, e.g. a site that may overflow, give inf). The naive policy
+    ignores tiling and order: it runs once per (distribution, seed, precision, block_n).
+    """
+    names = [n for n in DISTRIBUTIONS if n not in FROM_FILE] if distributions is None else list(
+        distributions)
+    rows = []
+    for name in names:
+        for seed in seeds:
+            for bn in block_ns:
+                nk = seq_len - seq_len // 4 if name == "masked" else None
+                try:
+                    inp = make(name, heads=heads, seq_len_q=seq_len, seq_len_k=nk,
+                               head_dim=head_dim, seed=seed, block_n=bn)
+                except ValueError:
+                    continue  # e.g. late_max needs >= 2 key blocks
+                ref = reference(inp.q, inp.k, inp.v, causal=inp.causal, scale=inp.scale)
+                ref_err = float(ref.err_bound.max())
+                for policy in policies:
+                    for precision in precisions:
+                        for order in (orders if policy != "naive" else orders[:1]):
+                            kw = dict(precision=precision, policy=policy, block_n=bn,
+                                      causal=inp.causal, scale=inp.scale, variant=variant)
+                            res = attention(inp.q, inp.k, inp.v, order=order, **kw)
+                            b = bound(inp.q, inp.k, inp.v, n_rescales=res.n_rescales,
+                                      prob=prob, delta=delta, **kw)
+                            err = float((res.out - ref.out).abs().max())
+                            ratio = lambda x, e=err: x / e if e > 0 else math.inf  # noqa: E731
+                            fin, holds = verdict(b["bound"], err - ref_err)
+                            holds_prob = verdict(b["bound_prob"], err - ref_err)[1]
+                            rows.append(dict(
+                                distribution=name, seed=seed, policy=policy,
+                                precision=precision, block_n=bn, order=order, variant=variant,
+                                measured=err, ref_err=ref_err, bound=b["bound"],
+                                bound_prob=b["bound_prob"], tightness=ratio(b["bound"]),
+                                tightness_prob=ratio(b["bound_prob"]),
+                                bound_finite=fin, holds=holds, holds_prob=holds_prob,
+                                dominant_site=b["dominant_site"],
+                                first_order=b["first_order"],
+                            ))
+    return pd.DataFrame(rows)

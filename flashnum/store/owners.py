@@ -38,7 +38,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from flashnum.harness.errors import unreadable
+from flashnum.store.errors import unreadable
 
 LOCK = ".lock"
 OLD_LOCK = ".compact.lock"

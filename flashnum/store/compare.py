@@ -2,7 +2,7 @@
 
     python -m flashnum.run experiment=bf16_sweep store.root=scratch compare_with=experiments
 
-    from flashnum.harness.compare import differences, report
+    from flashnum.store.compare import differences, report
     diffs = differences(now, stored)     # [] when every column but the timings is identical
     print(report(now, stored, "experiments/bf16_sweep"))
 
@@ -16,7 +16,7 @@ What measures a real kernel follows the machine instead: torch's CPU kernels, nu
 matmul and the Triton interpreter take other paths on other CPUs (AMX, AVX-512, AVX2;
 Intel or AMD). Those tables (MACHINE_TABLES), the backward sweeps' columns of torch's own
 autograd (MACHINE_COLUMNS) and the Triton backend's rows are compared only where the table
-was stored on this CPU class (flashnum.harness.manifest.cpu_class); elsewhere one line says
+was stored on this CPU class (flashnum.store.manifest.cpu_class); elsewhere one line says
 so and the rest is compared.
 """
 
@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from flashnum.harness import store
-from flashnum.harness.manifest import cpu_class
+from flashnum import store
+from flashnum.store.manifest import cpu_class
 
 # tables of a real kernel's output (torch's CPU kernels, numpy's matmul, the Triton
 # interpreter): they reproduce on a CPU of the class that stored them
