@@ -342,6 +342,29 @@ def _no_backward(t: pd.DataFrame, failed: pd.Series) -> bool:
                 and t["message"].fillna("").astype(str).str.contains("no backward").any())
 
 
+def _grad_models(fn, target, case_list, precision, alignment) -> dict:
+    """The gradient columns of the target's gradient model and of the closest candidate
+    (GRAD_CANDIDATES), pooled over dQ, dK, dV."""
+    row = {}
+    gmodel = TARGETS[target].grad_model
+    gspecs = tuple(dict.fromkeys(((gmodel,) if gmodel else ()) + GRAD_CANDIDATES))
+    gagree = _grad_agreements(fn, case_list, precision, alignment, gspecs)
+    pooled = {s: tuple(sum(d[g][i] for g in GRADS) for i in range(3))
+              for s, d in gagree.items()}
+    ok = [s for s in gspecs if pooled[s][2]]
+    if ok:
+        gbest = max(ok, key=lambda s: _share(pooled[s]))
+        row.update(grad_closest=model_label(gbest),
+                   grad_closest_bitwise=_share(pooled[gbest]),
+                   grad_closest_ulp1=pooled[gbest][1] / pooled[gbest][2],
+                   **{f"grad_closest_{g}_bitwise": _share(gagree[gbest][g]) for g in GRADS})
+    if gmodel and pooled[gmodel][2]:
+        row.update(grad_model=model_label(gmodel),
+                   grad_model_bitwise=_share(pooled[gmodel]),
+                   grad_model_ulp1=pooled[gmodel][1] / pooled[gmodel][2])
+    return row
+
+
 def table_row(target: str, precision: str, budget: str,
               experiment: str = "kernel_table") -> tuple[dict, pd.DataFrame | None]:
     """One row of the table (see the module docstring) and the audit's case table."""
@@ -389,23 +412,7 @@ def table_row(target: str, precision: str, budget: str,
                ratio_std_max=float(r_std.max()) if len(r_std) else math.nan,
                lse_checked=bool("lse_err_max" in t and t["lse_err_max"].notna().any()))
     if backward:
-        row.update(_grad_columns(t))
-        gmodel = TARGETS[target].grad_model
-        gspecs = tuple(dict.fromkeys(((gmodel,) if gmodel else ()) + GRAD_CANDIDATES))
-        gagree = _grad_agreements(fn, case_list, precision, alignment, gspecs)
-        pooled = {s: tuple(sum(d[g][i] for g in GRADS) for i in range(3))
-                  for s, d in gagree.items()}
-        ok = [s for s in gspecs if pooled[s][2]]
-        if ok:
-            gbest = max(ok, key=lambda s: _share(pooled[s]))
-            row.update(grad_closest=model_label(gbest),
-                       grad_closest_bitwise=_share(pooled[gbest]),
-                       grad_closest_ulp1=pooled[gbest][1] / pooled[gbest][2],
-                       **{f"grad_closest_{g}_bitwise": _share(gagree[gbest][g]) for g in GRADS})
-        if gmodel and pooled[gmodel][2]:
-            row.update(grad_model=model_label(gmodel),
-                       grad_model_bitwise=_share(pooled[gmodel]),
-                       grad_model_ulp1=pooled[gmodel][1] / pooled[gmodel][2])
+        row.update(_grad_columns(t), **_grad_models(fn, target, case_list, precision, alignment))
     model = TARGETS[target].model
     specs = tuple(dict.fromkeys(((model,) if model else ()) + CANDIDATES))
     agree = _agreements(fn, case_list, precision, alignment, specs)
