@@ -22,7 +22,7 @@ of one dtype and shape (B, H, N, d) and out in that dtype.
                    is the block mask q >= kv (top-left); model torch_flex (flashnum.models);
                    no backward on CPU: the gradient audit judges its forward alone
   torch_flex_eager flex_attention uncompiled (its dense path; flashnum.audit.targets_torch;
-                   model jax_xla, the closest measured); no backward on CPU either
+                   model torch_flex_eager, flashnum.models.library); no backward on CPU either
   jax_xla          jax.nn.dot_product_attention, implementation="xla"
                    (flashnum.audit.targets_jax; needs the [kernels] extra)
   jax_pallas       Pallas's FlashAttention kernel mha (flashnum.audit.targets_jax; [kernels])
@@ -191,7 +191,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("torch_flex", "flashnum.audit.targets_torch:torch_flex", "top_left", "torch_flex",
            what="torch.compile(flex_attention), inductor's CPU flex template"),
     Target("torch_flex_eager", "flashnum.audit.targets_torch:torch_flex_eager", "top_left",
-           "jax_xla", what="flex_attention uncompiled (its dense path)"),
+           "torch_flex_eager", what="flex_attention uncompiled (its dense path)"),
     Target("hf_eager", "flashnum.audit.targets_torch:hf_eager", "bottom_right", "naive",
            "naive", what="transformers' eager_attention_forward"),
     Target("jax_xla", "flashnum.audit.targets_jax:jax_xla", "top_left", "jax_xla", "naive",

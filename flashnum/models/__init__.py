@@ -21,6 +21,7 @@ compared on the CPU class that stored them (flashnum.store.compare).
   ort_cpu          ONNX Runtime's CPU Attention (library.py)
   torch_flex       torch.compile(flex_attention) on CPU, inductor's C++ flex template
                    (torch_flex.py)
+  torch_flex_eager flex_attention uncompiled, its dense math path (library.py)
   triton_tutorial  the Triton tutorial's fused attention, fp16, forward and backward
                    (triton_tutorial.py)
   tinygrad         tinygrad's scaled_dot_product_attention on its CPU device, fp32 and
@@ -110,6 +111,8 @@ MODELS: dict[str, Model] = {m.name: m for m in (
           alignment="top_left"),
     Model("torch_flex", "torch.compile(flex_attention) on CPU (inductor's C++ flex template)",
           _torch_flex, alignment="top_left"),
+    Model("torch_flex_eager", "flex_attention uncompiled on CPU (its dense math path)",
+          _library("torch_flex_eager"), alignment="top_left"),
     Model("triton_tutorial", "the Triton tutorial's fused attention (06-fused-attention.py)",
           _tutorial, _tutorial_backward, precisions=("fp16",)),
     Model("tinygrad", "tinygrad's Tensor.scaled_dot_product_attention (CPU device)",

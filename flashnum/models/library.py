@@ -1,4 +1,4 @@
-"""Models of three library kernels that materialise S: policies jax_xla, torch_math, ort_cpu.
+"""Models of library kernels that materialise S: jax_xla, torch_math, ort_cpu, torch_flex_eager.
 
     import flashnum
     res = flashnum.attention(q, k, v, precision="bf16", model="jax_xla", causal=True)
@@ -25,6 +25,11 @@ alpha" or "P times the reciprocal of its row sum"):
               masked entries the dtype's lowest value), MlasComputeSoftmax on fp32
               (max, exp(s - max), their sum, then P = e * fl32(1 / sum)), P rounded to
               the dtype, P V by the same GEMM path, the output in the dtype.
+  torch_flex_eager  flex_attention called uncompiled (torch 2.13,
+              torch/_higher_order_ops/flex_attention.py, math_attention): S = Q K^T in
+              fp32 (inputs widened), S * scale in fp32, masked logits -inf, ATen's
+              _safe_softmax in fp32 (a row that sees no key gives 0), P cast to the dtype,
+              P V in the dtype (torch.matmul), the output in the dtype.
 
 What is not modelled (docs/audit.md gives the measured agreement): the summation order
 of each library's GEMMs (Eigen's in XLA, MLAS's in ONNX Runtime; torch.matmul's is
@@ -46,7 +51,7 @@ import torch
 from flashnum.engine.result import Result
 from flashnum.numerics.tiling import causal_visible, check_causal
 
-KERNEL_MODELS = ("jax_xla", "torch_math", "ort_cpu")
+KERNEL_MODELS = ("jax_xla", "torch_math", "ort_cpu", "torch_flex_eager")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # jax.nn's _get_large_negative for fp32 logits: -0.7 * the largest fp32
 JAX_LARGE_NEGATIVE = -0.7 * float(torch.finfo(torch.float32).max)
@@ -104,7 +109,18 @@ def _ort_cpu(q, k, v, dtype, vis, scale):
     return (p @ v).to(dtype), m, l
 
 
-_MODELS = {"jax_xla": _jax_xla, "torch_math": _torch_math, "ort_cpu": _ort_cpu}
+def _flex_eager(q, k, v, dtype, vis, scale):
+    s = (q @ k.transpose(-1, -2)) * scale  # a Python float: the multiply in fp32
+    if vis is not None:
+        s = s.masked_fill(~vis, -math.inf)
+    m = s.amax(-1, keepdim=True)
+    l = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m))).sum(-1, True)
+    p = torch._safe_softmax(s, dim=-1)  # ATen's op, the one the kernel calls
+    return p.to(dtype) @ v.to(dtype), m, l
+
+
+_MODELS = {"jax_xla": _jax_xla, "torch_math": _torch_math, "ort_cpu": _ort_cpu,
+           "torch_flex_eager": _flex_eager}
 
 
 def attention_kernel_model(q, k, v, policy: str, *, precision="bf16", causal=False,
