@@ -152,8 +152,8 @@ def test_the_eager_target_is_modelled_by_its_own_model_in_every_dtype(nq, nk, ca
     softmax are torch's, machine-dependent like the kernel's); 96 x 64 top-left causal has
     rows that see no key (0 by _safe_softmax). The floor is the model's 99.9%."""
     from flashnum.audit.kernel_table import agreement, model_out
-    from flashnum.audit.targets_torch import torch_flex_eager
     from flashnum.audit.rules import DTYPES
+    from flashnum.audit.targets_torch import torch_flex_eager
 
     prec = {v: k for k, v in DTYPES.items()}[dtype]
     q, k, v = _inputs(nq, nk, 64, dtype, seed=2)
