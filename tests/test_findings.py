@@ -57,6 +57,10 @@ def test_reproducer_still_shows_its_defect(path):
     missing = [p for p in _requires(path) if importlib.util.find_spec(p) is None]
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed")
+    if "tinygrad" in _requires(path):  # its CPU device needs a clang on PATH, as a user's
+        from flashnum.audit.targets_tinygrad import use_toolchain
+
+        use_toolchain()
     rc, out = _run(path)
     if rc == 2:
         pytest.skip(out.strip().splitlines()[-1])

@@ -107,6 +107,15 @@ def toolchain() -> str:
     return compiler()[1]
 
 
+def use_toolchain() -> str:
+    """Put tinygrad's compiler on PATH for this process and the ones it starts (a
+    reproducer run in a fresh interpreter inherits it); "" done, else what to install."""
+    why = toolchain()
+    if not why:
+        _tinygrad()
+    return why
+
+
 def _tinygrad():
     """The tinygrad package, its compiler and its cache set before its first import (it
     reads CACHEDB on import, and CC or `clang` on PATH in each compile worker). The zig
