@@ -1,10 +1,12 @@
-"""tinygrad_fp32_sums (tinygrad 0.14.0, torch 2.13.0+cpu): fa_rule broken on a B=2 H=1 Nq=256 Nk=256 d=64 causal input.
+"""tinygrad_sdpa (tinygrad 0.14.0, torch 2.13.0+cpu): fa_rule broken on a B=1 H=1 Nq=1 Nk=74 d=1 dv=2 input.
 
 Written by flashnum's audit (flashnum.audit.reproducer); runs without flashnum.
-    python fa_rule_sink.py      # exit 1 while the defect is present, 0 once fixed, 2 cannot run
+    python fa_rule.py      # exit 1 while the defect is present, 0 once fixed, 2 cannot run
 
-Not shrunk and not run here: the kernel could not run on this machine (RuntimeError: tinygrad's CPU device does not run here (RuntimeError: no usable devices): its CPU backend compiles each kernel with clang, which this machine lacks; with DEV=CPU:LLVM (libLLVM-15) or zig cc in clang's place it fails to load its own programs (NotImplementedError: Encountered unknown relocation type 10)).
-Written unshrunk from the audit's case sink/B2H1/Nq256Nk256/d64/causal/s0; the float64 reference is within 5.4e-10 of the limit of flashnum's certified one.
+Kernel: tinygrad_sdpa (tinygrad 0.14.0, torch 2.13.0+cpu)
+Rule: fa_rule; the audit's case underflow/B1H2/Nq600Nk600/d64/full/s0 broke it by 1.438x;
+shrunk in 116 kernel calls to B=1 H=1 Nq=1 Nk=74 d=1 dv=2, where the audit measures 1.093x.
+The float64 reference is within 2.4e-09 of the limit of flashnum's certified one here.
 """
 
 import importlib.util
@@ -24,7 +26,7 @@ if _missing:
 import math
 import torch
 
-TINYGRAD_CPU = "its CPU backend compiles each kernel with clang, which this machine lacks; with DEV=CPU:LLVM (libLLVM-15) or zig cc in clang's place it fails to load its own programs (NotImplementedError: Encountered unknown relocation type 10)"
+TINYGRAD_CPU = "its CPU device compiles each kernel with clang >= 19: install one, or `pip install ziglang` (flashnum's tinygrad target then puts zig's clang on PATH)"
 
 
 def tinygrad_sdpa(q, k, v, causal=False, scale=None):
@@ -49,18 +51,45 @@ kernel = tinygrad_sdpa  # the kernel under test: fn(q, k, v, causal=..., scale=.
 
 # -- the input: exact bits -----------------------------------------------------------------
 DTYPE = torch.float32
-CAUSAL = True
+CAUSAL = False
 ALIGNMENT = 'top_left'  # top_left: query i sees keys 0..i; bottom_right: 0..i + Nk - Nq
-SCALE = None
+SCALE = 0.125
 RULE = 'fa_rule'
-SHAPES = {'q': (2, 1, 256, 64), 'k': (2, 1, 256, 64), 'v': (2, 1, 256, 64), 'do': (2, 1, 256, 64)}
-from pathlib import Path
-
-_DATA = np.load(Path(__file__).with_suffix('.npz'))
+SHAPES = {'q': (1, 1, 1, 1), 'k': (1, 1, 74, 1), 'v': (1, 1, 74, 2)}
+_HEX = {
+    'q': (
+        '00008043'
+    ),
+    'k': (
+        '0000000000000000000000000000000000000000000000000000000000000000000000000000000000000000'
+        '0000000000000000000000000000000000000000000000000000000000000000000080bf000080bf000000bf'
+        '000080bf000080be000000bf000000bf000000bf000000bf000080bf000080be000000bf000000bf000080be'
+        '000080bf000000bd000080be000000bf000000bf000000bf000080be000080be000000bf000080bf000000bf'
+        '000080bf000000be000080bf000080bf000080bf000000bf000000bf000000bf000080bf000080bf000000bd'
+        '000000bf000000bf000080be000000bf000000bf000000be000000bf000080bd000080be000080bf000080be'
+        '000080be000000bf000080bf000080bf000000bf000080be000000bf000080be'
+    ),
+    'v': (
+        '000080bf000080be0000003f000000c0000000be000080bf000080bf000000bf0000803e0000003f000080be'
+        '0000803f000000bf000000400000003d00000040000000bd0000003f000000c0000080be0000803f00000040'
+        '000000bf000000bf0000003e000000bf0000803e000080bf0000004000000040000000400000803f000080bf'
+        '0000003f0000803f000000400000803e0000003e0000003f000080bc0000003f0000803f000000bf000080be'
+        '000080bf0000803f00000040000000be00000040000080be000080bf000080be0000803f0000803f000080be'
+        '000080bf0000003f0000803d0000803f0000003e000080bf000000c00000003f0000803e000000bf000080bf'
+        '000000be000080bf000080bf0000803e000000bf00000040000080be0000003f0000003f0000803e000080bf'
+        '0000803f000080bf0000803e0000003f000080bf000000c0000000bf0000003f0000003f000080be0000803f'
+        '0000003e000000be0000803f000080bf000000400000003f0000803f0000003f000000be0000803d00000040'
+        '0000004000000040000000bf000080be0000003f0000003f0000803e0000803f0000803f000000bf0000003f'
+        '000080be0000003e00000040000000bf0000803c0000803f0000003e000000bf000080bf00000040000080bf'
+        '0000803f000000400000803e0000803e0000803f0000003d0000803f0000803f000080bf000080bf000080bf'
+        '000000be0000803f000000bf0000803f0000803f0000803e000080be000080bf000000bf000000bf000080be'
+        '0000803f000080be00000040000080be0000803f'
+    ),
+}
 
 
 def _raw(name):
-    return _DATA[name].view(np.uint8)
+    return np.frombuffer(bytes.fromhex(_HEX[name]), dtype=np.uint8)
 
 
 def tensor(name):
