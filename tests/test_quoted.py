@@ -3,10 +3,8 @@
 A document quotes a named quantity (flashnum.figures.quantities) as its rendered value
 followed by an invisible marker, `1.84<!--q:FaThreeProtocolRatio-->`; the paper quotes the
 same quantity as the macro \\FaThreeProtocolRatio of numbers.tex. A yes/no fact is quoted
-as the words of its answer; a passage (a table, a sentence with several numbers:
-flashnum.figures.docs) as each of its fragments, each followed by its marker. Here every
-quantity is recomputed from the stored tables and bench results, and every marked place
-must say it, every passage fragment be marked somewhere. A table is generated whole from
+as the words of its answer. Here every quantity is recomputed from the stored tables and
+bench results, and every marked place must say it. A table is generated whole from
 the store between <!-- table:Name --> and <!-- /table --> (flashnum.figures.docs.TABLES):
 each block must be what the store gives now, byte for byte.
 """
@@ -21,7 +19,7 @@ from flashnum.figures.numbers import FACTS, NUMBERS
 from flashnum.figures.quantities import QUANTITIES
 from flashnum.figures.quoting import (
     Fact,
-    Passage,
+    Quantity,
     markdown,
     quoted_as,
     quotes,
@@ -122,32 +120,27 @@ def test_a_fact_is_quoted_as_the_words_of_its_answer(F, tmp_path):
     assert no.md(no.value(F)) == "it fails"
 
 
-def test_a_passage_checks_each_fragment_and_that_each_is_marked(F, tmp_path, monkeypatch):
+def test_a_row_of_a_hand_written_table_is_quoted_in_its_last_cell(F, tmp_path, monkeypatch):
     import flashnum.figures.docs as docs
 
-    rows = lambda F: ["| a | 1.5 |", "| b | 2 |", "and 3 more"]  # noqa: E731
-    monkeypatch.setitem(docs.QUOTED, "Demo", Passage("a table and a sentence", rows))
+    monkeypatch.setitem(docs.QUOTED, "Demo", Quantity("a number", lambda F: 1.5, paper=False))
     good = tmp_path / "good.md"
-    # a row's marker sits in its last cell, so that the row keeps its number of cells
-    good.write_text("| x | y |\n|---|---|\n| a | 1.5<!--q:Demo--> |\n| b | 2<!--q:Demo--> |\n\n"
-                    "and 3\nmore<!--q:Demo-->.")
+    # the marker sits inside the last cell, so that the row keeps its number of cells
+    good.write_text("| x | y |\n|---|---|\n| a | 1.5<!--q:Demo--> |\n")
     assert misquoted(F, [good]) == []
     bad = tmp_path / "bad.md"
-    bad.write_text("| a | 1.6<!--q:Demo--> |\n| b | 2<!--q:Demo--> |\n")
-    said = misquoted(F, [bad])
-    assert any("no fragment of it ends" in x and "1.6" in x for x in said)
-    assert any("'| a | 1.5 |', and no marked place does" in x for x in said)
-    assert any("'and 3 more', and no marked place does" in x for x in said)
+    bad.write_text("| a | 1.6<!--q:Demo--> |\n")
+    assert misquoted(F, [bad]) == [f"{bad}: Demo is quoted as ...'| a | 1.6', its value is 1.5"]
 
 
 def test_a_statement_the_tables_no_longer_support_is_reported(F, tmp_path, monkeypatch):
     import flashnum.figures.docs as docs
 
-    def rows(F):
+    def value(F):
         require(1 > 2, "one is more than two")
-        return ["never"]
+        return "never"
 
-    monkeypatch.setitem(docs.QUOTED, "Demo", Passage("a claim that fails", rows))
+    monkeypatch.setitem(docs.QUOTED, "Demo", Quantity("a claim that fails", value, paper=False))
     doc = tmp_path / "doc.md"
     doc.write_text("never<!--q:Demo-->")
     assert misquoted(F, [doc]) == [f"{doc}: Demo: the stored tables no longer say: one is more "
@@ -195,3 +188,21 @@ def test_a_view_shows_the_stored_rows_ranges_and_expressions(tmp_path):
     assert med.values.tolist() == [["x", "1.5 (1-2)"]]
     with pytest.raises(Contradicted, match="every a is positive"):
         view("demo", "", ["a"], never={"a <= 0": "every a is positive"})(F)
+
+
+def test_a_record_fills_each_row_from_a_bench_result(tmp_path):
+    """flashnum.figures.docs.views.record: a template over the JSON, plain text, and a
+    function of the record; the expected cells are written out here (the oracle)."""
+    import json
+    from types import SimpleNamespace
+
+    from flashnum.figures.docs.views import record
+
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "demo.json").write_text(json.dumps(
+        {"speed": {"ratio": 1.2345}, "memory": [{"n": 4}, {"n": 8}]}))
+    F = SimpleNamespace(experiments=str(tmp_path / "experiments"))
+    rows = [("ratio", "{speed[ratio]:.2f}", "<= 2"),
+            ("sizes", lambda r: ", ".join(str(m["n"]) for m in r["memory"]), "")]
+    got = record("demo", rows, ["what", "measured", "goal"])(F)
+    assert got.values.tolist() == [["ratio", "1.23", "<= 2"], ["sizes", "4, 8", ""]]

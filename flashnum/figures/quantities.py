@@ -26,7 +26,7 @@ from __future__ import annotations
 import pandas as pd
 
 from flashnum.figures import quoting
-from flashnum.figures.quantities_bench import _BWD_BENCH, JOB_FIGURES, JOBS, _job, _ref
+from flashnum.figures.quantities_bench import JOB_FIGURES, JOBS, _job, _ref
 from flashnum.figures.quantities_fa3 import (
     _FA3_HELDOUT,
     _PROTOCOL,
@@ -252,7 +252,6 @@ QUANTITIES = {
                        ("RatioMax", "largest per-seed ratio",
                         lambda r: r["summary"]["ratio"]["max"]),
                        ("Published", "the published ratio", lambda r: r["published_ratio"]))},
-    **_BWD_BENCH,
 }
 
 

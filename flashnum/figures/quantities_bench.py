@@ -1,5 +1,5 @@
 """The named quantities of the stored bench results (bench/results/*.json): the project's
-own jobs, the reference's speed, the backward's speed (flashnum.figures.quantities)."""
+own jobs and the reference's speed (flashnum.figures.quantities)."""
 
 from __future__ import annotations
 
@@ -47,40 +47,3 @@ def _ref(key: Callable[[dict], object], bits: int | None = 256) -> Callable[[obj
         run = next((x for x in r["runs"] if x["bits"] == bits), None)
         return None if run is None else key(run)
     return value
-
-
-def _bwd_speed(key: Callable[[dict], object]) -> Callable[[object], object]:
-    """A figure of the backward benchmark's speed part (bench/bench_backward.py)."""
-    def value(F):
-        r = _bench(F, "backward")
-        return None if r is None or "cpu_model" not in r else key(r)
-    return value
-
-
-_BWD = "bench/results/backward.json"
-_BWD_BENCH = {
-    **{f"BwdBench{k}": Quantity(f"{_BWD}: {w}", _bwd_speed(f), md=fixed(2), paper=False)
-       for k, w, f in (
-           ("Seconds", "the fused bf16 fa2 backward, 8 x 4096 x 64, best wall s",
-            lambda r: r["speed"]["emulate_bf16_fa2_backward_s"]),
-           ("TorchSeconds", "torch's fp32 SDPA backward, best wall s",
-            lambda r: r["speed"]["torch_fp32_sdpa_backward_s"]),
-           ("Ratio", "the fused backward / torch's fp32 SDPA backward",
-            lambda r: r["speed"]["ratio_vs_backward"]),
-           ("RatioFwdBwd", "the fused backward / torch's fp32 SDPA forward + backward",
-            lambda r: r["speed"]["ratio_vs_forward_backward"]),
-           ("RatioMedian", "the median over the interleaved pairs of their ratio",
-            lambda r: r["speed"]["ratio_vs_backward_median_pair"]),
-           ("CpuRatio", "the same ratio in one-thread process CPU time",
-            lambda r: r["speed"]["cpu_ratio_one_thread"]),
-           ("LoopRatio", "the torch loop (fused off) / torch's fp32 SDPA backward",
-            lambda r: r["speed"]["ratio_torch_loop"]))},
-    **{f"BwdBenchLoad{k}": Quantity(f"{_BWD}: {w} load average before and after the speed part",
-                                    _bwd_speed(lambda r, how=how: how(
-                                        r["load_average_before"][0],
-                                        r["load_average_after"][0])),
-                                    md=fixed(1), paper=False)
-       for k, w, how in (("Min", "the lower", min), ("Max", "the higher", max))},
-    "BwdBenchCpu": Quantity(f"{_BWD}: the CPU model", _bwd_speed(lambda r: r["cpu_model"]),
-                            md=str, paper=False),
-}

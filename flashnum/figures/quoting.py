@@ -7,15 +7,12 @@
     markdown(df)                     the one table renderer: DataFrame -> Markdown rows
     tables(text), stale(F, paths, TABLES), write_tables(F, paths, TABLES)   marked tables
 
-A quantity is a number (rendered with the digits its sentence wants), a yes/no fact (the
-paper branches on it, \\ifName; a document writes the chosen words), or a passage: the
-list of text fragments (table rows, sentences with several numbers) a document carries,
-each followed by the marker. A Markdown document quotes one as its rendered text followed
-by the invisible marker <!--q:Name--> (a passage's fragment printed in a fenced block,
-as a command's output: the marker on the line after the block); misquoted recomputes each
-quantity and reports
-every marked place that does not say it, and every passage fragment no marker follows.
-The registry itself is flashnum.figures.quantities.QUANTITIES.
+A quantity is a number (rendered with the digits its sentence wants) or a yes/no fact (the
+paper branches on it, \\ifName; a document writes the chosen words). A Markdown document
+quotes one as its rendered text followed by the invisible marker <!--q:Name-->; misquoted
+recomputes each quantity and reports every marked place that does not say it. The registry
+itself is flashnum.figures.quantities.QUANTITIES. A sentence with several numbers points to
+the table that holds them rather than quoting each.
 
 A table is generated whole: a function F -> DataFrame (its cells as the document prints
 them, its columns the header) rendered by markdown() between the invisible lines
@@ -75,29 +72,17 @@ def words(yes: str, no: str) -> Callable[[bool], str]:
     return lambda b: yes if b else no
 
 
-def passage(fragments: list[str]) -> list[str]:
-    """A passage renders as its fragments, each quoted before its own marker (an empty one:
-    a sentence the document says only in another case, quoted nowhere)."""
-    return [f for f in fragments if f]
-
-
 @dataclass(frozen=True)
 class Quantity:
-    """One quoted number, yes/no fact or passage: what it is, how it is computed, how each
-    medium writes it."""
+    """One quoted number or yes/no fact: what it is, how it is computed, how each medium
+    writes it."""
 
     what: str
     value: Callable[[object], object]  # F -> the value, or None (its source is missing)
     tex: Callable[[object], str] = sig(2)
-    md: Callable[[object], object] = str  # a str, or a passage's list of fragments
+    md: Callable[[object], str] = str
     paper: bool = True  # numbers.tex gets its macro or \newif (False: only the documents)
     fact: bool = False  # a yes/no (the paper: \ifName ... \else ... \fi)
-
-
-def Passage(what: str, value: Callable[[object], list[str]]) -> Quantity:  # noqa: N802
-    """A quantity that is a document's text fragments, each rebuilt from its source with
-    the document's rounding (table rows, a sentence with several numbers)."""
-    return Quantity(what, value, md=passage, paper=False)
 
 
 def Fact(what: str, value: Callable[[object], bool], yes: str, no: str,  # noqa: N802
@@ -138,24 +123,8 @@ def quotes(text: str) -> list[tuple[str, str]]:
         parts.append(text[last:m.start()])
         last = m.end()
         if not _in_code(text, m.start()):
-            before = "".join(parts)
-            block = _block_before(before)
-            out.append((m[1], block if block is not None else " ".join(before.split())))
+            out.append((m[1], " ".join("".join(parts).split())))
     return out
-
-
-def _block_before(before: str) -> str | None:
-    """The fenced block a marker follows on the next line (a command's printed output, where
-    a marker would print), as FENCE + its lines + FENCE; None if the marker follows text."""
-    if not before.rstrip().endswith("```") or not before.endswith("\n"):
-        return None
-    head = before.rstrip()[:-3]
-    start = head.rfind("```")
-    body = head[head.find("\n", start) + 1:] if start >= 0 else ""
-    return FENCE + " ".join(body.split()) + FENCE
-
-
-FENCE = "```"
 
 
 def quoted_as(before: str, rendered: str) -> bool:
@@ -174,12 +143,6 @@ def quoted_as(before: str, rendered: str) -> bool:
     return not (head[-1:].isalnum() or head[-1:] in ("_", ".", "+"))
 
 
-def _in_block(before: str, fragment: str) -> bool:
-    """Whether a marker after a fenced block (`before`: FENCE + its text + FENCE) quotes a
-    fragment printed anywhere in it."""
-    return before.startswith(FENCE) and " ".join(fragment.split()) in before
-
-
 def _value(registry: dict, name: str, F):
     """(rendered, None) or (None, why it cannot be checked)."""
     q = registry[name]
@@ -194,10 +157,10 @@ def _value(registry: dict, name: str, F):
 
 def misquoted(F, paths, registry: dict) -> list[str]:
     """Every marked quote in `paths` whose text is not its quantity rendered now, one line
-    each (path, name, what it says, what it should say); unknown names, contradicted
-    statements and passage fragments that no marker follows included."""
+    each (path, name, what it says, what it should say); unknown names and contradicted
+    statements included."""
     rendered: dict = {}
-    bad, unmatched = [], {}
+    bad = []
     for path in paths:
         for name, before in quotes(Path(path).read_text()):
             if name not in registry:
@@ -205,21 +168,12 @@ def misquoted(F, paths, registry: dict) -> list[str]:
                 continue
             if name not in rendered:
                 rendered[name] = _value(registry, name, F)
-                if isinstance(rendered[name][0], list):
-                    unmatched[name] = (path, set(rendered[name][0]))
             want, why = rendered[name]
             if why is not None:
                 bad.append(f"{path}: {name}: {why}")
-            elif isinstance(want, list):  # a passage: the fragment this marker closes
-                hit = [f for f in want if quoted_as(before, f) or _in_block(before, f)]
-                unmatched[name][1].difference_update(hit)
-                if not hit:
-                    bad.append(f"{path}: {name}: no fragment of it ends at ...{before[-60:]!r}")
             elif not quoted_as(before, want):
                 bad.append(f"{path}: {name} is quoted as ...{before[-12:]!r}, "
                            f"its value is {want}")
-    for name, (path, left) in unmatched.items():
-        bad += [f"{path}: {name} says {f!r}, and no marked place does" for f in sorted(left)]
     return bad
 
 

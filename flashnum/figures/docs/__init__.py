@@ -1,7 +1,7 @@
 """What README.md and docs/*.md quote or show, checked by one mechanism (flashnum.figures.quoting).
 
     QUOTED      name -> Quantity: every named number and fact (QUANTITIES, shared with the
-                paper) and every passage (a document's sentences with several numbers)
+                paper, and the few only a document states)
     TABLES      name -> F -> DataFrame: the documents' tables, generated whole into the
                 marked blocks <!-- table:Name --> ... <!-- /table --> (most of them views
                 of one stored table, flashnum.figures.docs.views)
@@ -10,8 +10,9 @@
 
 A document carries a quantity's rendered text followed by <!--q:Name-->; tests/test_quoted.py
 recomputes every quantity and table from the stored tables and checks every marked place.
-A new quoted number goes into QUANTITIES (flashnum.figures.quantities); a new table or
-passage into the module here named for its topic.
+A new quoted number goes into QUANTITIES (flashnum.figures.quantities); a new table into
+the module here named for its topic. A sentence that would carry several numbers points to
+the table that holds them instead.
 """
 
 from __future__ import annotations
@@ -32,12 +33,10 @@ from flashnum.figures.docs import (
 )
 from flashnum.figures.quantities import QUANTITIES
 
-PASSAGES = {**audit.PASSAGES, **backward.PASSAGES, **bounds.PASSAGES, **engine.PASSAGES,
-            **experiments.PASSAGES, **formats.PASSAGES, **kernel.PASSAGES,
-            **reproductions.PASSAGES, **trained.PASSAGES}
-QUOTED = {**QUANTITIES, **PASSAGES}
-TABLES = {**audit.TABLES, **backward.TABLES, **bounds.TABLES, **experiments.TABLES,
-          **formats.TABLES, **kernel.TABLES, **reproductions.TABLES, **trained.TABLES}
+QUOTED = {**QUANTITIES, **audit.QUOTED, **trained.QUOTED}
+TABLES = {**audit.TABLES, **backward.TABLES, **bounds.TABLES, **engine.TABLES,
+          **experiments.TABLES, **formats.TABLES, **kernel.TABLES, **reproductions.TABLES,
+          **trained.TABLES}
 
 
 def documents(root: Path) -> list[Path]:

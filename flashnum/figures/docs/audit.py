@@ -1,5 +1,5 @@
 """What README.md and docs/audit.md quote about the audited kernels: their tables, generated
-whole from the store (TABLES), and the sentences that state a number (PASSAGES).
+whole from the store (TABLES), and the one number a sentence states (QUOTED).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import pandas as pd
 
 from flashnum.figures.audit import FWD_COLS, GRAD_COLS, kernel_grad_rows, kernel_table_rows
-from flashnum.figures.docs.digits import pct
+from flashnum.figures.docs.digits import pct, pct_floor
 from flashnum.figures.docs.sources import bench, last_run, table
 from flashnum.figures.docs.views import view
-from flashnum.figures.quoting import Passage, require
+from flashnum.figures.quoting import Quantity, require
 from flashnum.studies.kernel_agreement import torch_cpu_backward_summary as torch_cpu_summary
 
 BACKWARD = "kernel_audit_backward"  # the gradient audit: its rows, each report's audit.json
@@ -130,12 +130,6 @@ def _kernel_table(F):
     return k, k[k.status == "ran"].set_index(["target", "precision"])
 
 
-def kernel_table_readme(F):
-    k, r = _kernel_table(F)
-    low = r[r.index.get_level_values("precision") != "fp32"]
-    return [f"output on at least {100 * low.model_bitwise.min():.2f}% of the elements"]
-
-
 def kernel_table(F) -> pd.DataFrame:
     """experiments/kernel_table's forward table (flashnum.figures.audit), the words of the
     findings below it checked against the store."""
@@ -210,5 +204,8 @@ TABLES = {
                                               columns=GRAD_COLS),
 }
 
-PASSAGES = {"ReadmeKernelTable": Passage("README.md, docs/audit.md: the kernel table's "
-                                        "model agreement", kernel_table_readme)}
+# the one number README and docs/audit.md quote in a sentence (floored: a ">=" claim)
+QUOTED = {"KernelTableLowBitwise": Quantity(
+    "kernel_table: the least share of outputs a model equals its kernel on, bf16 and fp16",
+    lambda F: _kernel_table(F)[1].query("precision != 'fp32'").model_bitwise.min(),
+    md=pct_floor, paper=False)}

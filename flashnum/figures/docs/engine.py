@@ -1,79 +1,62 @@
-"""What README.md and docs/engine.md quote from the engine's benchmarks: the emulator's speed
-and memory against torch (bench/results/engine.json, python bench/bench_engine.py) and the
-exhaustive check of the exp site (experiments/exp_exhaustive), as passages.
+"""What docs/benchmarks.md and docs/engine.md show of the engine: its benchmark against
+torch (bench/results/engine.json, python bench/bench_engine.py) and the exhaustive check of
+the exp site (experiments/exp_exhaustive), as tables generated whole.
 """
 
 from __future__ import annotations
 
-from flashnum.figures.docs.digits import thousands
-from flashnum.figures.docs.sources import bench, table
-from flashnum.figures.quoting import Passage
+import pandas as pd
+
+from flashnum.figures.docs.sources import table
+from flashnum.figures.docs.views import cell, record
 from flashnum.studies.exp_exhaustive import summary as exp_summary
 
-
-def engine_bench(F):
-    e = bench(F, "engine")
-    s, m = e["speed"], e["memory"]
-    loads = (*e["load_average_before"], *e["load_average_after"])
-    return [f"{s['emulate_bf16_fa2_s']:.3f} s vs {s['sdpa_fp32_s']:.3f} s: ratio "
-            f"{s['ratio']:.2f} (one thread: {s['ratio_one_thread']:.2f})",
-            f"{s['emulate_in_place_s']:.3f} s: ratio {s['ratio_in_place']:.2f}",
-            f"{s['emulate_bf16_lowp_s']:.3f} s: ratio {s['ratio_lowp']:.2f}",
-            f"ratio {s['cpu_ratio_one_thread']:.2f}; {s['cpu_ratio_one_thread_in_place']:.2f}",
-            f"{s['emulate_torch_path_s']:.3f} s: ratio {s['ratio_torch_path']:.2f}",
-            f"{e['cpu_model']}",
-            f"load average between {min(loads):.1f} and {max(loads):.1f}",
-            f"| {s['gemms_s']:.3f} s |",
-            f"{m['peak_rss_gib']:.2f} GiB, {m['wall_s']:.1f} s",
-            f"| {e['mp']['wall_s']:.2f} s |"]
+FUNCTIONS = ("exp", "exp2")
 
 
-def exp_claims(F):
-    """Hard inputs: the correctly rounded float64 value within 4 float64 ulps of an fp32
-    boundary; the exact (mpmath) distance of some is above 4."""
+def exp_table(F) -> pd.DataFrame:
+    """Per function: its arguments, the kernel's differences from the torch path, the hard
+    arguments (float64 value within 4 float64 ulps of an fp32 boundary) and float64's misses."""
     e = exp_summary(table(F, "exp_exhaustive"))
-    fs = ("exp", "exp2")
-    hard = sum(len(e[f]["hard_inputs"]) for f in fs)
-    exact = sum(d < 4 for f in fs for d in e[f]["hard_boundary_distance_ulps"])
-    misses = sum(len(e[f]["float64_misses"]) for f in fs)
-    dist = dict(zip(e["exp2"]["hard_inputs"], e["exp2"]["hard_boundary_distance_ulps"],
-                    strict=True))
-    nonzero = {x: d for x, d in dist.items() if d > 0}
-    closest = min(nonzero, key=nonzero.get)
-    miss = [x for x in e["exp2"]["float64_misses"] if x < 0][0]
-    n = sum(e[f]["inputs"] for f in fs)
-    return [f"over all {n / 1e9:.1f}e9 float32 arguments of exp and exp2",
-            f"{hard} have a correctly rounded float64 value within 4 float64 ulps of an fp32 "
-            f"rounding boundary ({exact} of them lie that close exactly, by mpmath)",
-            f"rounds {misses} of them to the wrong fp32 value (exp2({miss!r}) lies "
-            f"{dist[miss]:.3f} float64 ulp from the boundary; the closest, "
-            f"exp2({closest!r}), {nonzero[closest]:.3f} ulp)",
-            f"{n / 1e9:.1f}e9 arguments of exp and exp2, no difference, all correctly rounded; "
-            f"{hard} arguments have a float64 value within 4 float64 ulps of an fp32 rounding "
-            f"boundary, and float64 alone rounds {misses} of them"]
+    return pd.DataFrame([{"": f, "arguments": f"{e[f]['inputs']:,}",
+                          "kernel vs torch path": f"{e[f]['p_differences']} differences",
+                          "within 4 ulps of a boundary": len(e[f]["hard_inputs"]),
+                          "not correctly rounded by float64 alone": len(e[f]["float64_misses"])}
+                         for f in FUNCTIONS])
 
 
-def engine_docs(F):
+def exp_hard(F) -> pd.DataFrame:
+    """Each hard argument, its exact (mpmath) distance to the boundary, float64's verdict."""
     e = exp_summary(table(F, "exp_exhaustive"))
-    rows = [f"| {f} | {thousands(e[f]['inputs'])} | {e[f]['p_differences']} differences | "
-            f"{len(e[f]['hard_inputs'])} | {len(e[f]['float64_misses'])}"
-            for f in ("exp", "exp2")]
-    x2 = e["exp2"]
-    dist = dict(zip(x2["hard_inputs"], x2["hard_boundary_distance_ulps"], strict=True))
-    nonzero = {x: d for x, d in dist.items() if d > 0}
-    closest = min(nonzero, key=nonzero.get)
-    lo, hi = sorted(x2["float64_misses"])
-    return rows + [
-        f"exp2({closest!r}), {nonzero[closest]:.3f} float64 ulp away",
-        f"correctly rounded float64 exp2 misses exp2({lo!r}) ({dist[lo]:.3f} ulp away:",
-        f"exp2({hi!r}) ({dist[hi]:.2f} ulp away)"]
+    return pd.DataFrame([{"function": f, "argument": repr(x), "float64 ulps from the boundary":
+                          cell(d), "correctly rounded float64, rounded again":
+                          "wrong" if x in e[f]["float64_misses"] else "right"}
+                         for f in FUNCTIONS for x, d in zip(e[f]["hard_inputs"],
+                         e[f]["hard_boundary_distance_ulps"], strict=True)])
 
 
-PASSAGES = {
-    "BenchEngineSpeed": Passage("docs/benchmarks.md: the emulator against torch's SDPA "
-                                 "(bench/results/engine.json)", engine_bench),
-    "ReadmeExpSite": Passage("README.md: the exhaustive check of the fp32 exp site "
-                             "(experiments/exp_exhaustive)", exp_claims),
-    "EngineSpeed": Passage("docs/engine.md: the exp site's check and the emulator's speed",
-                           engine_docs),
-}
+# docs/benchmarks.md's table: (what, measured, goal), read from the record bench_engine wrote
+S = "speed"
+BENCH = [
+    ("machine", "{cpu_model}, {cpus} CPUs, torch {torch} ({torch_cpu_capability})", ""),
+    ("load average before, after (1 min)",
+     "{load_average_before[0]:.1f}, {load_average_after[0]:.1f}", ""),
+    ("emulated bf16 `fa2`, 8 heads x N=4096 x d=64, 64x64 blocks, vs torch SDPA fp32 (the "
+     "fused C loop)", f"{{{S}[emulate_bf16_fa2_s]:.3f}} s vs {{{S}[sdpa_fp32_s]:.3f}} s: ratio "
+     f"{{{S}[ratio]:.2f}} (one thread: {{{S}[ratio_one_thread]:.2f}})", "<= 2"),
+    ("the same, one thread, process CPU time: the fused loop; the in-place path",
+     f"ratio {{{S}[cpu_ratio_one_thread]:.2f}}; {{{S}[cpu_ratio_one_thread_in_place]:.2f}}",
+     "<= 2"),
+    ("emulated bf16 `lowp` (every softmax site bf16), the same shape (the fused C loop)",
+     f"{{{S}[emulate_bf16_lowp_s]:.3f}} s: ratio {{{S}[ratio_lowp]:.2f}}", ""),
+    ("the same in the in-place path (the fused loop off, identical output)",
+     f"{{{S}[emulate_in_place_s]:.3f}} s: ratio {{{S}[ratio_in_place]:.2f}}", ""),
+    ("the same without a C compiler (torch path, identical output)",
+     f"{{{S}[emulate_torch_path_s]:.3f}} s: ratio {{{S}[ratio_torch_path]:.0f}}", ""),
+    ("the two fp32 GEMMs per key block alone, as torch.bmm calls", f"{{{S}[gemms_s]:.3f}} s", ""),
+    ("peak RSS, one head, N = 65536, d = 64 (a dense N x N fp32 matrix: 16 GiB)",
+     "{memory[peak_rss_gib]:.2f} GiB, {memory[wall_s]:.1f} s", "<= 1 GiB"),
+    ("mp backend, one head, N = 64, d = 16, 256 bits", "{mp[wall_s]:.2f} s", ""),
+]
+TABLES = {"EngineExp": exp_table, "EngineExpHard": exp_hard,
+          "BenchEngine": record("engine", BENCH, ["what", "measured", "goal"])}

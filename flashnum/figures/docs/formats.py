@@ -1,6 +1,6 @@
 """What docs/formats.md shows of block-scaled formats, input transforms and split-KV: tables
-generated from experiments/block_scaled, input_transforms and splitkv_decode (TABLES), and
-the cost of quantizing from bench/results/blockscaled.json (PASSAGES).
+generated from experiments/block_scaled, input_transforms and splitkv_decode, and the cost
+of quantizing from bench/results/blockscaled.json (TABLES).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pandas as pd
 
 from flashnum.figures.docs.sources import bench, table
 from flashnum.figures.docs.views import cell, view
-from flashnum.figures.quoting import Passage, require
+from flashnum.figures.quoting import require
 
 
 def block_scaled(F) -> pd.DataFrame:
@@ -23,18 +23,18 @@ def block_scaled(F) -> pd.DataFrame:
     return med.map(cell).reset_index(name="median max error")
 
 
-def blockscaled_speed(F):
+def quantize_cost(F) -> pd.DataFrame:
+    """bench/results/blockscaled.json: each format's quantizing time, and as a share of one
+    emulated fa2 bf16 attention of the same shape."""
     b = bench(F, "blockscaled")
-    r = [v / b["attention_fa2_bf16_s"] for k, v in b.items() if k.startswith("quantize_")]
-    return [f"costs {min(r):.2f}-{max(r):.2f} of one emulated fa2 bf16 attention"]
+    return pd.DataFrame([{"format": k[len("quantize_"):-len("_s")], "quantize s": cell(v),
+                          "of one fa2 bf16 attention": cell(v / b["attention_fa2_bf16_s"], 2)}
+                         for k, v in b.items() if k.startswith("quantize_")])
 
 
-TABLES = {"FormatsBlockScaled": block_scaled,
+TABLES = {"FormatsBlockScaled": block_scaled, "FormatsQuantizeCost": quantize_cost,
           "FormatsTransforms": view("input_transforms", "", ["ratio"],
                                     by=["inputs", "format", "transform"]),
           "FormatsSplitKv": view("splitkv_decode", "", ["max_abs_err"],
                                  by=["split_precision", "num_splits"],
                                  never={"not (m_ok and l_ok)": "m_ok and l_ok hold in every row"})}
-PASSAGES = {"FormatsQuantizeCost": Passage("docs/formats.md: the cost of quantizing "
-                                           "(bench/results/blockscaled.json)",
-                                           blockscaled_speed)}

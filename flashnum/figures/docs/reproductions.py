@@ -156,5 +156,4 @@ TABLES = {"ReproFaThree": fa3_table, "ReproPcast": pcast_table,
           "ReproBlockScaledTransforms": view(
               "repro_block_scaled", "site == 'qkv' and format in ['mxfp4', 'mxfp6_e2m3', 'nvfp4']",
               ["max_abs_err"], by=["format", "transform"], agg="median")}
-PASSAGES: dict = {}
 

@@ -1,7 +1,7 @@
 """What docs/trained_model.md shows of the trained model: tables generated from
 experiments/trained_model, trained_model_stats, bwd_trained_model and models/stdlib_lm.json
 (the training log and the capture's description, written by `python models/stdlib_lm.py
-capture`), TABLES; and its in-short passage (PASSAGES).
+capture`), TABLES; and the numbers its in-short sentences state (QUOTED).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pandas as pd
 
 from flashnum.figures.docs.sources import root, table
 from flashnum.figures.docs.views import cell, view
-from flashnum.figures.quoting import Passage, require
+from flashnum.figures.quoting import Quantity, require
 from flashnum.figures.trained import FLOOR, errors, nearest
 
 
@@ -71,14 +71,23 @@ TABLES = {"TrainedTraining": training, "TrainedDistances": distances,
               "rule_dv": "lowp keeps flash-attn's rule on no head"})}
 
 
-def readme_claims(F):
+def nearest_counts(F) -> str:
+    """Heads per nearest distribution by error profile, most first."""
+    counts = sorted(nearest(parts(F)[0]).nearest.value_counts().items(),
+                    key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{d} ({n})" for d, n in counts)
+
+
+def _worst_over_gaussian(F) -> float:
     t, heads, _, _ = parts(F)
-    counts = sorted(nearest(t).nearest.value_counts().items(), key=lambda kv: (-kv[1], kv[0]))
-    return [f"over all {t.shape[1]} settings",
-            f"a head's error is at most {(t.loc[heads] / t.loc['gaussian']).values.max():.2f} "
-            "times gaussian's",
-            "nearest in error profile: " + ", ".join(f"{d} ({n})" for d, n in counts)]
+    return (t.loc[heads] / t.loc["gaussian"]).values.max()
 
 
-PASSAGES = {"TrainedInShort": Passage("docs/trained_model.md: the trained model in short",
-                                     readme_claims)}
+QUOTED = {
+    "TrainedSettings": Quantity("trained_model: the settings each head runs",
+                                lambda F: parts(F)[0].shape[1], paper=False),
+    "TrainedWorstOverGaussian": Quantity("trained_model: a head's largest error over "
+                                         "gaussian's in any setting", _worst_over_gaussian,
+                                         md=lambda x: f"{x:.2f}", paper=False),
+    "TrainedNearest": Quantity("trained_model: heads per nearest distribution",
+                               nearest_counts, paper=False)}

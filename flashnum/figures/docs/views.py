@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from flashnum.figures.docs.sources import table
+from flashnum.figures.docs.sources import bench, table
 from flashnum.figures.quoting import require
 
 
@@ -56,4 +56,15 @@ def view(source: str, where: str, columns: list[str], by: list[str] | None = Non
             g = df.groupby(by, sort=True, dropna=False)[columns]
             return g.agg(agg_).reset_index().map(fmt)
         return df[columns].reset_index(drop=True).map(fmt)
+    return make
+
+
+def record(name: str, rows: list[tuple], columns: list[str]):
+    """The table function of a stored bench result (bench/results/NAME.json): one row per
+    entry of `rows`, each cell a str.format template over the record ("{speed[ratio]:.2f}"),
+    plain text, or a function of the record."""
+    def make(F) -> pd.DataFrame:
+        r = bench(F, name)
+        fill = lambda c: c(r) if callable(c) else c.format(**r)  # noqa: E731
+        return pd.DataFrame([[fill(c) for c in row] for row in rows], columns=columns)
     return make
