@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from flashnum.figures.quoting import Quantity, fixed
+from flashnum.figures.quoting import fixed
 
 
 def _bench(F, name: str) -> dict | None:

@@ -5,7 +5,6 @@ whole; README's claims about them in words are checked where the tables are made
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from flashnum.analysis.bounds import tightness_summary

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from flashnum.analysis.bounds import accounting
-from flashnum.figures.docs.sources import last_run, table
+from flashnum.figures.docs.sources import last_run
 from flashnum.figures.docs.views import view
 from flashnum.figures.quoting import require
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from flashnum.figures.docs.views import view
 
-
 FACTS = "kind == 'fact'"
 TABLES = {"KernelInterpreter": view("triton_interpreter", "kind == 'fidelity'",
                                     ["elem_le0", "elem_le1", "elem_max", "scaled_le1",
