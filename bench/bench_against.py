@@ -12,7 +12,8 @@ own C kernels on its first call, outside the timing). A workload times its call 
 warm-up call, best of 3 in the process; the figure per side is the best over rounds
 (noise on a shared machine only ever adds time). Writes bench/results/against_REV.json
 with the machine, the load before and after, and per workload both times and their ratio
-(this checkout / the other: above 1 is slower now).
+(this checkout / the other: above 1 is slower now), its rounds, the load after it and the
+head it ran at; with --only the workloads not run are kept from the file.
 """
 
 from __future__ import annotations
@@ -131,12 +132,17 @@ def main() -> int:
                     times[side].append(run_side(src, name, Path(tmp) / f"store_{side}_{i}"))
             best = {s: min(t) for s, t in times.items()}
             res["workloads"][name] = {"now_s": best["now"], "then_s": best["then"],
-                                      "ratio": best["now"] / best["then"], "runs_s": times}
+                                      "ratio": best["now"] / best["then"], "runs_s": times,
+                                      "rounds": args.rounds, "load_average": os.getloadavg(),
+                                      "head": res["head"]}
             print(f"{name:16s} now {best['now']:8.3f} s  then {best['then']:8.3f} s  "
                   f"ratio {best['now'] / best['then']:.2f}", flush=True)
     res["load_average_after"] = os.getloadavg()
     OUT.mkdir(exist_ok=True)
-    (OUT / f"against_{args.rev}.json").write_text(json.dumps(res, indent=1) + "\n")
+    path = OUT / f"against_{args.rev}.json"
+    if args.only and path.exists():  # the workloads not run now are kept, each with its head
+        res["workloads"] = json.loads(path.read_text())["workloads"] | res["workloads"]
+    path.write_text(json.dumps(res, indent=1) + "\n")
     return 0
 
 

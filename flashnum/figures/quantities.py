@@ -26,7 +26,7 @@ from __future__ import annotations
 import pandas as pd
 
 from flashnum.figures import quoting
-from flashnum.figures.quantities_bench import JOB_FIGURES, JOBS, _job, _ref
+from flashnum.figures.quantities_bench import JOB_FIGURES, JOBS, _job
 from flashnum.figures.quantities_fa3 import (
     _FA3_HELDOUT,
     _PROTOCOL,
@@ -92,44 +92,6 @@ QUANTITIES = {
     "ExpFloatMisses": Quantity(
         "arguments a float64 evaluation alone rounds wrongly (same)",
         _exp(lambda x: len(x["float64_misses"]))),
-    **{f"RefCert{k}{b}": Quantity(f"bench_reference: certified, one head N = 4096, d = 64, "
-                                  f"{bits} bits, {w}", _ref(lambda r, f=f: r[f], bits),
-                                  md=fixed(1), paper=False)
-       for b, bits in (("", 256), ("LowBits", 128))
-       for k, w, f in (("Wall", "wall s", "certified_wall_s"),
-                       ("Cpu", "CPU s", "certified_cpu_s"))},
-    **{f"RefSpeedup{k}{b}": Quantity(f"bench_reference: certified's speedup over the mpmath "
-                                     f"row loop, {bits} bits, {w}",
-                                     _ref(lambda r, f=f: r[f], bits), md=fixed(0), paper=False)
-       for b, bits in (("", 256), ("LowBits", 128))
-       for k, w, f in (("Wall", "wall time", "speedup_wall"),
-                       ("Cpu", "CPU time", "speedup_cpu"))},
-    **{f"RefMpHead{k}{b}": Quantity(f"bench_reference: the mpmath row loop on the head, "
-                                    f"extrapolated, {bits} bits, {w}",
-                                    _ref(lambda r, f=f: r[f], bits), md=fixed(0), paper=False)
-       for b, bits in (("", 256), ("LowBits", 128))
-       for k, w, f in (("Wall", "wall s", "mpmath_head_wall_s_extrapolated"),
-                       ("Cpu", "CPU s", "mpmath_head_cpu_s_extrapolated"))},
-    **{f"RefMpRowCpu{b}": Quantity(f"bench_reference: mpmath row loop, CPU s per row, {bits} "
-                                   "bits", _ref(lambda r: r["mpmath_per_row_cpu_s"], bits),
-                                   md=fixed(3), paper=False)
-       for b, bits in (("", 256), ("LowBits", 128))},
-    "RefFastRows": Quantity("bench_reference: rows of the head settled by the fast path, 256 "
-                            "bits", _ref(lambda r: r["certified_fast_rows"]), md=count,
-                            paper=False),
-    "RefTextbookRow": Quantity("bench_reference: a textbook mpmath row (Python sum of mpf "
-                               "products), wall s", _ref(lambda r: r["textbook_row_wall_s"]),
-                               md=fixed(1), paper=False),
-    "RefFpWall": Quantity("bench_reference: method fp64 on the head, wall s",
-                          _ref(lambda r: r["fp64_wall_s"], None), md=fixed(1), paper=False),
-    **{f"RefFp{k}": Quantity(f"bench_reference: fp64's {w} on the head",
-                             _ref(lambda r, f=f: r[f], None), md=sci(2), paper=False)
-       for k, w, f in (("Err", "largest error", "fp64_max_err"),
-                       ("Bound", "largest bound", "fp64_max_bound"))},
-    **{f"RefLoad{k}": Quantity(f"bench_reference: 1-minute load average at the {w}",
-                               _ref(lambda r, i=i: r["loadavg_1min_start_end"][i], None),
-                               md=fixed(1), paper=False)
-       for k, w, i in (("Start", "start", 0), ("End", "end", 1))},
     **{f"Job{J}{K}": Quantity(f"bench_jobs: {what}, {w}", _job(name, f), md=md, paper=False)
        for J, name, what in JOBS for K, w, f, md in JOB_FIGURES},
     **_qy_quantities(),

@@ -1,5 +1,5 @@
 """The named quantities of the stored bench results (bench/results/*.json): the project's
-own jobs and the reference's speed (flashnum.figures.quantities)."""
+own jobs (flashnum.figures.quantities)."""
 
 from __future__ import annotations
 
@@ -33,17 +33,3 @@ JOB_FIGURES = (("Wall", "wall s", lambda j: j["wall_s"], fixed(0)),
                ("Cpu", "CPU s of its processes", lambda j: j["cpu_s"], fixed(0)),
                ("Load", "1-minute load average before it", lambda j: j["load_average_before"][0],
                 fixed(1)))
-
-
-def _ref(key: Callable[[dict], object], bits: int | None = 256) -> Callable[[object], object]:
-    """A figure of the reference benchmark (python bench/bench_reference.py): of its run at
-    `bits`, or of the whole result (bits None)."""
-    def value(F):
-        r = _bench(F, "reference")
-        if r is None:
-            return None
-        if bits is None:
-            return key(r)
-        run = next((x for x in r["runs"] if x["bits"] == bits), None)
-        return None if run is None else key(run)
-    return value

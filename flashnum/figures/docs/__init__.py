@@ -28,6 +28,7 @@ from flashnum.figures.docs import (
     experiments,
     formats,
     kernel,
+    reference,
     reproductions,
     trained,
 )
@@ -35,8 +36,8 @@ from flashnum.figures.quantities import QUANTITIES
 
 QUOTED = {**QUANTITIES, **audit.QUOTED, **trained.QUOTED}
 TABLES = {**audit.TABLES, **backward.TABLES, **bounds.TABLES, **engine.TABLES,
-          **experiments.TABLES, **formats.TABLES, **kernel.TABLES, **reproductions.TABLES,
-          **trained.TABLES}
+          **experiments.TABLES, **formats.TABLES, **kernel.TABLES, **reference.TABLES,
+          **reproductions.TABLES, **trained.TABLES}
 
 
 def documents(root: Path) -> list[Path]:
