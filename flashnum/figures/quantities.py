@@ -51,7 +51,6 @@ from flashnum.figures.quantities_qiu_yao import (
 )
 from flashnum.figures.quantities_reproductions import _at, _golden_length, _pcast
 from flashnum.figures.quantities_sweeps import (
-    COUNTED,
     _exp,
     _growth_quantities,
     _invariants_hold,
@@ -71,12 +70,9 @@ from flashnum.figures.quoting import (  # noqa: F401  (the renderers, also for t
     sig,
     two,
 )
-from flashnum.figures.tex import tex_name
 
 QUANTITIES = {
     "SweepCases": Quantity("rows in bf16_sweep", _rows("bf16_sweep"), md=count),
-    **{f"Rows{tex_name(n)}": Quantity(f"rows in {n}", _rows(n), md=count, paper=False)
-       for n in COUNTED},
     **_growth_quantities(),
     "SweepInvariantsHold": Fact("m_ok and l_ok hold in every row of every sweep",
                                 _invariants_hold,

@@ -36,11 +36,9 @@ def _rows(name: str) -> Callable[[object], object]:
     return value
 
 
-# the sweeps whose sizes README quotes (each beside the time it took), and the other
-# tables docs/experiments.md counts
+# the sweeps besides bf16_sweep
 SWEEPS = ("fp16_sweep", "fp32_sweep", "block_order", "block_size", "seqlen_growth",
           "precision_bits", "kernel_vs_emulator", "worst_case")
-COUNTED = (*SWEEPS, "block_scaled", "splitkv_decode")
 # the sweeps whose every row the invariants m_ok and l_ok are checked on
 INVARIANT_SWEEPS = ("bf16_sweep", *SWEEPS)
 
