@@ -13,12 +13,16 @@ warm-up call, best of 3 in the process; the figure per side is the best over rou
 (noise on a shared machine only ever adds time). Writes bench/results/against_REV.json
 with the machine, the load before and after, and per workload both times and their ratio
 (this checkout / the other: above 1 is slower now), its rounds, the load after it and the
-head it ran at; with --only the workloads not run are kept from the file.
+head it ran at, and whether both sides' results are the same bits (a digest of every tensor
+of the result; of the stored table but its timings for the experiment). With --only the
+workloads not run are kept from the file; --bits-only calls each once a side and updates
+only the bits (on a loaded machine, where times would mean nothing).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -69,14 +73,22 @@ WORKLOADS = {
                   "for _ in range(3)))"),
 }
 CHILD = PRELUDE + """
-import sys, time
+import hashlib, sys, time
 {setup}
-def call(): {call}
-call()
+def call(): return {call}
+def digest(x, h):  # every tensor of the result, its bytes as stored
+    if isinstance(x, torch.Tensor):
+        h.update(x.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    elif isinstance(x, (tuple, list)):
+        [digest(y, h) for y in x]
+    elif hasattr(x, "__dataclass_fields__"):
+        [digest(getattr(x, f), h) for f in x.__dataclass_fields__]
+    return h
+h = digest(call(), hashlib.sha256()).hexdigest()[:16]
 best = float('inf')
-for _ in range(3):
+for _ in range({repeats}):
     t = time.perf_counter(); call(); best = min(best, time.perf_counter() - t)
-print(best)
+print(best, h)
 """
 # a whole experiment through the router, Hydra and the store: the wall of the process
 EXPERIMENT = "bwd_order"
@@ -91,18 +103,26 @@ def export(rev: str, into: Path) -> Path:
     return into / "src"
 
 
-def run_side(src: Path, name: str, scratch: Path) -> float:
+def run_side(src: Path, name: str, scratch: Path, repeats: int = 3) -> tuple[float, str]:
+    """(best wall s, a digest of the result's bytes; for the experiment, of its table)."""
     env = {**os.environ, "PYTHONPATH": str(src)}
     if name == EXPERIMENT:
         t = time.perf_counter()
         subprocess.run([sys.executable, "-m", "flashnum.run", f"experiment={name}",
                         f"store.root={scratch}"], cwd=src, env=env,
                        check=True, capture_output=True)
-        return time.perf_counter() - t
+        wall = time.perf_counter() - t
+        import pandas as pd
+        df = pd.read_parquet(scratch / name / "results.parquet")
+        df = df[sorted(c for c in df.columns if "time" not in c and not c.endswith("_s"))]
+        rows = df.sort_values(list(df.columns)[:1]).to_csv(index=False).encode()
+        return wall, hashlib.sha256(rows).hexdigest()[:16]
     setup, call = WORKLOADS[name]
-    r = subprocess.run([sys.executable, "-c", CHILD.format(setup=setup, call=call)], cwd=src,
-                       env=env, check=True, capture_output=True, text=True)
-    return float(r.stdout.split()[-1])
+    r = subprocess.run([sys.executable, "-c", CHILD.format(setup=setup, call=call,
+                                                          repeats=repeats)],
+                       cwd=src, env=env, check=True, capture_output=True, text=True)
+    best, digest = r.stdout.split()[-2:]
+    return float(best), digest
 
 
 def main() -> int:
@@ -111,6 +131,9 @@ def main() -> int:
     ap.add_argument("--only", nargs="+", choices=(*WORKLOADS, EXPERIMENT),
                     help="these workloads (default: all)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bits-only", action="store_true",
+                    help="one call per side: record whether the results are the same bits, "
+                         "keep the stored times")
     args = ap.parse_args()
     names = args.only or [*WORKLOADS, EXPERIMENT]
     sys.path.insert(0, str(ROOT))
@@ -126,22 +149,33 @@ def main() -> int:
         other = export(args.rev, Path(tmp))
         sides = {"now": ROOT, "then": other}
         for name in names:
-            times = {s: [] for s in sides}
+            if args.bits_only:
+                bits = {s: run_side(src, name, Path(tmp) / f"store_{s}", 0)[1]
+                        for s, src in sides.items()}
+                res["workloads"][name] = {"digests": bits, "same_bits":
+                                          bits["now"] == bits["then"], "bits_head": res["head"]}
+                print(f"{name:16s} same bits: {bits['now'] == bits['then']}", flush=True)
+                continue
+            times, bits = {s: [] for s in sides}, {}
             for i in range(args.rounds):  # a fresh store each time: nothing is reused
                 for side, src in sides.items():
-                    times[side].append(run_side(src, name, Path(tmp) / f"store_{side}_{i}"))
+                    t, bits[side] = run_side(src, name, Path(tmp) / f"store_{side}_{i}")
+                    times[side].append(t)
             best = {s: min(t) for s, t in times.items()}
             res["workloads"][name] = {"now_s": best["now"], "then_s": best["then"],
                                       "ratio": best["now"] / best["then"], "runs_s": times,
                                       "rounds": args.rounds, "load_average": os.getloadavg(),
-                                      "head": res["head"]}
+                                      "head": res["head"], "digests": bits, "same_bits":
+                                      bits["now"] == bits["then"], "bits_head": res["head"]}
             print(f"{name:16s} now {best['now']:8.3f} s  then {best['then']:8.3f} s  "
                   f"ratio {best['now'] / best['then']:.2f}", flush=True)
     res["load_average_after"] = os.getloadavg()
     OUT.mkdir(exist_ok=True)
     path = OUT / f"against_{args.rev}.json"
-    if args.only and path.exists():  # the workloads not run now are kept, each with its head
-        res["workloads"] = json.loads(path.read_text())["workloads"] | res["workloads"]
+    if (args.only or args.bits_only) and path.exists():  # what was not run now is kept
+        old = json.loads(path.read_text())["workloads"]
+        res["workloads"] = {k: old.get(k, {}) | res["workloads"].get(k, {})
+                            for k in {**old, **res["workloads"]}}
     path.write_text(json.dumps(res, indent=1) + "\n")
     return 0
 

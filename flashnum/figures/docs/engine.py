@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from flashnum.figures.docs.sources import table
+from flashnum.figures.docs.sources import bench, table
 from flashnum.figures.docs.views import cell, record
 from flashnum.studies.exp_exhaustive import summary as exp_summary
 
@@ -58,5 +58,15 @@ BENCH = [
      "{memory[peak_rss_gib]:.2f} GiB, {memory[wall_s]:.1f} s", "<= 1 GiB"),
     ("mp backend, one head, N = 64, d = 16, 256 bits", "{mp[wall_s]:.2f} s", ""),
 ]
-TABLES = {"EngineExp": exp_table, "EngineExpHard": exp_hard,
+def against(F) -> pd.DataFrame:
+    """bench/results/against_202234e.json: each workload here and before the redesign, and
+    whether both gave the same bits."""
+    r = bench(F, "against_202234e")
+    return pd.DataFrame([{"workload": k, "now s": cell(w["now_s"]), "at 202234e s":
+                          cell(w["then_s"]), "now / then": f"{w['ratio']:.2f}",
+                          "rounds": w["rounds"], "same bits": "yes" if w["same_bits"] else "no"}
+                         for k, w in r["workloads"].items()])
+
+
+TABLES = {"EngineExp": exp_table, "BenchAgainst": against, "EngineExpHard": exp_hard,
           "BenchEngine": record("engine", BENCH, ["what", "measured", "goal"])}
