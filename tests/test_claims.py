@@ -392,7 +392,7 @@ def worst_beside_gaussian(dist):
     key = ["precision", "seq_len_k", "seed"]
     g = df[df.distribution == "gaussian"].set_index(key)
     d = df[df.distribution == dist].set_index(key)
-    return d.join(g, rsuffix="_g")
+    return d.join(g, suffixes=("", "_g"))
 
 
 def test_the_worst_case_search_is_quoted_with_its_relative_error_in_every_setting():

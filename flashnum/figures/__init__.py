@@ -78,8 +78,8 @@ is declared there with @figure(its sources): flashnum.figures.registry):
                 sentences about them read
     quantities.py  the named quantities paper, README and docs quote (QUANTITIES)
     quantities_*.py  the functions computing them, one module per topic
-    quoting.py  how a document quotes a quantity, a fact or a passage, and the check
-    docs/       the passages README and docs quote, one module per topic (QUOTED)
+    quoting.py  how a document quotes a quantity or a fact, and the check; one table renderer
+    docs/       the tables README and docs show, generated whole, one module per topic
     lowprec.py  block-scaled formats, FA4's fp8 offset, the P-cast threshold, split-KV
     audit.py    the real codes audited: experiments/kernel_audit, Qiu & Yao's clamp
     trained.py  the trained model's heads beside the catalogue

@@ -55,7 +55,7 @@ OMP_NUM_THREADS, as torch_cpu_backward. bench/bench_torch_cpu.py times the two.
 The Triton tutorial's fused attention against flashnum: the tables of the experiments
 triton_tutorial_forward (its forward against fa2 with exp2) and triton_tutorial_backward
 (its backward against policy triton_tutorial), conf/table/triton_tutorial_*.yaml;
-docs/audit.md and README quote them as passages.
+docs/audit.md shows them as tables generated whole.
 
     FLASHNUM_TRITON_TUTORIAL=PATH/06-fused-attention.py \
         python -m flashnum.run experiment=triton_tutorial_backward   # or ..._forward

@@ -1,7 +1,7 @@
 """How the documents write numbers: the digits and styles their sentences use.
 
-Each function is one style (2.5e-4, 1,790, 99.99% rounded down, +8.2e-5, ...), so that a
-passage (flashnum.figures.docs) renders a number as the document prints it.
+Each function is one style (99.99% rounded down, +8.2e-5, -8.8, ...), so that a table
+(flashnum.figures.docs) renders a number as the document prints it.
 """
 
 from __future__ import annotations
@@ -9,17 +9,6 @@ from __future__ import annotations
 import math
 
 from flashnum.figures import quoting
-
-
-def sci(x, digits=2):
-    """2.5e-4 style: `digits` significant digits, no exponent padding."""
-    return quoting.sci(digits)(x)
-
-
-def thousands(n):
-    """1,790 style."""
-    return f"{n:,}"
-
 
 g2 = quoting.two  # 0.30, 4.0, 16, 1400 style: two significant digits, written out
 
@@ -31,7 +20,7 @@ def pct_floor(frac, digits=2):
 
 def signed(x):
     """+8.2e-5, -3.3e-4, +0.11, +1.00 style: signed mean errors."""
-    s = f"{x:+.2f}" if abs(x) >= 0.095 else sci(x)
+    s = f"{x:+.2f}" if abs(x) >= 0.095 else quoting.sci(2)(x)
     return s if s[0] in "+-" else "+" + s
 
 

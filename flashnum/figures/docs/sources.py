@@ -1,4 +1,4 @@
-"""Where the documents' passages read their numbers: stored tables, their manifests and the
+"""Where the documents' tables read their numbers: stored tables, their manifests and the
 bench results, each under the folder F.experiments sits in (the repository's root).
 
     table(F, "bwd_order")            experiments/bwd_order/results.parquet
