@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from flashnum.figures.docs.sources import table
-from flashnum.figures.docs.views import record, view
+from flashnum.figures.docs.views import goal, record, view
 from flashnum.figures.quoting import require
 
 GRADS = ("dq", "dk", "dv")
@@ -88,10 +88,6 @@ def bwd_growth_table(F, precision: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["policy", "distribution", "N", "dQ", "dK", "dV"])
 
 
-def _met(ok: bool, goal: str) -> str:
-    return f"{goal} ({'met' if ok else 'not met'})"
-
-
 # the benchmark's table: (what, measured, goal), read from bench/results/backward.json
 BENCH = [
     ("machine", "{cpu_model}, {cpus} CPUs, torch {torch}", ""),
@@ -103,19 +99,18 @@ BENCH = [
      "{speed[ratio_vs_backward]:.2f} (the median pair's {speed[ratio_vs_backward_median_pair]:.2f}"
      "); vs forward + backward: {speed[ratio_vs_forward_backward]:.2f}; one thread, process CPU "
      "time: {speed[cpu_ratio_one_thread]:.2f}",
-     lambda r: _met(r["speed"]["ratio_vs_backward"] <= 2, "<= 2")),
+     goal("<= 2", lambda r: r["speed"]["ratio_vs_backward"] <= 2)),
     ("the same through the torch loop (the fused loop off, identical output)",
      "ratio {speed[ratio_torch_loop]:.2f}", ""),
     ("peak memory of the backward call over the RSS before it, one head, d = 64",
      lambda r: ", ".join(f"{1024 * m['peak_rss_over_base_gib']:.0f} MB (N={m['n']}, "
                          f"{m['backward_cpu_s']:.2g} s CPU)" for m in r["memory"]),
-     lambda r: _met(max(m["peak_rss_over_base_gib"] for m in r["memory"]) < 1,
-                    "O(N d), < 1 GiB")),
+     goal("O(N d), < 1 GiB", lambda r: max(m["peak_rss_over_base_gib"] for m in r["memory"]) < 1)),
     ("certified reference backward, one head, N = 1024, d = 64",
      "{certified[wall_s]:.1f} s wall ({certified[cpu_s]:.1f} s CPU) at {certified[max_prec]} "
      "bits, {certified[uncertain]} values uncertain",
-     lambda r: _met(r["certified"]["wall_s"] < 60 and r["certified"]["uncertain"] == 0,
-                    "< 60 s, none uncertain")),
+     goal("< 60 s, none uncertain",
+          lambda r: r["certified"]["wall_s"] < 60 and r["certified"]["uncertain"] == 0)),
 ]
 
 

@@ -68,3 +68,8 @@ def record(name: str, rows: list[tuple], columns: list[str]):
         fill = lambda c: c(r) if callable(c) else c.format(**r)  # noqa: E731
         return pd.DataFrame([[fill(c) for c in row] for row in rows], columns=columns)
     return make
+
+
+def goal(text: str, met):
+    """A record's goal cell: `text` and whether the record meets it, met(record) -> bool."""
+    return lambda r: f"{text} ({'met' if met(r) else 'not met'})"
